@@ -1,0 +1,1 @@
+//! hako-agent: the reference in-container agent.

@@ -1,0 +1,1 @@
+//! authd: hako's token authority (the only signer).

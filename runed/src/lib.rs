@@ -1,0 +1,1 @@
+//! runed: hako's execution daemon and the container runner.

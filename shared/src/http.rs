@@ -1,0 +1,369 @@
+//! The HTTP conventions every daemon shares: the JSON error envelope, a JSON body extractor
+//! that answers malformed input with that envelope, the ops routes (`/health`, `/ready`,
+//! `/metrics`, `/openapi.json`), body limits, JSON 404/405 and panics as JSON 500.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Request};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::metrics::Metrics;
+
+/// The error body every daemon returns: `{"error":"<code>","message":"<text>"}`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct ErrorBody {
+    /// Machine-readable code, e.g. `scope_exceeds_parent`.
+    pub error: Cow<'static, str>,
+    /// Human-readable explanation.
+    pub message: String,
+}
+
+/// An error on its way to becoming an HTTP response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The status code.
+    pub status: StatusCode,
+    /// The envelope.
+    pub body: ErrorBody,
+}
+
+impl ApiError {
+    /// An error with a status, a code and a message.
+    pub fn new(
+        status: StatusCode,
+        code: impl Into<Cow<'static, str>>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            body: ErrorBody {
+                error: code.into(),
+                message: message.into(),
+            },
+        }
+    }
+
+    /// 400 `bad_request`-style error with a specific code.
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// 404 `not_found`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+
+    /// 500 `internal`: the message is logged, the client gets a generic text.
+    pub fn internal(err: impl std::fmt::Display) -> Self {
+        tracing::error!(error = %err, "internal error");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error; see the daemon's log",
+        )
+    }
+
+    /// 503 `unavailable`.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.body.error,
+            self.body.message
+        )
+    }
+}
+
+impl std::error::Error for ApiError {}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+/// A JSON request body. Unlike `axum::Json`, every rejection is the JSON error envelope:
+/// 400 `invalid_json`, 413 `body_too_large`, 415 `unsupported_media_type`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ApiJson<T>(pub T);
+
+impl<T, S> FromRequest<S> for ApiJson<T>
+where
+    T: DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(v)) => Ok(ApiJson(v)),
+            Err(rej) => Err(json_rejection(rej)),
+        }
+    }
+}
+
+fn json_rejection(rej: JsonRejection) -> ApiError {
+    let status = rej.status();
+    let text = rej.body_text();
+    match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(status, "body_too_large", text),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
+            status,
+            "unsupported_media_type",
+            "expected Content-Type: application/json",
+        ),
+        _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", text),
+    }
+}
+
+/// Readiness probe: `Ok` when the daemon's dependencies answer, else the reason.
+pub type ReadyCheck =
+    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
+
+/// What the ops routes need from a daemon.
+#[derive(Clone)]
+pub struct Ops {
+    /// The daemon's name, shown in `/health`.
+    pub name: &'static str,
+    /// The daemon's OpenAPI document (JSON text).
+    pub openapi: &'static str,
+    /// The daemon's metrics.
+    pub metrics: Metrics,
+    /// The readiness check.
+    pub ready: ReadyCheck,
+}
+
+/// Adds the ops routes, JSON fallbacks, a body limit and panic-to-JSON to a daemon's router.
+pub fn finish(router: Router, ops: Ops, body_limit: usize) -> Router {
+    let health_name = ops.name;
+    let ready = ops.ready.clone();
+    let metrics = ops.metrics.clone();
+    let openapi = ops.openapi;
+    router
+        .route(
+            "/health",
+            get(move || async move {
+                Json(serde_json::json!({"status": "ok", "daemon": health_name}))
+            }),
+        )
+        .route(
+            "/ready",
+            get(move || {
+                let ready = ready.clone();
+                async move {
+                    match ready().await {
+                        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
+                        Err(why) => ApiError::new(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            "not_ready",
+                            why,
+                        )
+                        .into_response(),
+                    }
+                }
+            }),
+        )
+        .route(
+            "/metrics",
+            get(move || {
+                let metrics = metrics.clone();
+                async move {
+                    (
+                        [(
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_static("text/plain; version=0.0.4"),
+                        )],
+                        metrics.render(),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/openapi.json",
+            get(move || async move {
+                (
+                    [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+                    openapi,
+                )
+            }),
+        )
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this route",
+            )
+        })
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            |_: Box<dyn std::any::Any + Send>| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "internal error; see the daemon's log",
+                )
+                .into_response()
+            },
+        ))
+}
+
+/// Lists the `(method, path)` pairs an OpenAPI document declares, for coverage tests.
+pub fn openapi_operations(doc: &str) -> Result<Vec<(String, String)>, serde_json::Error> {
+    let v: serde_json::Value = serde_json::from_str(doc)?;
+    let mut out = Vec::new();
+    if let Some(paths) = v.get("paths").and_then(|p| p.as_object()) {
+        for (path, item) in paths {
+            if let Some(item) = item.as_object() {
+                for method in item.keys() {
+                    out.push((method.to_ascii_uppercase(), path.clone()));
+                }
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::routing::post;
+    use tower::ServiceExt;
+
+    fn app() -> Router {
+        let ops = Ops {
+            name: "test",
+            openapi: r#"{"paths":{"/echo":{"post":{}}}}"#,
+            metrics: Metrics::default(),
+            ready: Arc::new(|| Box::pin(async { Err("db is down".to_owned()) })),
+        };
+        let r = Router::new()
+            .route(
+                "/echo",
+                post(|ApiJson(v): ApiJson<serde_json::Value>| async move { Json(v) }),
+            )
+            .route(
+                "/panic",
+                get(|| async {
+                    if true {
+                        panic!("boom");
+                    }
+                    "unreachable"
+                }),
+            );
+        finish(r, ops, 1024)
+    }
+
+    async fn call(req: Request<Body>) -> (StatusCode, serde_json::Value) {
+        let resp = app().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        )
+    }
+
+    fn post_json(body: impl Into<Body>) -> Request<Body> {
+        Request::post("/echo")
+            .header("content-type", "application/json")
+            .body(body.into())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn malformed_json_is_an_envelope() {
+        let (s, v) = call(post_json("{not json")).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert_eq!(v["error"], "invalid_json");
+        let (s, v) = call(post_json("x".repeat(4096))).await;
+        assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(v["error"], "body_too_large");
+        let req = Request::post("/echo").body(Body::from("{}")).unwrap();
+        let (s, v) = call(req).await;
+        assert_eq!(s, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        assert_eq!(v["error"], "unsupported_media_type");
+    }
+
+    #[tokio::test]
+    async fn unknown_routes_methods_and_panics_are_json() {
+        let (s, v) = call(Request::get("/nope").body(Body::empty()).unwrap()).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (StatusCode::NOT_FOUND, Some("not_found"))
+        );
+        let (s, v) = call(Request::get("/echo").body(Body::empty()).unwrap()).await;
+        assert_eq!(s, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(v["error"], "method_not_allowed");
+        let (s, v) = call(Request::get("/panic").body(Body::empty()).unwrap()).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (StatusCode::INTERNAL_SERVER_ERROR, Some("internal"))
+        );
+        let (s, v) = call(Request::get("/ready").body(Body::empty()).unwrap()).await;
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(v["message"], "db is down");
+    }
+
+    #[test]
+    fn openapi_operations_lists_pairs() {
+        let ops = openapi_operations(r#"{"paths":{"/a":{"get":{},"post":{}}}}"#).unwrap();
+        assert_eq!(
+            ops,
+            vec![("GET".into(), "/a".into()), ("POST".into(), "/a".into())]
+        );
+    }
+}

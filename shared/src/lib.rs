@@ -1,0 +1,23 @@
+//! hako's shared library: the wire types of the container contract, the HTTP error envelope
+//! and ops routes, typed configuration, telemetry, SQLite helpers, group-folder rules and
+//! metrics. Every daemon, the CLI and the agent build on it; nothing here is defined twice.
+//!
+//! The agent (a static binary in a `FROM scratch` image) uses only the always-on modules
+//! (`config`, `contract`, `folder`); the daemons enable the `server`, `db` and `telemetry`
+//! features.
+
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod contract;
+#[cfg(feature = "db")]
+pub mod db;
+pub mod folder;
+#[cfg(feature = "server")]
+pub mod http;
+#[cfg(feature = "server")]
+pub mod metrics;
+#[cfg(feature = "telemetry")]
+pub mod telemetry;
+
+pub use folder::GroupFolder;
