@@ -1,1 +1,473 @@
-//! hako's image pipeline: static binaries into FROM scratch images, tagged by content hash.
+//! hako's image pipeline: static release binaries into `FROM scratch` images, tagged by the
+//! content hash of the sources that make them, so that a rebuild of unchanged code is skipped.
+//!
+//! There is no registry on the machines hako targets: every image is built locally. Building
+//! is two steps, both driven from here: `cargo build --release` of one binary with a static C
+//! runtime (into a target directory of its own, so that a test calling this from inside
+//! `cargo test` never waits on the outer build's lock), then a Docker build through the Engine
+//! API with a two-file context (the Dockerfile and the binary).
+//!
+//! Concurrency: several test processes may ask for the same image at once. A file lock per
+//! image under the pipeline's target directory makes exactly one of them build; the others
+//! find the image afterwards.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use bollard::Docker;
+use bollard::query_parameters::{
+    BuildImageOptionsBuilder, ListImagesOptionsBuilder, RemoveImageOptionsBuilder,
+    TagImageOptionsBuilder,
+};
+use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
+
+/// The Rust target every image binary is built for (static glibc, see the README).
+pub const TARGET: &str = "x86_64-unknown-linux-gnu";
+/// Label carrying an image's content hash.
+pub const LABEL_HASH: &str = "io.hako.image.hash";
+/// Label carrying an image's name (`hako-agent`, …).
+pub const LABEL_NAME: &str = "io.hako.image.name";
+
+/// One image hako builds.
+#[derive(Debug, Clone, Copy)]
+pub struct ImageSpec {
+    /// Image repository name, e.g. `hako-agent`.
+    pub name: &'static str,
+    /// Cargo package that holds the binary.
+    pub package: &'static str,
+    /// Binary name.
+    pub bin: &'static str,
+    /// Dockerfile, relative to `deploy/`.
+    pub dockerfile: &'static str,
+    /// Workspace-relative directories whose contents determine the binary.
+    pub sources: &'static [&'static str],
+}
+
+/// The reference agent image.
+pub const AGENT: ImageSpec = ImageSpec {
+    name: "hako-agent",
+    package: "hako-agent",
+    bin: "hako-agent",
+    dockerfile: "agent.Dockerfile",
+    sources: &["shared", "agent"],
+};
+
+/// Every image the pipeline knows, in build order.
+pub const IMAGES: &[ImageSpec] = &[AGENT];
+
+/// Pipeline failures.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    /// Reading sources or writing the build context failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path involved.
+        path: PathBuf,
+        /// The cause.
+        source: io::Error,
+    },
+    /// `cargo build` failed.
+    #[error("cargo build of {bin} failed ({status}); run `{command}` to see why")]
+    Cargo {
+        /// The binary.
+        bin: String,
+        /// Exit status.
+        status: String,
+        /// The command to reproduce.
+        command: String,
+    },
+    /// Docker refused or failed the build.
+    #[error("docker build of {image} failed: {message}")]
+    Build {
+        /// The image.
+        image: String,
+        /// Docker's message.
+        message: String,
+    },
+    /// The Docker daemon did not answer.
+    #[error("docker: {0}")]
+    Docker(#[from] bollard::errors::Error),
+    /// An image name not in [`IMAGES`].
+    #[error("unknown image {0:?}; known: {1}")]
+    UnknownImage(String, String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DeployError + '_ {
+    move |source| DeployError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The workspace root this crate was compiled in.
+pub fn workspace_root() -> PathBuf {
+    let here = Path::new(env!("CARGO_MANIFEST_DIR"));
+    here.parent().unwrap_or(here).to_owned()
+}
+
+/// Builds images from a workspace checkout.
+pub struct Pipeline {
+    root: PathBuf,
+    target_dir: PathBuf,
+    docker: Docker,
+}
+
+impl Pipeline {
+    /// A pipeline over the workspace this crate was built from, using `docker`.
+    pub fn new(docker: Docker) -> Self {
+        let root = workspace_root();
+        Self {
+            target_dir: root.join("target").join("images"),
+            root,
+            docker,
+        }
+    }
+
+    /// Looks an image up by name.
+    pub fn spec(name: &str) -> Result<ImageSpec, DeployError> {
+        IMAGES
+            .iter()
+            .copied()
+            .find(|s| s.name == name)
+            .ok_or_else(|| {
+                DeployError::UnknownImage(
+                    name.to_owned(),
+                    IMAGES.iter().map(|s| s.name).collect::<Vec<_>>().join(", "),
+                )
+            })
+    }
+
+    /// The content hash of everything that determines `spec`'s image: the workspace manifest
+    /// and lock file, the Dockerfile and every file under the spec's source directories
+    /// (excluding `tests/`, `benches/` and hidden files, which do not change the binary).
+    pub fn content_hash(&self, spec: &ImageSpec) -> Result<String, DeployError> {
+        let mut files = vec![
+            self.root.join("Cargo.toml"),
+            self.root.join("Cargo.lock"),
+            self.root.join("deploy").join(spec.dockerfile),
+        ];
+        for dir in spec.sources {
+            collect_files(&self.root.join(dir), &mut files)?;
+        }
+        files.sort();
+        let mut h = Sha256::new();
+        h.update(spec.package.as_bytes());
+        h.update(b"\0");
+        h.update(spec.bin.as_bytes());
+        for f in &files {
+            let rel = f.strip_prefix(&self.root).unwrap_or(f);
+            let data = match std::fs::read(f) {
+                Ok(d) => d,
+                // Cargo.lock may be absent on a first checkout; its absence is part of the state.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => return Err(io_err(f)(e)),
+            };
+            h.update(rel.to_string_lossy().as_bytes());
+            h.update(b"\0");
+            h.update((data.len() as u64).to_le_bytes());
+            h.update(&data);
+        }
+        let digest = h.finalize();
+        Ok(digest.iter().take(6).map(|b| format!("{b:02x}")).collect())
+    }
+
+    /// The hashed tag of `spec`, e.g. `hako-agent:3f2a9c01b7de`.
+    pub fn tag(&self, spec: &ImageSpec) -> Result<String, DeployError> {
+        Ok(format!("{}:{}", spec.name, self.content_hash(spec)?))
+    }
+
+    /// Returns the hashed tag of `spec`, building the image first if it does not exist.
+    /// Also points `<name>:latest` at it.
+    pub async fn ensure(&self, spec: &ImageSpec) -> Result<String, DeployError> {
+        let hash = self.content_hash(spec)?;
+        let tag = format!("{}:{hash}", spec.name);
+        if self.exists(&tag).await? {
+            return Ok(tag);
+        }
+        std::fs::create_dir_all(&self.target_dir).map_err(io_err(&self.target_dir))?;
+        let lock_path = self.target_dir.join(format!("{}.lock", spec.name));
+        let lock = File::create(&lock_path).map_err(io_err(&lock_path))?;
+        // Blocking wait for another process's build: off the async runtime.
+        let lock = tokio::task::spawn_blocking(move || lock.lock().map(|()| lock))
+            .await
+            .map_err(|e| io_err(&lock_path)(io::Error::other(e)))?
+            .map_err(io_err(&lock_path))?;
+        // Someone else may have built it while we waited.
+        if !self.exists(&tag).await? {
+            self.build(spec, &hash).await?;
+        }
+        drop(lock);
+        Ok(tag)
+    }
+
+    async fn exists(&self, tag: &str) -> Result<bool, DeployError> {
+        match self.docker.inspect_image(tag).await {
+            Ok(_) => Ok(true),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Compiles the static binary of `spec` and returns its path.
+    pub async fn compile(&self, spec: &ImageSpec) -> Result<PathBuf, DeployError> {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let args = [
+            "build",
+            "--release",
+            "--target",
+            TARGET,
+            "-p",
+            spec.package,
+            "--bin",
+            spec.bin,
+        ];
+        let command = format!(
+            "RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR={} cargo {}",
+            self.target_dir.display(),
+            args.join(" ")
+        );
+        tracing::info!(image = spec.name, "compiling static binary: {command}");
+        let status = tokio::process::Command::new(&cargo)
+            .args(args)
+            .current_dir(&self.root)
+            .env("CARGO_TARGET_DIR", &self.target_dir)
+            .env("RUSTFLAGS", "-C target-feature=+crt-static")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .env_remove("CARGO_BUILD_TARGET")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .status()
+            .await
+            .map_err(io_err(Path::new(&cargo)))?;
+        if !status.success() {
+            return Err(DeployError::Cargo {
+                bin: spec.bin.into(),
+                status: status.to_string(),
+                command,
+            });
+        }
+        Ok(self.target_dir.join(TARGET).join("release").join(spec.bin))
+    }
+
+    /// Compiles and builds `spec`'s image as `<name>:<hash>` and `<name>:latest`.
+    pub async fn build(&self, spec: &ImageSpec, hash: &str) -> Result<(), DeployError> {
+        let binary = self.compile(spec).await?;
+        let dockerfile = self.root.join("deploy").join(spec.dockerfile);
+        let context = build_context(&dockerfile, &binary, spec.bin)?;
+        let tag = format!("{}:{hash}", spec.name);
+        let labels = HashMap::from([
+            (LABEL_HASH.to_owned(), hash.to_owned()),
+            (LABEL_NAME.to_owned(), spec.name.to_owned()),
+        ]);
+        let opts = BuildImageOptionsBuilder::new()
+            .dockerfile("Dockerfile")
+            .t(&tag)
+            .rm(true)
+            .forcerm(true)
+            .labels(&labels)
+            .build();
+        let mut stream = self.docker.build_image(
+            opts,
+            None,
+            Some(bollard::body_full(bytes::Bytes::from(context))),
+        );
+        while let Some(item) = stream.next().await {
+            let info = item.map_err(|e| DeployError::Build {
+                image: tag.clone(),
+                message: e.to_string(),
+            })?;
+            if let Some(detail) = info.error_detail.and_then(|d| d.message) {
+                return Err(DeployError::Build {
+                    image: tag.clone(),
+                    message: detail,
+                });
+            }
+        }
+        self.docker
+            .tag_image(
+                &tag,
+                Some(
+                    TagImageOptionsBuilder::new()
+                        .repo(spec.name)
+                        .tag("latest")
+                        .build(),
+                ),
+            )
+            .await?;
+        tracing::info!(image = %tag, "built");
+        Ok(())
+    }
+
+    /// Removes images of `spec` whose content hash is not `keep`. Returns how many.
+    pub async fn prune(&self, spec: &ImageSpec, keep: &str) -> Result<usize, DeployError> {
+        let filters = HashMap::from([(
+            "label".to_owned(),
+            vec![format!("{LABEL_NAME}={}", spec.name)],
+        )]);
+        let images = self
+            .docker
+            .list_images(Some(
+                ListImagesOptionsBuilder::new().filters(&filters).build(),
+            ))
+            .await?;
+        let mut removed = 0;
+        for img in images {
+            if img.labels.get(LABEL_HASH).map(String::as_str) == Some(keep) {
+                continue;
+            }
+            let opts = RemoveImageOptionsBuilder::new().force(true).build();
+            match self.docker.remove_image(&img.id, Some(opts), None).await {
+                Ok(_) => removed += 1,
+                // In use by a container, or removed concurrently: leave it.
+                Err(e) => tracing::warn!(image = %img.id, error = %e, "not pruned"),
+            }
+        }
+        Ok(removed)
+    }
+}
+
+fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DeployError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(dir)(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with('.') || matches!(name.as_ref(), "target" | "tests" | "benches") {
+            continue;
+        }
+        let path = entry.path();
+        let ft = entry.file_type().map_err(io_err(&path))?;
+        if ft.is_dir() {
+            collect_files(&path, out)?;
+        } else if ft.is_file() {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// A tar with `Dockerfile` and the binary named `bin`, mode 0755.
+fn build_context(dockerfile: &Path, binary: &Path, bin: &str) -> Result<Vec<u8>, DeployError> {
+    let df = std::fs::read(dockerfile).map_err(io_err(dockerfile))?;
+    let exe = std::fs::read(binary).map_err(io_err(binary))?;
+    let mut ar = tar::Builder::new(Vec::with_capacity(exe.len() + df.len() + 4096));
+    let mut add = |name: &str, data: &[u8], mode: u32| -> io::Result<()> {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(mode);
+        h.set_mtime(0);
+        h.set_cksum();
+        ar.append_data(&mut h, name, data)
+    };
+    add("Dockerfile", &df, 0o644).map_err(io_err(dockerfile))?;
+    add(bin, &exe, 0o755).map_err(io_err(binary))?;
+    ar.into_inner().map_err(io_err(binary))
+}
+
+/// Connects to the Docker daemon at `DOCKER_HOST` (unix only) or `/var/run/docker.sock`.
+pub fn connect_docker() -> Result<Docker, DeployError> {
+    Ok(Docker::connect_with_unix_defaults()?)
+}
+
+/// Ensures the agent image exists and returns its hashed tag; once per process.
+/// Tests call this so that the test command alone works on a fresh machine.
+pub async fn ensure_agent_image() -> Result<String, DeployError> {
+    ensure_image_once(&AGENT).await
+}
+
+/// Ensures `spec` exists, building it at most once per process.
+pub async fn ensure_image_once(spec: &ImageSpec) -> Result<String, DeployError> {
+    static TAGS: tokio::sync::Mutex<Vec<(&'static str, String)>> =
+        tokio::sync::Mutex::const_new(Vec::new());
+    let mut tags = TAGS.lock().await;
+    if let Some((_, tag)) = tags.iter().find(|(n, _)| *n == spec.name) {
+        return Ok(tag.clone());
+    }
+    let tag = Pipeline::new(connect_docker()?).ensure(spec).await?;
+    tags.push((spec.name, tag.clone()));
+    Ok(tag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pipeline_at(root: &Path) -> Pipeline {
+        Pipeline {
+            root: root.to_owned(),
+            target_dir: root.join("target/images"),
+            docker: Docker::connect_with_unix_defaults().expect("client builds without I/O"),
+        }
+    }
+
+    #[test]
+    fn hash_follows_sources_only() {
+        let dir = std::env::temp_dir().join(format!("hako-deploy-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["shared/src", "agent/src", "agent/tests", "deploy", "other"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        std::fs::write(dir.join("Cargo.toml"), "[workspace]").unwrap();
+        std::fs::write(dir.join("deploy/agent.Dockerfile"), "FROM scratch").unwrap();
+        std::fs::write(dir.join("agent/src/main.rs"), "fn main() {}").unwrap();
+        let p = pipeline_at(&dir);
+        let h1 = p.content_hash(&AGENT).unwrap();
+        assert_eq!(h1.len(), 12);
+        assert_eq!(h1, p.content_hash(&AGENT).unwrap(), "hash is stable");
+        std::fs::write(dir.join("agent/tests/t.rs"), "x").unwrap();
+        std::fs::write(dir.join("other/x.rs"), "x").unwrap();
+        assert_eq!(
+            h1,
+            p.content_hash(&AGENT).unwrap(),
+            "tests and other crates do not count"
+        );
+        std::fs::write(dir.join("agent/src/main.rs"), "fn main() { }").unwrap();
+        let h2 = p.content_hash(&AGENT).unwrap();
+        assert_ne!(h1, h2, "a source change changes the hash");
+        std::fs::write(dir.join("deploy/agent.Dockerfile"), "FROM scratch\n").unwrap();
+        assert_ne!(h2, p.content_hash(&AGENT).unwrap(), "the Dockerfile counts");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn build_context_is_a_two_file_tar() {
+        let dir = std::env::temp_dir().join(format!("hako-ctx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("Dockerfile"), "FROM scratch").unwrap();
+        std::fs::write(dir.join("bin"), b"\x7fELF").unwrap();
+        let tar_bytes = build_context(&dir.join("Dockerfile"), &dir.join("bin"), "app").unwrap();
+        let mut ar = tar::Archive::new(&tar_bytes[..]);
+        let names: Vec<(String, u32)> = ar
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let e = e.unwrap();
+                (
+                    e.path().unwrap().to_string_lossy().into_owned(),
+                    e.header().mode().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            names,
+            vec![("Dockerfile".into(), 0o644), ("app".into(), 0o755)]
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn unknown_image_names_the_known_ones() {
+        let err = Pipeline::spec("nope").unwrap_err().to_string();
+        assert!(err.contains("hako-agent"), "{err}");
+    }
+}

@@ -8,6 +8,8 @@
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "auth")]
+pub mod auth;
 pub mod config;
 pub mod contract;
 #[cfg(feature = "db")]
@@ -17,7 +19,9 @@ pub mod folder;
 pub mod http;
 #[cfg(feature = "server")]
 pub mod metrics;
+pub mod runs;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;
+pub mod time;
 
 pub use folder::GroupFolder;

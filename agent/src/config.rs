@@ -1,0 +1,142 @@
+//! The agent's settings, read once from the environment at start.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hako_shared::config::{ConfigError, Env};
+use hako_shared::contract::{
+    INPUT_DIR, MARKER_END_ENV, MARKER_START_ENV, MCP_SOCKET, Markers, QUERY_TIMEOUT_ENV,
+};
+
+/// Overrides the follow-up directory (tests outside a container).
+pub const INPUT_DIR_ENV: &str = "HAKO_INPUT_DIR";
+/// Overrides the MCP socket path.
+pub const MCP_SOCKET_ENV: &str = "HAKO_MCP_SOCKET";
+/// Chooses the brain; only `script` exists.
+pub const BRAIN_ENV: &str = "HAKO_BRAIN";
+/// Overrides the follow-up poll interval in milliseconds (default 500).
+pub const POLL_INTERVAL_ENV: &str = "HAKO_POLL_INTERVAL_MS";
+
+/// The default follow-up poll interval of the container contract.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Which brain answers queries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BrainKind {
+    /// The deterministic script brain (echo plus test commands).
+    Script,
+}
+
+/// Everything the agent reads from its environment.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Block markers.
+    pub markers: Markers,
+    /// The follow-up directory.
+    pub input_dir: PathBuf,
+    /// The MCP socket that `/mcp` talks to.
+    pub mcp_socket: PathBuf,
+    /// The query deadline, measured from process start; `None` when unset or 0.
+    pub query_timeout: Option<Duration>,
+    /// How often the follow-up directory is listed when no signal arrives.
+    pub poll_interval: Duration,
+    /// The brain.
+    pub brain: BrainKind,
+}
+
+/// Markers alone: they are needed to report every other configuration error, so they can
+/// never fail (an unset or empty variable means the default).
+pub fn markers(env: &Env) -> Markers {
+    let default = Markers::default();
+    Markers {
+        start: env.string_or(MARKER_START_ENV, &default.start),
+        end: env.string_or(MARKER_END_ENV, &default.end),
+    }
+}
+
+impl AgentConfig {
+    /// Reads the configuration; a bad value names its variable.
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let timeout_ms: u64 = env.parse_or(QUERY_TIMEOUT_ENV, 0)?;
+        let poll_ms: u64 =
+            env.parse_or(POLL_INTERVAL_ENV, DEFAULT_POLL_INTERVAL.as_millis() as u64)?;
+        if poll_ms == 0 {
+            return Err(ConfigError::Invalid {
+                var: POLL_INTERVAL_ENV.into(),
+                value: "0".into(),
+                reason: "must be at least 1".into(),
+            });
+        }
+        let brain = match env.get(BRAIN_ENV).unwrap_or("script") {
+            "script" => BrainKind::Script,
+            other => {
+                return Err(ConfigError::Invalid {
+                    var: BRAIN_ENV.into(),
+                    value: other.into(),
+                    reason: "unknown brain; the only brain is `script`".into(),
+                });
+            }
+        };
+        Ok(Self {
+            markers: markers(env),
+            input_dir: env.path_or(INPUT_DIR_ENV, INPUT_DIR),
+            mcp_socket: env.path_or(MCP_SOCKET_ENV, MCP_SOCKET),
+            query_timeout: (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms)),
+            poll_interval: Duration::from_millis(poll_ms),
+            brain,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults() {
+        let c = AgentConfig::from_env(&Env::from_pairs::<&str, &str>([])).unwrap();
+        assert_eq!(c.markers, Markers::default());
+        assert_eq!(c.input_dir, PathBuf::from("/workspace/ipc/input"));
+        assert_eq!(c.mcp_socket, PathBuf::from("/var/run/pub/arizuko/mcp.sock"));
+        assert_eq!(c.query_timeout, None);
+        assert_eq!(c.poll_interval, Duration::from_millis(500));
+        assert_eq!(c.brain, BrainKind::Script);
+    }
+
+    #[test]
+    fn overrides() {
+        let c = AgentConfig::from_env(&Env::from_pairs([
+            ("HAKO_OUTPUT_START_MARKER", "---NANOCLAW_OUTPUT_START---"),
+            ("HAKO_OUTPUT_END_MARKER", "---NANOCLAW_OUTPUT_END---"),
+            ("ARIZUKO_QUERY_TIMEOUT_MS", "1500"),
+            ("HAKO_INPUT_DIR", "/tmp/in"),
+            ("HAKO_MCP_SOCKET", "/tmp/mcp.sock"),
+            ("HAKO_POLL_INTERVAL_MS", "20"),
+        ]))
+        .unwrap();
+        assert_eq!(c.markers, Markers::for_prefix("NANOCLAW"));
+        assert_eq!(c.query_timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(c.input_dir, PathBuf::from("/tmp/in"));
+        assert_eq!(c.mcp_socket, PathBuf::from("/tmp/mcp.sock"));
+        assert_eq!(c.poll_interval, Duration::from_millis(20));
+    }
+
+    #[test]
+    fn bad_values_name_the_variable() {
+        for (var, value) in [
+            ("HAKO_BRAIN", "llm"),
+            ("ARIZUKO_QUERY_TIMEOUT_MS", "soon"),
+            ("HAKO_POLL_INTERVAL_MS", "0"),
+        ] {
+            let err = AgentConfig::from_env(&Env::from_pairs([(var, value)])).unwrap_err();
+            assert!(err.to_string().contains(var), "{err}");
+        }
+    }
+
+    #[test]
+    fn zero_timeout_means_none() {
+        let c =
+            AgentConfig::from_env(&Env::from_pairs([("ARIZUKO_QUERY_TIMEOUT_MS", "0")])).unwrap();
+        assert_eq!(c.query_timeout, None);
+    }
+}

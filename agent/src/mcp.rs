@@ -1,0 +1,434 @@
+//! A minimal MCP (JSON-RPC 2.0, one JSON message per line) client and server over unix
+//! sockets: the client behind `/mcp`, the server behind `hako-agent serve-mcp` (a reference
+//! sidecar with one `echo` tool).
+//!
+//! Every connect, read and write has a timeout and every line a size bound, so a silent or
+//! hostile peer can neither hang the agent nor make it buffer without limit.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use thiserror::Error;
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Semaphore;
+use tokio::time::timeout;
+
+use crate::output::log;
+
+/// The protocol version the client asks for.
+pub const PROTOCOL_VERSION: &str = "2025-06-18";
+/// Versions the server accepts (it answers with the client's if listed, else the newest).
+pub const SUPPORTED_VERSIONS: &[&str] = &["2025-06-18", "2025-03-26", "2024-11-05"];
+/// Upper bound of one JSON-RPC line.
+pub const MAX_LINE: usize = 1024 * 1024;
+/// Client: connect timeout.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Client: timeout of each read and write.
+pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// Client: how many unrelated messages (notifications, server requests) it skips while
+/// waiting for a response.
+const MAX_SKIPPED: usize = 100;
+/// Server: a connection with no request for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+/// Server: connections served at once.
+const MAX_CONNECTIONS: usize = 64;
+
+/// An MCP call that did not produce a tool result.
+#[derive(Debug, Error)]
+pub enum McpError {
+    /// The socket could not be reached.
+    #[error("cannot connect to {path}: {source}")]
+    Connect {
+        /// The socket path.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The peer did not answer in time.
+    #[error("timed out during {0}")]
+    Timeout(&'static str),
+    /// Reading or writing failed.
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer broke the protocol.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// The peer answered with a JSON-RPC error.
+    #[error("rpc error {code}: {message}")]
+    Rpc {
+        /// JSON-RPC error code.
+        code: i64,
+        /// Its message.
+        message: String,
+    },
+}
+
+/// The result of a `tools/call`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolResult {
+    /// The text content items, joined by newlines (other items shown as `[type]`).
+    pub text: String,
+    /// The tool's `isError`.
+    pub is_error: bool,
+}
+
+/// Reads one line (without its newline) of at most `max` bytes; `None` at EOF.
+pub async fn read_line<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    max: usize,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    loop {
+        let buf = r.fill_buf().await?;
+        if buf.is_empty() {
+            return Ok((!line.is_empty()).then_some(line));
+        }
+        let (take, done) = match buf.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (buf.len(), false),
+        };
+        if line.len() + take > max {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("line longer than {max} bytes"),
+            ));
+        }
+        line.extend_from_slice(&buf[..take]);
+        r.consume(take + usize::from(done));
+        if done {
+            return Ok(Some(line));
+        }
+    }
+}
+
+async fn send<W: AsyncWrite + Unpin>(w: &mut W, msg: &Value) -> Result<(), McpError> {
+    let mut bytes = msg.to_string().into_bytes();
+    bytes.push(b'\n');
+    timeout(IO_TIMEOUT, w.write_all(&bytes))
+        .await
+        .map_err(|_| McpError::Timeout("write"))??;
+    Ok(())
+}
+
+async fn await_response<R: AsyncBufRead + Unpin>(
+    r: &mut R,
+    id: u64,
+    what: &'static str,
+) -> Result<Value, McpError> {
+    for _ in 0..=MAX_SKIPPED {
+        let line = timeout(IO_TIMEOUT, read_line(r, MAX_LINE))
+            .await
+            .map_err(|_| McpError::Timeout(what))??
+            .ok_or_else(|| McpError::Protocol(format!("connection closed during {what}")))?;
+        let msg: Value = serde_json::from_slice(&line)
+            .map_err(|e| McpError::Protocol(format!("invalid JSON during {what}: {e}")))?;
+        if msg.get("id").and_then(Value::as_u64) != Some(id) || msg.get("method").is_some() {
+            continue; // a notification or a request from the server: not our answer
+        }
+        if let Some(err) = msg.get("error") {
+            return Err(McpError::Rpc {
+                code: err.get("code").and_then(Value::as_i64).unwrap_or(0),
+                message: err
+                    .get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+            });
+        }
+        return msg
+            .get("result")
+            .cloned()
+            .ok_or_else(|| McpError::Protocol(format!("response to {what} has no result")));
+    }
+    Err(McpError::Protocol(format!(
+        "no response to {what} after {MAX_SKIPPED} other messages"
+    )))
+}
+
+/// Turns a `tools/call` result into text.
+pub fn tool_result(result: &Value) -> ToolResult {
+    let text = result
+        .get("content")
+        .and_then(Value::as_array)
+        .map(|items| {
+            items
+                .iter()
+                .map(|item| match item.get("type").and_then(Value::as_str) {
+                    Some("text") => item
+                        .get("text")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_owned(),
+                    Some(other) => format!("[{other}]"),
+                    None => "[?]".to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default();
+    ToolResult {
+        text,
+        is_error: result
+            .get("isError")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+    }
+}
+
+/// Calls one tool over the MCP socket: `initialize`, `notifications/initialized`,
+/// `tools/call`.
+pub async fn call_tool(
+    socket: &Path,
+    tool: &str,
+    arguments: Value,
+) -> Result<ToolResult, McpError> {
+    let stream = timeout(CONNECT_TIMEOUT, UnixStream::connect(socket))
+        .await
+        .map_err(|_| McpError::Timeout("connect"))?
+        .map_err(|source| McpError::Connect {
+            path: socket.display().to_string(),
+            source,
+        })?;
+    let (r, mut w) = stream.into_split();
+    let mut r = BufReader::new(r);
+    send(
+        &mut w,
+        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": PROTOCOL_VERSION,
+            "capabilities": {},
+            "clientInfo": {"name": "hako-agent", "version": env!("CARGO_PKG_VERSION")},
+        }}),
+    )
+    .await?;
+    await_response(&mut r, 1, "initialize").await?;
+    send(
+        &mut w,
+        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    )
+    .await?;
+    send(
+        &mut w,
+        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": tool, "arguments": arguments}}),
+    )
+    .await?;
+    let result = await_response(&mut r, 2, "tools/call").await?;
+    Ok(tool_result(&result))
+}
+
+fn rpc_error(id: Value, code: i64, message: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
+}
+
+/// The echo server's answer to one JSON-RPC line (`None` for notifications).
+pub fn handle_line(line: &[u8]) -> Option<Value> {
+    let Ok(msg) = serde_json::from_slice::<Value>(line) else {
+        return Some(rpc_error(Value::Null, -32700, "parse error"));
+    };
+    let Some(method) = msg.get("method").and_then(Value::as_str) else {
+        return Some(rpc_error(
+            msg.get("id").cloned().unwrap_or(Value::Null),
+            -32600,
+            "invalid request",
+        ));
+    };
+    // Notifications (no id) get no answer, whatever their method.
+    let id = msg.get("id")?.clone();
+    let params = msg.get("params").cloned().unwrap_or(Value::Null);
+    let result = match method {
+        "initialize" => {
+            let asked = params.get("protocolVersion").and_then(Value::as_str);
+            let version = asked
+                .filter(|v| SUPPORTED_VERSIONS.contains(v))
+                .unwrap_or(PROTOCOL_VERSION);
+            json!({
+                "protocolVersion": version,
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "hako-agent-echo", "version": env!("CARGO_PKG_VERSION")},
+            })
+        }
+        "ping" => json!({}),
+        "tools/list" => json!({"tools": [{
+            "name": "echo",
+            "description": "Returns its arguments as JSON text.",
+            "inputSchema": {"type": "object"},
+        }]}),
+        "tools/call" => {
+            let name = params.get("name").and_then(Value::as_str);
+            if name != Some("echo") {
+                return Some(rpc_error(id, -32602, "unknown tool"));
+            }
+            let args = params
+                .get("arguments")
+                .cloned()
+                .unwrap_or_else(|| json!({}));
+            json!({
+                "content": [{"type": "text", "text": args.to_string()}],
+                "structuredContent": args,
+                "isError": false,
+            })
+        }
+        _ => return Some(rpc_error(id, -32601, "method not found")),
+    };
+    Some(json!({"jsonrpc": "2.0", "id": id, "result": result}))
+}
+
+async fn serve_conn(stream: UnixStream) {
+    let (r, mut w) = stream.into_split();
+    let mut r = BufReader::new(r);
+    loop {
+        let line = match timeout(IDLE_TIMEOUT, read_line(&mut r, MAX_LINE)).await {
+            Err(_) | Ok(Ok(None)) => return,
+            Ok(Ok(Some(line))) => line,
+            Ok(Err(e)) => {
+                // Too long or broken: answer once if possible, then hang up.
+                let _ = send(&mut w, &rpc_error(Value::Null, -32700, &e.to_string())).await;
+                return;
+            }
+        };
+        if let Some(reply) = handle_line(&line)
+            && send(&mut w, &reply).await.is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Serves the echo MCP server on `socket` until SIGTERM or SIGINT. A stale socket file at the
+/// path is replaced; the socket is removed on exit.
+pub async fn serve(socket: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use tokio::signal::unix::{SignalKind, signal};
+
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    if let Ok(meta) = std::fs::symlink_metadata(socket)
+        && meta.file_type().is_socket()
+    {
+        std::fs::remove_file(socket)?;
+    }
+    let listener = UnixListener::bind(socket)?;
+    // The agent usually runs as another uid than the sidecar; the socket's directory is what
+    // limits who can reach it.
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))?;
+    log(format_args!("serve-mcp: listening on {}", socket.display()));
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let Ok(permit) = slots.clone().try_acquire_owned() else {
+                        log("serve-mcp: too many connections; refusing one");
+                        continue;
+                    };
+                    tokio::spawn(async move {
+                        serve_conn(stream).await;
+                        drop(permit);
+                    });
+                }
+                Err(e) => {
+                    log(format_args!("serve-mcp: accept failed: {e}"));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    let _ = std::fs::remove_file(socket);
+    log("serve-mcp: stopped");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_answers() {
+        let init = handle_line(
+            br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-03-26"}}"#,
+        )
+        .unwrap();
+        assert_eq!(init["result"]["protocolVersion"], "2025-03-26");
+        let init = handle_line(
+            br#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"1999"}}"#,
+        )
+        .unwrap();
+        assert_eq!(init["result"]["protocolVersion"], PROTOCOL_VERSION);
+        assert!(
+            handle_line(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).is_none()
+        );
+        let list = handle_line(br#"{"jsonrpc":"2.0","id":"x","method":"tools/list"}"#).unwrap();
+        assert_eq!(list["id"], "x");
+        assert_eq!(list["result"]["tools"][0]["name"], "echo");
+        let call = handle_line(
+            br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"a":1}}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            tool_result(&call["result"]),
+            ToolResult {
+                text: r#"{"a":1}"#.into(),
+                is_error: false
+            }
+        );
+        let bad = handle_line(
+            br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"nope"}}"#,
+        )
+        .unwrap();
+        assert_eq!(bad["error"]["code"], -32602);
+        assert_eq!(handle_line(b"{nope").unwrap()["error"]["code"], -32700);
+        let unknown = handle_line(br#"{"jsonrpc":"2.0","id":4,"method":"x"}"#).unwrap();
+        assert_eq!(unknown["error"]["code"], -32601);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn bounded_lines() {
+        let data = b"abc\ndefgh\nxy".to_vec();
+        let mut r = BufReader::with_capacity(2, &data[..]);
+        assert_eq!(read_line(&mut r, 4).await.unwrap().unwrap(), b"abc");
+        assert!(read_line(&mut r, 4).await.is_err());
+        let mut r = BufReader::new(&data[..]);
+        read_line(&mut r, 5).await.unwrap();
+        assert_eq!(read_line(&mut r, 5).await.unwrap().unwrap(), b"defgh");
+        assert_eq!(read_line(&mut r, 5).await.unwrap().unwrap(), b"xy");
+        assert!(read_line(&mut r, 5).await.unwrap().is_none());
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn client_and_server_talk() {
+        let d = tempfile::tempdir().unwrap();
+        let sock = d.path().join("mcp.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let server = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            serve_conn(s).await;
+        });
+        let r = call_tool(&sock, "echo", json!({"k": "v"})).await.unwrap();
+        assert_eq!(r.text, r#"{"k":"v"}"#);
+        server.await.unwrap();
+        let err = call_tool(&d.path().join("none.sock"), "echo", json!({}))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, McpError::Connect { .. }), "{err}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn silent_server_times_out() {
+        tokio::time::pause();
+        let d = tempfile::tempdir().unwrap();
+        let sock = d.path().join("mcp.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let _keep = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            drop(s);
+        });
+        let err = call_tool(&sock, "echo", json!({})).await.unwrap_err();
+        assert!(matches!(err, McpError::Timeout("initialize")), "{err}");
+    }
+}

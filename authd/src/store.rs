@@ -1,0 +1,521 @@
+//! `authd.db`: signing keys, issued tokens (metadata only, never the token), revocations and
+//! the audit log.
+//!
+//! Mints and service-token exchanges are the hot path. Their rows (one `issued_tokens` row and
+//! one `audit_log` row each) go through a group-commit writer: requests queue their rows, the
+//! writer drains whatever is queued into one transaction, and every request of the batch is
+//! answered once that transaction commits. Under load the batches grow, so a commit is shared
+//! by many requests instead of costing one each; with one request in flight nothing waits for
+//! a timer.
+
+use std::time::Duration;
+
+use hako_shared::auth::wire::{AuditEntry, AuditList, RevokedEntry};
+use hako_shared::db::{Db, DbError, Migration};
+use hako_shared::metrics::Histogram;
+use rusqlite::{OptionalExtension, params};
+use tokio::sync::{mpsc, oneshot};
+
+/// authd's schema.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "keys, issued tokens, revocations, audit log",
+    sql: r#"
+CREATE TABLE keys (
+    kid        TEXT PRIMARY KEY,
+    secret     BLOB NOT NULL,
+    created_at INTEGER NOT NULL,
+    retired_at INTEGER,
+    drop_after INTEGER
+);
+CREATE TABLE issued_tokens (
+    jti        TEXT PRIMARY KEY,
+    sub        TEXT NOT NULL,
+    typ        TEXT NOT NULL,
+    parent_jti TEXT,
+    folder     TEXT,
+    exp        INTEGER NOT NULL,
+    issued_at  INTEGER NOT NULL
+);
+CREATE INDEX issued_tokens_parent ON issued_tokens (parent_jti);
+CREATE INDEX issued_tokens_exp ON issued_tokens (exp);
+CREATE TABLE revoked (
+    jti        TEXT PRIMARY KEY,
+    exp        INTEGER NOT NULL,
+    revoked_at INTEGER NOT NULL
+);
+CREATE INDEX revoked_exp ON revoked (exp);
+CREATE TABLE audit_log (
+    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    at        INTEGER NOT NULL,
+    actor     TEXT NOT NULL,
+    actor_jti TEXT,
+    action    TEXT NOT NULL,
+    outcome   TEXT NOT NULL,
+    detail    TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX audit_log_at ON audit_log (at);
+"#,
+}];
+
+/// Most rows one group commit takes.
+const MAX_BATCH_ROWS: usize = 4096;
+
+/// A store failure.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database failed.
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// A group commit failed (the cause is logged once by the writer).
+    #[error("commit failed: {0}")]
+    Commit(String),
+    /// Stored data is not what authd wrote.
+    #[error("corrupt store: {0}")]
+    Corrupt(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Db(DbError::Sqlite(e))
+    }
+}
+
+/// One audit row. Never holds a token or a secret.
+#[derive(Debug, Clone)]
+pub struct AuditRow {
+    /// Unix milliseconds.
+    pub at_ms: i64,
+    /// Who acted.
+    pub actor: String,
+    /// The acting token's jti.
+    pub actor_jti: Option<String>,
+    /// What was attempted.
+    pub action: &'static str,
+    /// `ok` or the denial's error code.
+    pub outcome: String,
+    /// Short facts.
+    pub detail: String,
+}
+
+/// Metadata of an issued token (never the token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssuedRow {
+    /// Token id.
+    pub jti: String,
+    /// Subject.
+    pub sub: String,
+    /// `service` / `user` / `spawn`.
+    pub typ: String,
+    /// The parent's jti.
+    pub parent_jti: Option<String>,
+    /// Bound folder.
+    pub folder: Option<String>,
+    /// Expiry, Unix seconds.
+    pub exp: i64,
+    /// Issue time, Unix seconds.
+    pub issued_at: i64,
+}
+
+/// A row for the group-commit writer.
+#[derive(Debug)]
+pub enum Row {
+    /// A token was issued.
+    Issued(IssuedRow),
+    /// Something happened.
+    Audit(AuditRow),
+}
+
+/// What a batch reports back to each request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Committed {
+    /// Rows are durable.
+    Ok,
+    /// Rows are durable, but the issued token's parent was revoked before the token was
+    /// recorded, so the token was revoked with it.
+    ParentRevoked,
+}
+
+type Job = (Vec<Row>, oneshot::Sender<Result<Committed, String>>);
+
+/// A stored signing key.
+pub struct StoredKey {
+    /// Key id.
+    pub kid: String,
+    /// The Ed25519 secret.
+    pub secret: [u8; 32],
+    /// `None` for the active key.
+    pub drop_after: Option<i64>,
+}
+
+/// authd's database handle. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    db: Db,
+    writer: mpsc::Sender<Job>,
+}
+
+impl Store {
+    /// Opens and migrates `path`, and starts the group-commit writer.
+    pub async fn open(path: &std::path::Path, batch_sizes: Histogram) -> Result<Self, StoreError> {
+        let db = Db::open(path, MIGRATIONS).await?;
+        let (writer, rx) = mpsc::channel(8192);
+        tokio::spawn(write_loop(db.clone(), rx, batch_sizes));
+        Ok(Self { db, writer })
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        Ok(self.db.ping().await?)
+    }
+
+    /// Queues `rows` for the next group commit and waits until it is durable.
+    pub async fn write(&self, rows: Vec<Row>) -> Result<Committed, StoreError> {
+        let (tx, rx) = oneshot::channel();
+        self.writer
+            .send((rows, tx))
+            .await
+            .map_err(|_| StoreError::Db(DbError::Closed))?;
+        rx.await
+            .map_err(|_| StoreError::Db(DbError::Closed))?
+            .map_err(StoreError::Commit)
+    }
+
+    /// Keys that still verify at `now` (the active one has `drop_after: None`). Keys past
+    /// their drop time are deleted: a private key that verifies nothing has no reason to exist.
+    pub async fn load_keys(&self, now: i64) -> Result<Vec<StoredKey>, StoreError> {
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "DELETE FROM keys WHERE drop_after IS NOT NULL AND drop_after <= ?1",
+                    [now],
+                )?;
+                let mut st = c.prepare(
+                    "SELECT kid, secret, drop_after FROM keys ORDER BY created_at DESC, rowid DESC",
+                )?;
+                let rows = st.query_map([], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, Vec<u8>>(1)?,
+                        r.get::<_, Option<i64>>(2)?,
+                    ))
+                })?;
+                let mut out = Vec::new();
+                for row in rows {
+                    let (kid, secret, drop_after) = row?;
+                    let secret: [u8; 32] = secret
+                        .try_into()
+                        .map_err(|_| StoreError::Corrupt(format!("key {kid} is not 32 bytes")))?;
+                    out.push(StoredKey {
+                        kid,
+                        secret,
+                        drop_after,
+                    });
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    /// Stores a new active key (first start).
+    pub async fn insert_active_key(
+        &self,
+        kid: String,
+        secret: [u8; 32],
+        now: i64,
+        audit: AuditRow,
+    ) -> Result<(), StoreError> {
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                tx.execute(
+                    "INSERT INTO keys (kid, secret, created_at) VALUES (?1, ?2, ?3)",
+                    params![kid, &secret[..], now],
+                )?;
+                insert_audit(&tx, &audit)?;
+                tx.commit()?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Retires `old_kid` (it keeps verifying until `drop_after`) and makes `kid` active.
+    pub async fn rotate(
+        &self,
+        old_kid: String,
+        kid: String,
+        secret: [u8; 32],
+        now: i64,
+        drop_after: i64,
+        audit: AuditRow,
+    ) -> Result<(), StoreError> {
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                tx.execute(
+                    "UPDATE keys SET retired_at = ?2, drop_after = ?3 WHERE kid = ?1",
+                    params![old_kid, now, drop_after],
+                )?;
+                tx.execute(
+                    "INSERT INTO keys (kid, secret, created_at) VALUES (?1, ?2, ?3)",
+                    params![kid, &secret[..], now],
+                )?;
+                insert_audit(&tx, &audit)?;
+                tx.commit()?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// The issued token `jti`, if recorded.
+    pub async fn issued(&self, jti: String) -> Result<Option<IssuedRow>, StoreError> {
+        self.db
+            .call(move |c| {
+                c.query_row(
+                    "SELECT jti, sub, typ, parent_jti, folder, exp, issued_at
+                     FROM issued_tokens WHERE jti = ?1",
+                    [jti],
+                    |r| {
+                        Ok(IssuedRow {
+                            jti: r.get(0)?,
+                            sub: r.get(1)?,
+                            typ: r.get(2)?,
+                            parent_jti: r.get(3)?,
+                            folder: r.get(4)?,
+                            exp: r.get(5)?,
+                            issued_at: r.get(6)?,
+                        })
+                    },
+                )
+                .optional()
+                .map_err(StoreError::from)
+            })
+            .await
+    }
+
+    /// Revokes `jti` and every not-yet-expired token minted from it, directly or through
+    /// children, in one transaction with its audit row. Returns what was revoked.
+    pub async fn revoke_tree(
+        &self,
+        jti: String,
+        now: i64,
+        audit: AuditRow,
+    ) -> Result<Vec<RevokedEntry>, StoreError> {
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let found = {
+                    let mut st = tx.prepare(
+                        "WITH RECURSIVE tree(jti) AS (
+                             SELECT ?1
+                             UNION
+                             SELECT i.jti FROM issued_tokens i JOIN tree t ON i.parent_jti = t.jti
+                         )
+                         SELECT i.jti, i.exp FROM issued_tokens i JOIN tree USING (jti)
+                         WHERE i.exp > ?2",
+                    )?;
+                    let rows = st.query_map(params![jti, now], |r| {
+                        Ok(RevokedEntry {
+                            jti: r.get(0)?,
+                            exp: r.get(1)?,
+                        })
+                    })?;
+                    rows.collect::<Result<Vec<_>, _>>()?
+                };
+                for e in &found {
+                    tx.execute(
+                        "INSERT OR IGNORE INTO revoked (jti, exp, revoked_at) VALUES (?1, ?2, ?3)",
+                        params![e.jti, e.exp, now],
+                    )?;
+                }
+                let mut audit = audit;
+                audit.detail = format!("{} revoked={}", audit.detail, found.len());
+                insert_audit(&tx, &audit)?;
+                tx.commit()?;
+                Ok(found)
+            })
+            .await
+    }
+
+    /// Revoked tokens not yet expired at `now`.
+    pub async fn revoked(&self, now: i64) -> Result<Vec<RevokedEntry>, StoreError> {
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT jti, exp FROM revoked WHERE exp > ?1 ORDER BY revoked_at, jti",
+                )?;
+                let rows = st.query_map([now], |r| {
+                    Ok(RevokedEntry {
+                        jti: r.get(0)?,
+                        exp: r.get(1)?,
+                    })
+                })?;
+                Ok(rows.collect::<Result<Vec<_>, _>>()?)
+            })
+            .await
+    }
+
+    /// A page of the audit log, newest first.
+    pub async fn audit(&self, limit: u32, before: Option<i64>) -> Result<AuditList, StoreError> {
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT id, at, actor, actor_jti, action, outcome, detail FROM audit_log
+                     WHERE id < ?1 ORDER BY id DESC LIMIT ?2",
+                )?;
+                let rows = st.query_map(params![before.unwrap_or(i64::MAX), limit], |r| {
+                    Ok(AuditEntry {
+                        id: r.get(0)?,
+                        at: r.get(1)?,
+                        actor: r.get(2)?,
+                        actor_jti: r.get(3)?,
+                        action: r.get(4)?,
+                        outcome: r.get(5)?,
+                        detail: r.get(6)?,
+                    })
+                })?;
+                let entries = rows.collect::<Result<Vec<_>, _>>()?;
+                let next_before = if entries.len() as u32 == limit {
+                    entries.last().map(|e| e.id)
+                } else {
+                    None
+                };
+                Ok(AuditList {
+                    entries,
+                    next_before,
+                })
+            })
+            .await
+    }
+
+    /// Deletes what no longer matters: expired token rows and revocations, keys past their
+    /// drop time, audit rows older than `audit_retention`.
+    pub async fn prune(
+        &self,
+        now: i64,
+        skew: Duration,
+        audit_retention: Duration,
+    ) -> Result<(), StoreError> {
+        let skew = skew.as_secs() as i64;
+        let audit_cutoff_ms = (now - audit_retention.as_secs() as i64).saturating_mul(1000);
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                tx.execute(
+                    "DELETE FROM issued_tokens WHERE exp < ?1",
+                    [now - skew - 60],
+                )?;
+                tx.execute("DELETE FROM revoked WHERE exp < ?1", [now - skew - 60])?;
+                tx.execute(
+                    "DELETE FROM keys WHERE drop_after IS NOT NULL AND drop_after <= ?1",
+                    [now],
+                )?;
+                tx.execute("DELETE FROM audit_log WHERE at < ?1", [audit_cutoff_ms])?;
+                tx.commit()?;
+                Ok(())
+            })
+            .await
+    }
+}
+
+fn insert_audit(c: &rusqlite::Connection, a: &AuditRow) -> rusqlite::Result<()> {
+    c.prepare_cached(
+        "INSERT INTO audit_log (at, actor, actor_jti, action, outcome, detail)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        a.at_ms,
+        a.actor,
+        a.actor_jti,
+        a.action,
+        a.outcome,
+        a.detail
+    ])?;
+    Ok(())
+}
+
+/// Writes one batch; returns each job's outcome in order.
+fn commit_batch(
+    c: &mut rusqlite::Connection,
+    jobs: &[Vec<Row>],
+) -> rusqlite::Result<Vec<Committed>> {
+    let tx = c.transaction()?;
+    let mut out = Vec::with_capacity(jobs.len());
+    {
+        let mut issued = tx.prepare_cached(
+            "INSERT INTO issued_tokens (jti, sub, typ, parent_jti, folder, exp, issued_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        )?;
+        // Checked inside the same serial order as revocations: either the revocation's tree
+        // walk ran first (then the parent is in `revoked` here) or this insert did (then the
+        // tree walk finds the child). No child of a revoked token can slip between the two.
+        let mut parent_revoked = tx.prepare_cached("SELECT 1 FROM revoked WHERE jti = ?1")?;
+        let mut revoke = tx.prepare_cached(
+            "INSERT OR IGNORE INTO revoked (jti, exp, revoked_at) VALUES (?1, ?2, ?3)",
+        )?;
+        for job in jobs {
+            let mut outcome = Committed::Ok;
+            for row in job {
+                match row {
+                    Row::Issued(r) => {
+                        issued.execute(params![
+                            r.jti,
+                            r.sub,
+                            r.typ,
+                            r.parent_jti,
+                            r.folder,
+                            r.exp,
+                            r.issued_at
+                        ])?;
+                        if let Some(p) = &r.parent_jti
+                            && parent_revoked.exists([p])?
+                        {
+                            revoke.execute(params![r.jti, r.exp, r.issued_at])?;
+                            outcome = Committed::ParentRevoked;
+                        }
+                    }
+                    Row::Audit(a) => insert_audit(&tx, a)?,
+                }
+            }
+            out.push(outcome);
+        }
+    }
+    tx.commit()?;
+    Ok(out)
+}
+
+async fn write_loop(db: Db, mut rx: mpsc::Receiver<Job>, batch_sizes: Histogram) {
+    while let Some(first) = rx.recv().await {
+        let mut rows_n = first.0.len();
+        let mut jobs = vec![first];
+        // Take whatever queued up while the previous batch was committing.
+        while rows_n < MAX_BATCH_ROWS {
+            match rx.try_recv() {
+                Ok(job) => {
+                    rows_n += job.0.len();
+                    jobs.push(job);
+                }
+                Err(_) => break,
+            }
+        }
+        batch_sizes.observe(jobs.len() as f64);
+        let (rows, waiters): (Vec<Vec<Row>>, Vec<_>) = jobs.into_iter().unzip();
+        let result = db
+            .call(move |c| commit_batch(c, &rows).map_err(DbError::from))
+            .await;
+        match result {
+            Ok(outcomes) => {
+                for (w, o) in waiters.into_iter().zip(outcomes) {
+                    let _ = w.send(Ok(o));
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, jobs = waiters.len(), "group commit failed");
+                let msg = e.to_string();
+                for w in waiters {
+                    let _ = w.send(Err(msg.clone()));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,427 @@
+//! The Docker side of a run: the security profile every hako container gets (one place),
+//! the labels that identify hako's containers, and the small lifecycle operations the runner
+//! composes (create, stop → kill → remove and confirm, orphan cleanup).
+//!
+//! Everything goes through the Engine API (bollard). Every call is bounded by a deadline of
+//! our own: bollard's timeout only covers response headers and is whole seconds.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::errors::Error as BollardError;
+use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+};
+
+use super::mounts::MountEntry;
+
+/// Labels on every container hako starts.
+pub mod labels {
+    /// The install id: containers of another install are never touched.
+    pub const INSTALL: &str = "io.hako.install";
+    /// The group folder.
+    pub const FOLDER: &str = "io.hako.folder";
+    /// The run id.
+    pub const RUN: &str = "io.hako.run";
+    /// The turn id.
+    pub const TURN: &str = "io.hako.turn";
+    /// `agent` or `sidecar`.
+    pub const ROLE: &str = "io.hako.role";
+}
+
+/// Docker API failures, classified.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    /// The daemon does not answer at all.
+    #[error("docker daemon unavailable at {socket}: {message}")]
+    Unavailable {
+        /// The socket or host tried.
+        socket: String,
+        /// What failed.
+        message: String,
+    },
+    /// The image does not exist (and cannot be pulled here).
+    #[error("image {0} not found (build it with `hako-images build`; images are never pulled)")]
+    ImageMissing(String),
+    /// No such container.
+    #[error("container {0} not found")]
+    NotFound(String),
+    /// A call did not finish in time.
+    #[error("docker call {0} timed out after {1:?}")]
+    Timeout(&'static str, Duration),
+    /// Anything else the daemon said.
+    #[error("docker: {0}")]
+    Api(String),
+}
+
+impl DockerError {
+    /// Classifies a bollard error from a call about `what`.
+    pub fn from_bollard(e: BollardError, what: &str) -> Self {
+        match e {
+            BollardError::DockerResponseServerError {
+                status_code: 404,
+                message,
+            } => {
+                if message.contains("image") {
+                    DockerError::ImageMissing(what.to_owned())
+                } else {
+                    DockerError::NotFound(what.to_owned())
+                }
+            }
+            BollardError::DockerResponseServerError {
+                status_code,
+                message,
+            } => DockerError::Api(format!("{status_code}: {message}")),
+            BollardError::IOError { err } => DockerError::Unavailable {
+                socket: socket_path(),
+                message: err.to_string(),
+            },
+            BollardError::HyperResponseError { err } => DockerError::Unavailable {
+                socket: socket_path(),
+                message: err.to_string(),
+            },
+            BollardError::RequestTimeoutError => DockerError::Unavailable {
+                socket: socket_path(),
+                message: "request timed out".into(),
+            },
+            other => {
+                let text = other.to_string();
+                if text.contains("connect") || text.contains("No such file") {
+                    DockerError::Unavailable {
+                        socket: socket_path(),
+                        message: text,
+                    }
+                } else {
+                    DockerError::Api(text)
+                }
+            }
+        }
+    }
+
+    /// Whether the daemon itself is unreachable (as opposed to refusing a request).
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            DockerError::Unavailable { .. } | DockerError::Timeout(..)
+        )
+    }
+}
+
+/// The socket hako talks to (from `DOCKER_HOST` or the default).
+pub fn socket_path() -> String {
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .filter(|h| h.starts_with("unix://"))
+        .unwrap_or_else(|| "unix:///var/run/docker.sock".into())
+}
+
+/// Connects a client to the local daemon (no I/O happens until the first call).
+pub fn connect() -> Result<Docker, DockerError> {
+    Docker::connect_with_unix(&socket_path(), 120, bollard::API_DEFAULT_VERSION).map_err(|e| {
+        DockerError::Unavailable {
+            socket: socket_path(),
+            message: e.to_string(),
+        }
+    })
+}
+
+/// Runs a Docker call with a deadline.
+pub async fn bounded<T>(
+    what: &'static str,
+    limit: Duration,
+    subject: &str,
+    fut: impl Future<Output = Result<T, BollardError>>,
+) -> Result<T, DockerError> {
+    match tokio::time::timeout(limit, fut).await {
+        Ok(r) => r.map_err(|e| DockerError::from_bollard(e, subject)),
+        Err(_) => Err(DockerError::Timeout(what, limit)),
+    }
+}
+
+/// Resource limits of one container.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// Bytes of memory (swap is not granted on top).
+    pub memory: i64,
+    /// CPUs, fractional.
+    pub cpus: f64,
+    /// Maximum number of processes.
+    pub pids: i64,
+}
+
+/// What a container needs beyond the fixed security profile.
+#[derive(Debug, Clone)]
+pub struct ContainerSpec {
+    /// Unique container name.
+    pub name: String,
+    /// Image reference.
+    pub image: String,
+    /// `uid:gid`.
+    pub user: String,
+    /// Environment (`NAME=value`); never secrets.
+    pub env: Vec<String>,
+    /// Arguments to the entrypoint, if any.
+    pub cmd: Option<Vec<String>>,
+    /// Bind mounts (sources already translated to host paths).
+    pub mounts: Vec<MountEntry>,
+    /// `none`, `bridge` or a network name.
+    pub network: String,
+    /// Limits.
+    pub limits: Limits,
+    /// Labels.
+    pub labels: HashMap<String, String>,
+    /// Keep stdin open for the one input line.
+    pub stdin: bool,
+}
+
+/// Size of the writable `/tmp`.
+const TMPFS_TMP: &str = "rw,nosuid,nodev,size=256m";
+
+/// The create request: `spec` plus the security defaults every hako container gets.
+pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
+    let mounts = spec
+        .mounts
+        .iter()
+        .map(|m| Mount {
+            target: Some(m.target.clone()),
+            source: Some(m.source.to_string_lossy().into_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(m.readonly),
+            ..Default::default()
+        })
+        .collect();
+    let host = HostConfig {
+        mounts: Some(mounts),
+        // Least privilege: no capabilities, no privilege gain through setuid binaries.
+        cap_drop: Some(vec!["ALL".into()]),
+        security_opt: Some(vec!["no-new-privileges:true".into()]),
+        privileged: Some(false),
+        readonly_rootfs: Some(true),
+        tmpfs: Some(HashMap::from([("/tmp".to_owned(), TMPFS_TMP.to_owned())])),
+        memory: Some(spec.limits.memory),
+        memory_swap: Some(spec.limits.memory),
+        nano_cpus: Some((spec.limits.cpus * 1e9) as i64),
+        pids_limit: Some(spec.limits.pids),
+        network_mode: Some(spec.network.clone()),
+        ipc_mode: Some("private".into()),
+        // An init as PID 1 forwards SIGTERM and SIGUSR1 to the agent and reaps zombies.
+        init: Some(true),
+        // Output must outlive the daemon (re-adoption reads it back); bounded on disk.
+        auto_remove: Some(false),
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("json-file".into()),
+            config: Some(HashMap::from([
+                ("max-size".to_owned(), "16m".to_owned()),
+                ("max-file".to_owned(), "2".to_owned()),
+            ])),
+        }),
+        ..Default::default()
+    };
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        user: Some(spec.user.clone()),
+        env: Some(spec.env.clone()),
+        cmd: spec.cmd.clone(),
+        labels: Some(spec.labels.clone()),
+        working_dir: Some(super::mounts::WORKSPACE.into()),
+        open_stdin: Some(spec.stdin),
+        stdin_once: Some(spec.stdin),
+        attach_stdin: Some(spec.stdin),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        tty: Some(false),
+        network_disabled: Some(spec.network == "none"),
+        host_config: Some(host),
+        ..Default::default()
+    }
+}
+
+/// Creates a container from `spec`; returns its id.
+pub async fn create(
+    docker: &Docker,
+    spec: &ContainerSpec,
+    limit: Duration,
+) -> Result<String, DockerError> {
+    let opts = CreateContainerOptionsBuilder::new()
+        .name(&spec.name)
+        .build();
+    match bounded(
+        "create",
+        limit,
+        &spec.image,
+        docker.create_container(Some(opts), create_body(spec)),
+    )
+    .await
+    {
+        Ok(r) => Ok(r.id),
+        Err(DockerError::NotFound(_)) => Err(DockerError::ImageMissing(spec.image.clone())),
+        Err(e) => Err(e),
+    }
+}
+
+/// Sends `signal` to a container's PID 1 (the init, which forwards it).
+pub async fn signal(
+    docker: &Docker,
+    id: &str,
+    signal: &str,
+    limit: Duration,
+) -> Result<(), DockerError> {
+    let opts = KillContainerOptionsBuilder::new().signal(signal).build();
+    bounded("kill", limit, id, docker.kill_container(id, Some(opts))).await
+}
+
+/// Stop (SIGTERM, then SIGKILL after `grace`), then remove, then confirm the container is
+/// gone. Never trusts a client process to do it: everything is by container id.
+pub async fn stop_and_remove(
+    docker: &Docker,
+    id: &str,
+    grace: Duration,
+    limit: Duration,
+) -> Result<(), DockerError> {
+    let t = grace.as_secs().min(i32::MAX as u64) as i32;
+    let stop = StopContainerOptionsBuilder::new().t(t).build();
+    match bounded(
+        "stop",
+        grace + limit,
+        id,
+        docker.stop_container(id, Some(stop)),
+    )
+    .await
+    {
+        Ok(()) | Err(DockerError::NotFound(_)) => {}
+        // 304 (already stopped) and friends: removal with force covers them.
+        Err(e) if !e.is_unavailable() => tracing::debug!(container = id, error = %e, "stop"),
+        Err(e) => return Err(e),
+    }
+    remove(docker, id, limit).await
+}
+
+/// Force-removes a container and confirms it is gone.
+pub async fn remove(docker: &Docker, id: &str, limit: Duration) -> Result<(), DockerError> {
+    let opts = RemoveContainerOptionsBuilder::new()
+        .force(true)
+        .v(true)
+        .build();
+    match bounded("remove", limit, id, docker.remove_container(id, Some(opts))).await {
+        Ok(()) | Err(DockerError::NotFound(_)) => {}
+        // "removal already in progress" resolves by itself; the check below waits for it.
+        Err(DockerError::Api(m)) if m.contains("in progress") => {}
+        Err(e) => return Err(e),
+    }
+    // Check that it is gone: a container left behind is how a run burns for nine hours.
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match bounded("inspect", limit, id, docker.inspect_container(id, None)).await {
+            Err(DockerError::NotFound(_)) => return Ok(()),
+            Err(e) if e.is_unavailable() => return Err(e),
+            _ if tokio::time::Instant::now() >= deadline => {
+                return Err(DockerError::Api(format!(
+                    "container {id} still present after removal"
+                )));
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+/// A container of this install, as listed.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// Container id.
+    pub id: String,
+    /// Labels.
+    pub labels: HashMap<String, String>,
+    /// `running`, `exited`, …
+    pub state: String,
+}
+
+impl Listed {
+    /// The run id label, if any.
+    pub fn run_id(&self) -> Option<&str> {
+        self.labels.get(labels::RUN).map(String::as_str)
+    }
+}
+
+/// Lists every container (running or not) carrying this install's label.
+pub async fn list_install(
+    docker: &Docker,
+    install: &str,
+    limit: Duration,
+) -> Result<Vec<Listed>, DockerError> {
+    let filters = HashMap::from([(
+        "label".to_owned(),
+        vec![format!("{}={install}", labels::INSTALL)],
+    )]);
+    let opts = ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let list = bounded("list", limit, install, docker.list_containers(Some(opts))).await?;
+    Ok(list
+        .into_iter()
+        .filter_map(|c| {
+            let labels = c.labels.unwrap_or_default();
+            // Belt and braces: the filter is the daemon's; re-check it here.
+            (labels.get(labels::INSTALL).map(String::as_str) == Some(install)).then(|| Listed {
+                id: c.id.unwrap_or_default(),
+                state: c.state.map(|s| s.to_string()).unwrap_or_default(),
+                labels,
+            })
+        })
+        .filter(|c| !c.id.is_empty())
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_container_gets_the_security_profile() {
+        let spec = ContainerSpec {
+            name: "n".into(),
+            image: "img".into(),
+            user: "1000:1000".into(),
+            env: vec!["HOME=/home/agent".into()],
+            cmd: None,
+            mounts: vec![MountEntry {
+                source: "/data/g".into(),
+                target: "/workspace".into(),
+                readonly: false,
+            }],
+            network: "none".into(),
+            limits: Limits {
+                memory: 1 << 30,
+                cpus: 2.0,
+                pids: 512,
+            },
+            labels: HashMap::new(),
+            stdin: true,
+        };
+        let body = create_body(&spec);
+        let h = body.host_config.unwrap();
+        assert_eq!(h.cap_drop, Some(vec!["ALL".to_owned()]));
+        assert_eq!(
+            h.security_opt,
+            Some(vec!["no-new-privileges:true".to_owned()])
+        );
+        assert_eq!(h.readonly_rootfs, Some(true));
+        assert_eq!(h.init, Some(true));
+        assert_eq!(h.memory, Some(1 << 30));
+        assert_eq!(h.memory_swap, Some(1 << 30));
+        assert_eq!(h.nano_cpus, Some(2_000_000_000));
+        assert_eq!(h.pids_limit, Some(512));
+        assert_eq!(h.network_mode.as_deref(), Some("none"));
+        assert!(h.tmpfs.unwrap().contains_key("/tmp"));
+        assert_eq!(h.mounts.unwrap()[0].typ, Some(MountType::BIND));
+        assert_eq!(body.user.as_deref(), Some("1000:1000"));
+        assert_eq!(
+            (body.open_stdin, body.stdin_once, body.tty),
+            (Some(true), Some(true), Some(false))
+        );
+    }
+}

@@ -1,0 +1,636 @@
+//! The offline token verifier every daemon uses.
+//!
+//! Keys come from authd's JWKS, fetched lazily and cached by `kid`. An unknown `kid` triggers
+//! a refetch, but at most once per `min_refetch_interval`, so a flood of tokens with bogus kids
+//! costs authd one request per interval, not one per token. A failed refetch keeps the keys
+//! already known (verification stays offline while authd restarts). Revoked jtis are polled
+//! from `GET /v1/revoked` in the background.
+//!
+//! Verified tokens are remembered by their exact text (bounded), so a token presented again
+//! (runed's service token on every mint, an agent's spawn token on every tool call) skips the
+//! signature check; time, key and revocation checks still run on every call.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use ed25519_dalek::VerifyingKey;
+
+use super::claims::{Claims, TokenType};
+use super::client::{AuthdClient, ClientError};
+use super::jws;
+use super::{AuthError, now_secs};
+use crate::config::{ConfigError, Env};
+
+/// The issuer authd uses unless `AUTHD_ISSUER` says otherwise.
+pub const DEFAULT_ISSUER: &str = "hako-authd";
+/// Most keys taken from one JWKS.
+const MAX_KEYS: usize = 64;
+/// Most verified tokens remembered.
+const CACHE_CAP: usize = 8192;
+
+/// How a [`Verifier`] finds keys and how strict it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VerifierConfig {
+    /// authd's base URL; `None` means open dev mode (every request passes).
+    pub authd_url: Option<String>,
+    /// The only `iss` accepted.
+    pub issuer: String,
+    /// Clock skew tolerated on `exp`, `nbf` and `iat`.
+    pub leeway: Duration,
+    /// After this long the JWKS is fetched again on the next verification.
+    pub jwks_ttl: Duration,
+    /// At most one JWKS fetch per this interval, however many unknown kids arrive.
+    pub min_refetch_interval: Duration,
+    /// How often the revocation list is polled.
+    pub revoked_poll: Duration,
+    /// Time limit of each call to authd.
+    pub http_timeout: Duration,
+    /// How often open mode repeats its warning.
+    pub open_warn_interval: Duration,
+}
+
+impl Default for VerifierConfig {
+    /// Open mode with the default timings.
+    fn default() -> Self {
+        Self {
+            authd_url: None,
+            issuer: DEFAULT_ISSUER.into(),
+            leeway: Duration::from_secs(30),
+            jwks_ttl: Duration::from_secs(300),
+            min_refetch_interval: Duration::from_secs(5),
+            revoked_poll: Duration::from_secs(5),
+            http_timeout: super::client::DEFAULT_TIMEOUT,
+            open_warn_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+impl VerifierConfig {
+    /// Verification against the authd at `url`, default timings.
+    pub fn remote(url: impl Into<String>) -> Self {
+        Self {
+            authd_url: Some(url.into()),
+            ..Self::default()
+        }
+    }
+
+    /// From `AUTHD_URL` (unset: open mode), `AUTHD_ISSUER`, `AUTHD_CLOCK_SKEW`,
+    /// `AUTHD_JWKS_TTL`, `AUTHD_JWKS_MIN_REFETCH` and `AUTHD_REVOKED_POLL`.
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let d = Self::default();
+        let authd_url = env.get("AUTHD_URL").map(str::to_owned);
+        if let Some(url) = &authd_url {
+            AuthdClient::new(url).map_err(|e| ConfigError::Invalid {
+                var: "AUTHD_URL".into(),
+                value: url.clone(),
+                reason: e.to_string(),
+            })?;
+        }
+        Ok(Self {
+            authd_url,
+            issuer: env.string_or("AUTHD_ISSUER", DEFAULT_ISSUER),
+            leeway: env.duration_or("AUTHD_CLOCK_SKEW", d.leeway)?,
+            jwks_ttl: env.duration_or("AUTHD_JWKS_TTL", d.jwks_ttl)?,
+            min_refetch_interval: env
+                .duration_or("AUTHD_JWKS_MIN_REFETCH", d.min_refetch_interval)?,
+            revoked_poll: env.duration_or("AUTHD_REVOKED_POLL", d.revoked_poll)?,
+            ..d
+        })
+    }
+}
+
+enum Mode {
+    /// No authd: every request passes.
+    Open,
+    /// Keys and revocations from authd over HTTP.
+    Remote(AuthdClient),
+    /// Keys and revocations pushed in by their owner (authd itself).
+    Local,
+}
+
+#[derive(Clone, Copy)]
+struct KeyEntry {
+    key: VerifyingKey,
+    /// Unix seconds after which the key no longer verifies (local keys being retired).
+    drop_at: Option<i64>,
+}
+
+struct CachedToken {
+    claims: Claims,
+    kid: String,
+}
+
+struct Inner {
+    mode: Mode,
+    cfg: VerifierConfig,
+    keys: RwLock<HashMap<String, KeyEntry>>,
+    /// When the JWKS was last fetched successfully.
+    keys_fetched: Mutex<Option<Instant>>,
+    /// When a JWKS fetch was last attempted; held across the fetch so that concurrent
+    /// unknown kids share one request.
+    fetch_gate: tokio::sync::Mutex<Option<Instant>>,
+    revoked: RwLock<HashMap<String, i64>>,
+    cache: Mutex<HashMap<Box<str>, CachedToken>>,
+    tasks_started: OnceLock<()>,
+    tasks: Mutex<Vec<tokio::task::AbortHandle>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn read<T>(m: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write<T>(m: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Verifies hako tokens offline. Cheap to clone (an `Arc` inside).
+#[derive(Clone)]
+pub struct Verifier {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = match &self.inner.mode {
+            Mode::Open => "open",
+            Mode::Remote(_) => "remote",
+            Mode::Local => "local",
+        };
+        f.debug_struct("Verifier")
+            .field("mode", &mode)
+            .field("issuer", &self.inner.cfg.issuer)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Verifier {
+    /// A verifier for `cfg`. Background work (revocation polling, the open-mode warning) starts
+    /// at once inside a tokio runtime, else on the first verification.
+    ///
+    /// With `authd_url: None` this is open dev mode, and it logs a WARN now and on a timer.
+    pub fn new(cfg: VerifierConfig) -> Result<Self, ClientError> {
+        let mode = match &cfg.authd_url {
+            None => Mode::Open,
+            Some(url) => Mode::Remote(AuthdClient::with_timeout(url, cfg.http_timeout)?),
+        };
+        let v = Self::with_mode(mode, cfg);
+        if v.is_open() {
+            warn_open();
+        }
+        if tokio::runtime::Handle::try_current().is_ok() {
+            v.ensure_tasks();
+        }
+        Ok(v)
+    }
+
+    /// A verifier whose keys and revocations its owner pushes in with
+    /// [`Verifier::insert_key`] and [`Verifier::mark_revoked`]. authd uses this for its own
+    /// routes, so that it checks tokens with exactly the code every other daemon uses.
+    pub fn local(issuer: impl Into<String>, leeway: Duration) -> Self {
+        Self::with_mode(
+            Mode::Local,
+            VerifierConfig {
+                issuer: issuer.into(),
+                leeway,
+                ..VerifierConfig::default()
+            },
+        )
+    }
+
+    fn with_mode(mode: Mode, cfg: VerifierConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                mode,
+                cfg,
+                keys: RwLock::new(HashMap::new()),
+                keys_fetched: Mutex::new(None),
+                fetch_gate: tokio::sync::Mutex::new(None),
+                revoked: RwLock::new(HashMap::new()),
+                cache: Mutex::new(HashMap::new()),
+                tasks_started: OnceLock::new(),
+                tasks: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Whether this is open dev mode (no authd; every request passes).
+    pub fn is_open(&self) -> bool {
+        matches!(self.inner.mode, Mode::Open)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &VerifierConfig {
+        &self.inner.cfg
+    }
+
+    fn ensure_tasks(&self) {
+        if self.inner.tasks_started.set(()).is_err() {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let handle = match &self.inner.mode {
+            Mode::Local => return,
+            Mode::Open => {
+                let every = self.inner.cfg.open_warn_interval;
+                tokio::spawn(async move {
+                    let mut tick = tokio::time::interval(every);
+                    tick.tick().await; // the first tick is immediate; `new` already warned
+                    loop {
+                        tick.tick().await;
+                        if weak.strong_count() == 0 {
+                            return;
+                        }
+                        warn_open();
+                    }
+                })
+            }
+            Mode::Remote(_) => {
+                let every = self.inner.cfg.revoked_poll;
+                tokio::spawn(poll_revoked(weak, every))
+            }
+        };
+        lock(&self.inner.tasks).push(handle.abort_handle());
+    }
+
+    /// Verifies `token` and returns its claims: EdDSA signature by a known key, issuer,
+    /// `exp`/`nbf`/`iat` within leeway, not revoked. Fails in open mode (there are no keys);
+    /// use [`super::Principal`] to let open mode pass.
+    pub async fn verify(&self, token: &str) -> Result<Claims, AuthError> {
+        self.ensure_tasks();
+        if self.is_open() {
+            return Err(AuthError::Unavailable(
+                "open mode: this daemon has no authd to verify tokens with".into(),
+            ));
+        }
+        let now = now_secs();
+        if let Some(claims) = self.cached(token, now) {
+            self.check_live(&claims, now)?;
+            return Ok(claims);
+        }
+        let parsed = jws::parse(token)?;
+        let key = self.key_for(parsed.kid(), now).await?;
+        parsed.verify(&key)?;
+        let claims: Claims = parsed.payload()?;
+        self.check_static(&claims)?;
+        self.check_live(&claims, now)?;
+        self.remember(token, &claims, parsed.kid());
+        Ok(claims)
+    }
+
+    fn cached(&self, token: &str, now: i64) -> Option<Claims> {
+        let cache = lock(&self.inner.cache);
+        let hit = cache.get(token)?;
+        // The signing key must still be trusted: a key dropped since invalidates the entry.
+        let keys = read(&self.inner.keys);
+        let k = keys.get(&hit.kid)?;
+        if k.drop_at.is_some_and(|d| now >= d) {
+            return None;
+        }
+        Some(hit.claims.clone())
+    }
+
+    fn remember(&self, token: &str, claims: &Claims, kid: &str) {
+        let mut cache = lock(&self.inner.cache);
+        if cache.len() >= CACHE_CAP {
+            // Crude but bounded: start over. Entries are only a shortcut.
+            cache.clear();
+        }
+        cache.insert(
+            token.into(),
+            CachedToken {
+                claims: claims.clone(),
+                kid: kid.to_owned(),
+            },
+        );
+    }
+
+    /// Checks that do not depend on time or revocation.
+    fn check_static(&self, c: &Claims) -> Result<(), AuthError> {
+        if c.iss != self.inner.cfg.issuer {
+            return Err(AuthError::WrongIssuer);
+        }
+        if c.jti.is_empty() || c.sub.is_empty() {
+            return Err(AuthError::BadClaims("jti and sub are required".into()));
+        }
+        if c.typ == TokenType::Spawn && (c.run_id.is_none() || c.turn_id.is_none()) {
+            return Err(AuthError::BadClaims(
+                "a spawn token must carry run_id and turn_id".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Time and revocation checks, run on every call.
+    fn check_live(&self, c: &Claims, now: i64) -> Result<(), AuthError> {
+        let leeway = i64::try_from(self.inner.cfg.leeway.as_secs()).unwrap_or(i64::MAX / 4);
+        if now >= c.exp.saturating_add(leeway) {
+            return Err(AuthError::Expired);
+        }
+        if c.nbf > now.saturating_add(leeway) || c.iat > now.saturating_add(leeway) {
+            return Err(AuthError::NotYetValid);
+        }
+        if read(&self.inner.revoked).contains_key(&c.jti) {
+            return Err(AuthError::Revoked);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, kid: &str, now: i64) -> Option<VerifyingKey> {
+        let keys = read(&self.inner.keys);
+        let e = keys.get(kid)?;
+        if e.drop_at.is_some_and(|d| now >= d) {
+            return None;
+        }
+        Some(e.key)
+    }
+
+    async fn key_for(&self, kid: &str, now: i64) -> Result<VerifyingKey, AuthError> {
+        let Mode::Remote(client) = &self.inner.mode else {
+            return self.lookup(kid, now).ok_or(AuthError::UnknownKey);
+        };
+        let fresh =
+            lock(&self.inner.keys_fetched).is_some_and(|t| t.elapsed() < self.inner.cfg.jwks_ttl);
+        if fresh && let Some(k) = self.lookup(kid, now) {
+            return Ok(k);
+        }
+        let fetched = self.refetch(client).await;
+        match (self.lookup(kid, now), fetched) {
+            (Some(k), _) => Ok(k),
+            (None, Err(e)) => Err(AuthError::Unavailable(e.to_string())),
+            (None, Ok(_)) => Err(AuthError::UnknownKey),
+        }
+    }
+
+    /// Fetches the JWKS unless one was attempted within `min_refetch_interval`.
+    /// `Ok(true)`: fetched; `Ok(false)`: skipped (rate limit); `Err`: the fetch failed.
+    async fn refetch(&self, client: &AuthdClient) -> Result<bool, ClientError> {
+        let mut last = self.inner.fetch_gate.lock().await;
+        if last.is_some_and(|t| t.elapsed() < self.inner.cfg.min_refetch_interval) {
+            return Ok(false);
+        }
+        *last = Some(Instant::now());
+        let jwks = match client.jwks().await {
+            Ok(j) => j,
+            Err(e) => {
+                tracing::warn!(error = %e, "JWKS fetch from authd failed; keeping known keys");
+                return Err(e);
+            }
+        };
+        let mut fresh = HashMap::new();
+        for jwk in jwks.keys.iter().take(MAX_KEYS) {
+            match jwk.to_key() {
+                Ok(k) => {
+                    fresh.insert(
+                        jwk.kid.clone(),
+                        KeyEntry {
+                            key: k,
+                            drop_at: None,
+                        },
+                    );
+                }
+                Err(e) => tracing::warn!(kid = %jwk.kid, error = %e, "ignoring JWK"),
+            }
+        }
+        let changed = {
+            let mut keys = write(&self.inner.keys);
+            let changed = keys.len() != fresh.len() || fresh.keys().any(|k| !keys.contains_key(k));
+            *keys = fresh;
+            changed
+        };
+        if changed {
+            lock(&self.inner.cache).clear();
+        }
+        *lock(&self.inner.keys_fetched) = Some(Instant::now());
+        Ok(true)
+    }
+
+    /// Polls `GET /v1/revoked` now (the background task does this every `revoked_poll`).
+    pub async fn refresh_revoked(&self) -> Result<(), AuthError> {
+        let Mode::Remote(client) = &self.inner.mode else {
+            return Ok(());
+        };
+        let list = client
+            .revoked()
+            .await
+            .map_err(|e| AuthError::Unavailable(e.to_string()))?;
+        let now = now_secs();
+        let fresh: HashMap<String, i64> = list
+            .revoked
+            .into_iter()
+            .filter(|e| e.exp > now - self.leeway_secs())
+            .map(|e| (e.jti, e.exp))
+            .collect();
+        *write(&self.inner.revoked) = fresh;
+        Ok(())
+    }
+
+    fn leeway_secs(&self) -> i64 {
+        i64::try_from(self.inner.cfg.leeway.as_secs()).unwrap_or(i64::MAX / 4)
+    }
+
+    /// Trusts `key` under `kid`, until `drop_at` (Unix seconds) when given.
+    pub fn insert_key(&self, kid: &str, key: VerifyingKey, drop_at: Option<i64>) {
+        write(&self.inner.keys).insert(kid.to_owned(), KeyEntry { key, drop_at });
+    }
+
+    /// Stops trusting `kid`.
+    pub fn remove_key(&self, kid: &str) {
+        write(&self.inner.keys).remove(kid);
+        lock(&self.inner.cache).clear();
+    }
+
+    /// The kids currently trusted.
+    pub fn kids(&self) -> Vec<String> {
+        let now = now_secs();
+        let mut v: Vec<String> = read(&self.inner.keys)
+            .iter()
+            .filter(|(_, e)| e.drop_at.is_none_or(|d| now < d))
+            .map(|(k, _)| k.clone())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Treats `jti` as revoked until `exp` (plus leeway).
+    pub fn mark_revoked(&self, jti: &str, exp: i64) {
+        let now = now_secs();
+        let leeway = self.leeway_secs();
+        let mut r = write(&self.inner.revoked);
+        // Expired entries are dropped here too, so the set stays bounded without a timer.
+        r.retain(|_, e| *e > now - leeway);
+        r.insert(jti.to_owned(), exp);
+    }
+
+    /// Whether `jti` is on the revocation list.
+    pub fn is_revoked(&self, jti: &str) -> bool {
+        read(&self.inner.revoked).contains_key(jti)
+    }
+}
+
+fn warn_open() {
+    tracing::warn!(
+        "AUTHD_URL is not set: this daemon runs UNAUTHENTICATED (open dev mode); every request \
+         passes. Set AUTHD_URL and AUTHD_SERVICE_KEY outside local development."
+    );
+}
+
+async fn poll_revoked(weak: Weak<Inner>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut failing = false;
+    loop {
+        tick.tick().await;
+        let Some(inner) = weak.upgrade() else { return };
+        let v = Verifier { inner };
+        match v.refresh_revoked().await {
+            Ok(()) => {
+                if failing {
+                    tracing::info!("revocation list from authd is reachable again");
+                }
+                failing = false;
+            }
+            Err(e) => {
+                // Log once per outage, not once per poll.
+                if !failing {
+                    tracing::warn!(error = %e, "cannot poll authd's revocation list");
+                }
+                failing = true;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::auth::jws::Signer;
+
+    fn claims(now: i64) -> Claims {
+        Claims {
+            iss: DEFAULT_ISSUER.into(),
+            sub: "runed".into(),
+            typ: TokenType::Service,
+            scope: vec!["runs:read".into()],
+            folder: None,
+            jti: "j1".into(),
+            iat: now,
+            nbf: now,
+            exp: now + 60,
+            run_id: None,
+            turn_id: None,
+            parent_jti: None,
+            egress: vec![],
+        }
+    }
+
+    fn local(s: &Signer) -> Verifier {
+        let v = Verifier::local(DEFAULT_ISSUER, Duration::from_secs(5));
+        v.insert_key(s.kid(), s.verifying_key(), None);
+        v
+    }
+
+    #[tokio::test]
+    async fn verifies_and_checks_times() {
+        let s = Signer::generate().unwrap();
+        let v = local(&s);
+        let now = now_secs();
+        let t = s.sign(&claims(now)).unwrap();
+        assert_eq!(v.verify(&t).await.unwrap().sub, "runed");
+        // Cached path gives the same answer.
+        assert_eq!(v.verify(&t).await.unwrap().sub, "runed");
+
+        let mut c = claims(now);
+        c.exp = now - 6;
+        assert_eq!(
+            v.verify(&s.sign(&c).unwrap()).await,
+            Err(AuthError::Expired)
+        );
+        // Within leeway still passes.
+        c.exp = now - 3;
+        assert!(v.verify(&s.sign(&c).unwrap()).await.is_ok());
+        let mut c = claims(now);
+        c.nbf = now + 60;
+        assert_eq!(
+            v.verify(&s.sign(&c).unwrap()).await,
+            Err(AuthError::NotYetValid)
+        );
+        let mut c = claims(now);
+        c.iat = now + 60;
+        assert_eq!(
+            v.verify(&s.sign(&c).unwrap()).await,
+            Err(AuthError::NotYetValid)
+        );
+        let mut c = claims(now);
+        c.iss = "someone-else".into();
+        assert_eq!(
+            v.verify(&s.sign(&c).unwrap()).await,
+            Err(AuthError::WrongIssuer)
+        );
+        let mut c = claims(now);
+        c.typ = TokenType::Spawn;
+        assert!(matches!(
+            v.verify(&s.sign(&c).unwrap()).await,
+            Err(AuthError::BadClaims(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn unknown_keys_dropped_keys_and_revocation() {
+        let s = Signer::generate().unwrap();
+        let other = Signer::generate().unwrap();
+        let v = local(&s);
+        let now = now_secs();
+        let t = other.sign(&claims(now)).unwrap();
+        assert_eq!(v.verify(&t).await, Err(AuthError::UnknownKey));
+        let t = s.sign(&claims(now)).unwrap();
+        assert!(v.verify(&t).await.is_ok());
+        v.mark_revoked("j1", now + 60);
+        assert_eq!(v.verify(&t).await, Err(AuthError::Revoked));
+        let mut c = claims(now);
+        c.jti = "j2".into();
+        let t2 = s.sign(&c).unwrap();
+        assert!(v.verify(&t2).await.is_ok());
+        // A key past its drop time stops verifying, cached tokens included.
+        v.insert_key(s.kid(), s.verifying_key(), Some(now - 1));
+        assert_eq!(v.verify(&t2).await, Err(AuthError::UnknownKey));
+        assert!(v.kids().is_empty());
+    }
+
+    #[tokio::test]
+    async fn open_mode_cannot_verify() {
+        let v = Verifier::new(VerifierConfig::default()).unwrap();
+        assert!(v.is_open());
+        assert!(matches!(
+            v.verify("x").await,
+            Err(AuthError::Unavailable(_))
+        ));
+    }
+
+    #[test]
+    fn config_from_env() {
+        let c = VerifierConfig::from_env(&Env::from_pairs([("X", "y")])).unwrap();
+        assert!(c.authd_url.is_none());
+        let c = VerifierConfig::from_env(&Env::from_pairs([
+            ("AUTHD_URL", "http://127.0.0.1:8181"),
+            ("AUTHD_CLOCK_SKEW", "5s"),
+        ]))
+        .unwrap();
+        assert_eq!(c.leeway, Duration::from_secs(5));
+        let e =
+            VerifierConfig::from_env(&Env::from_pairs([("AUTHD_URL", "https://x")])).unwrap_err();
+        assert!(e.to_string().contains("AUTHD_URL"));
+    }
+}
