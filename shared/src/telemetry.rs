@@ -6,8 +6,14 @@ use tracing_subscriber::EnvFilter;
 /// Installs the global tracing subscriber. Call once, first thing in `main`.
 /// Returns an error naming `LOG_FORMAT` when it holds something other than `json` or `text`.
 pub fn init() -> Result<(), crate::config::ConfigError> {
+    init_with("info")
+}
+
+/// Like [`init`], with `default_filter` when `RUST_LOG` is unset (the CLI keeps quiet: `warn`).
+pub fn init_with(default_filter: &str) -> Result<(), crate::config::ConfigError> {
     let format = std::env::var("LOG_FORMAT").unwrap_or_default();
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

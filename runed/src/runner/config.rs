@@ -73,7 +73,8 @@ pub struct RunnerConfig {
 impl RunnerConfig {
     /// Defaults for a data directory (tests and the CLI start from here).
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        let data_dir = data_dir.into();
+        // Bind sources must be absolute: `./data` becomes `$PWD/data`.
+        let data_dir = absolute(data_dir.into());
         let euid = rustix::process::geteuid().as_raw();
         let egid = rustix::process::getegid().as_raw();
         let root = euid == 0;
@@ -130,7 +131,7 @@ impl RunnerConfig {
         let mut c = Self::new(data_dir);
         c.layout.host_data_dir = env.path("HOST_DATA_DIR");
         if let Some(app) = env.path("HAKO_APP_DIR") {
-            c.layout.app_dir = app;
+            c.layout.app_dir = absolute(app);
         }
         c.layout.host_app_dir = env.path("HOST_APP_DIR");
         if let Some(id) = env.get("HAKO_INSTALL_ID") {
@@ -291,4 +292,9 @@ mod tests {
             install_id_for(std::path::Path::new("/b"))
         );
     }
+}
+
+/// `path` made absolute against the working directory (unchanged if that is unknown).
+fn absolute(path: PathBuf) -> PathBuf {
+    std::path::absolute(&path).unwrap_or(path)
 }

@@ -989,10 +989,10 @@ impl Runner {
             }
             Err(e) => cleanup_errors.push(format!("listing sidecars: {e}")),
         }
-        if let Some(id) = st.container_id.clone().or_else(|| live.container_id()) {
-            if let Err(e) = docker::remove(&self.docker, &id, t).await {
-                cleanup_errors.push(format!("container {id}: {e}"));
-            }
+        if let Some(id) = st.container_id.clone().or_else(|| live.container_id())
+            && let Err(e) = docker::remove(&self.docker, &id, t).await
+        {
+            cleanup_errors.push(format!("container {id}: {e}"));
         }
         let exit_code = match &ending {
             Ending::Exited(c) => Some(*c),
