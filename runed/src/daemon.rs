@@ -268,7 +268,7 @@ pub(crate) async fn scheduler(sh: Arc<Shared>) {
             }
             let next = {
                 let mut s = sh.sched();
-                let Some((folder, e)) = s.queue.next() else {
+                let Some((folder, e)) = s.queue.next_ready() else {
                     break;
                 };
                 let p = s.pending.remove(&e.run_id);

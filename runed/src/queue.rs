@@ -96,7 +96,7 @@ impl FairQueue {
 
     /// The next item allowed to start, marking its folder busy and taking a container slot
     /// for a run.
-    pub fn next(&mut self) -> Option<(String, Entry)> {
+    pub fn next_ready(&mut self) -> Option<(String, Entry)> {
         let full = self.active >= self.cap;
         let idx = self.order.iter().position(|f| {
             !self.busy.contains(f)
@@ -119,7 +119,7 @@ impl FairQueue {
         Some((folder, e))
     }
 
-    /// Marks a folder busy (and a container slot taken for a run) outside of [`Self::next`],
+    /// Marks a folder busy (and a container slot taken for a run) outside of [`Self::next_ready`],
     /// for runs re-adopted at start.
     pub fn claim(&mut self, folder: &str, kind: Kind) {
         self.busy.insert(folder.to_owned());
@@ -182,17 +182,21 @@ mod tests {
         }
         q.push("b", e("b0"));
         q.push("c", e("c0"));
-        let (f1, e1) = q.next().unwrap();
-        let (f2, e2) = q.next().unwrap();
+        let (f1, e1) = q.next_ready().unwrap();
+        let (f2, e2) = q.next_ready().unwrap();
         assert_eq!((f1.as_str(), e1.run_id.as_str()), ("a", "a0"));
         assert_eq!((f2.as_str(), e2.run_id.as_str()), ("b", "b0"));
-        assert!(q.next().is_none(), "cap of 2 reached");
+        assert!(q.next_ready().is_none(), "cap of 2 reached");
         q.release("a", Kind::Run);
         // c has waited since before a's second item was served: fairness picks c.
-        assert_eq!(q.next().unwrap().1.run_id, "c0");
-        assert!(q.next().is_none());
+        assert_eq!(q.next_ready().unwrap().1.run_id, "c0");
+        assert!(q.next_ready().is_none());
         q.release("b", Kind::Run);
-        assert_eq!(q.next().unwrap().1.run_id, "a1", "FIFO within a folder");
+        assert_eq!(
+            q.next_ready().unwrap().1.run_id,
+            "a1",
+            "FIFO within a folder"
+        );
         // A hold needs no container slot, only its folder's.
         q.push(
             "d",
@@ -202,7 +206,7 @@ mod tests {
                 since: Instant::now(),
             },
         );
-        assert_eq!(q.next().unwrap().1.run_id, "h");
+        assert_eq!(q.next_ready().unwrap().1.run_id, "h");
         assert_eq!(q.active(), 2);
         assert!(q.remove("a", "a2"));
         assert!(q.is_empty());

@@ -172,7 +172,7 @@ impl Rig {
             let (s, v) = self
                 .get(&self.routd, &format!("/v1/runs/{run}?wait=30s"))
                 .await;
-            assert_eq!(s, 200, "{v}");
+            assert_eq!(s, 200, "waiting for {run}: {v}");
             if ["exited", "error", "killed", "timed_out"].contains(&v["state"].as_str().unwrap()) {
                 return v;
             }
