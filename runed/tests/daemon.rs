@@ -435,3 +435,85 @@ async fn daemon_kill_queued_and_running() {
     assert_eq!(v["started_at"], Value::Null);
     rig.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_detach_and_readopt() {
+    let mut rig = Rig::new(&[]).await;
+    // Re-attached while running.
+    let a = rig.run("ra", "turn-ra-1", "/sleep 3\nafter sleep").await;
+    rig.wait_state(&a, "running").await;
+    rig.runed.take().unwrap().shutdown().await;
+    rig.start_runed().await;
+    let v = rig.wait(&a).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    assert!(results(&v).join("\n").contains("after sleep"), "{v}");
+    // Finished while runed was down (the agent exits by itself after its block): output
+    // recovered from the stopped container.
+    let b = rig
+        .run("rb", "turn-rb-1", "/sleep 1\n/blocks 1\n/exit 0")
+        .await;
+    rig.wait_state(&b, "running").await;
+    let runner = rig.runed.as_ref().unwrap().runner().clone();
+    rig.runed.take().unwrap().shutdown().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while runner
+        .list_agents()
+        .await
+        .unwrap()
+        .iter()
+        .any(|c| c.state == "running")
+    {
+        assert!(Instant::now() < deadline, "container did not finish");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    rig.start_runed().await;
+    let v = rig.wait(&b).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    let out = results(&v);
+    assert_eq!(
+        out.iter().filter(|r| r.contains("block 1/1")).count(),
+        1,
+        "{out:?}"
+    );
+    let n: i64 = rig
+        .db()
+        .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 2, "nothing ran twice");
+    assert_eq!(rig.containers().await, 0);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_one_live_run_per_folder_under_50_requests() {
+    let rig = std::sync::Arc::new(Rig::new(&[]).await);
+    let mut hs = Vec::new();
+    for i in 0..50 {
+        let rig = rig.clone();
+        hs.push(tokio::spawn(async move {
+            rig.run("solo", &format!("turn-solo-{i}"), "x").await
+        }));
+    }
+    let mut runs = Vec::new();
+    for h in hs {
+        runs.push(h.await.unwrap());
+    }
+    let mut spans = Vec::new();
+    for r in &runs {
+        let v = rig.wait(r).await;
+        assert_eq!(v["outcome"], "ok", "{v}");
+        spans.push((
+            v["started_at"].as_str().unwrap().to_owned(),
+            v["ended_at"].as_str().unwrap().to_owned(),
+        ));
+    }
+    // RFC 3339 in one zone sorts as text: no two runs of the folder overlap.
+    spans.sort();
+    for w in spans.windows(2) {
+        assert!(w[0].1 <= w[1].0, "overlap: {w:?}");
+    }
+    match std::sync::Arc::try_unwrap(rig) {
+        Ok(rig) => rig.stop().await,
+        Err(_) => panic!("rig still shared"),
+    }
+}
