@@ -1,6 +1,221 @@
 //! runed: hako's execution daemon. Its library holds the container runner (the seam shared
 //! with the `hako` CLI) and the daemon: run API, durable queue, per-spawn tokens, re-adoption.
+//! `main.rs` only reads the environment and calls [`start`], so tests run a real runed
+//! in-process on a loopback port.
 
 #![warn(missing_docs)]
 
 pub mod runner;
+
+mod adopt;
+mod api;
+pub mod config;
+mod daemon;
+mod gc;
+pub mod metrics;
+pub mod queue;
+pub mod store;
+pub mod tokens;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
+
+use hako_shared::auth::Verifier;
+use hako_shared::http::{Ops, finish};
+use tokio::sync::{Notify, broadcast, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+pub use daemon::Event;
+
+use daemon::{Sched, Shared};
+use metrics::DaemonMetrics;
+use queue::FairQueue;
+use runner::Runner;
+use store::Store;
+use tokens::Broker;
+
+/// runed's OpenAPI document.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+/// How long shutdown waits for in-flight requests and for runs to detach.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Why runed could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The database failed.
+    #[error("runed.db: {0}")]
+    Db(#[from] hako_shared::db::DbError),
+    /// The runner could not be set up.
+    #[error("runner: {0}")]
+    Runner(#[from] runner::RunError),
+    /// The Docker client could not be built.
+    #[error("docker: {0}")]
+    Docker(String),
+    /// The authd client or verifier could not be built.
+    #[error("authd: {0}")]
+    Auth(#[from] hako_shared::auth::ClientError),
+    /// The listener failed.
+    #[error("listener: {0}")]
+    Listener(std::io::Error),
+}
+
+/// A running runed. [`Running::shutdown`] detaches live runs and stops; dropping it does too.
+pub struct Running {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<std::io::Result<()>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running").field("addr", &self.addr).finish()
+    }
+}
+
+impl Running {
+    /// The address runed listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The container runner this daemon uses.
+    pub fn runner(&self) -> &Runner {
+        &self.shared.runner
+    }
+
+    /// Stops accepting requests, detaches live runs (their containers keep running and are
+    /// re-adopted by the next start), and returns within a few seconds.
+    pub async fn shutdown(mut self) {
+        self.stop_now().await;
+    }
+
+    async fn stop_now(&mut self) {
+        self.shared.stopping.cancel();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut h) = self.server.take()
+            && tokio::time::timeout(SHUTDOWN_GRACE, &mut h).await.is_err()
+        {
+            h.abort();
+        }
+        // Runs return `Detached` as soon as their supervisors see the token.
+        let deadline = Instant::now() + SHUTDOWN_GRACE;
+        while !self.shared.sched().live.is_empty() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shared.stopping.cancel();
+        if let Some(h) = self.server.take() {
+            h.abort();
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// Starts runed on `listener`: opens (creating and migrating) `runed.db`, connects to Docker
+/// and authd, restores the queue and re-adopts containers (as soon as Docker answers), and
+/// serves until [`Running::shutdown`].
+pub async fn start(
+    config: Config,
+    listener: tokio::net::TcpListener,
+) -> Result<Running, StartError> {
+    let addr = listener.local_addr().map_err(StartError::Listener)?;
+    let store = Store::open(&config.db_path).await?;
+    let docker = bollard::Docker::connect_with_unix(
+        &config.docker_socket,
+        120,
+        bollard::API_DEFAULT_VERSION,
+    )
+    .map_err(|e| StartError::Docker(e.to_string()))?;
+    let runner = Runner::new(docker, config.runner.clone())?;
+    let verifier = Verifier::new(config.verifier.clone())?;
+    let broker = Broker::new(
+        config.verifier.authd_url.as_deref(),
+        config.service_key.as_deref(),
+    )?;
+    let metrics = DaemonMetrics::new(config.runner.run_timeout);
+    let (events, _) = broadcast::channel(4096);
+    let shared = Arc::new(Shared {
+        sched: std::sync::Mutex::new(Sched {
+            queue: FairQueue::new(config.max_containers),
+            pending: Default::default(),
+            live: Default::default(),
+        }),
+        cfg: config,
+        store,
+        runner,
+        broker,
+        verifier,
+        metrics,
+        wake: Notify::new(),
+        events,
+        docker_down: std::sync::Mutex::new(None),
+        broker_pause: std::sync::Mutex::new(None),
+        stopping: CancellationToken::new(),
+        adopted: AtomicBool::new(false),
+    });
+    if let Err(why) = shared.probe_docker().await {
+        tracing::warn!(%why, "docker is unavailable; runs stay queued until it answers");
+    } else {
+        adopt::adopt_all(&shared).await;
+    }
+
+    let ready = Arc::downgrade(&shared);
+    let ops = Ops {
+        name: "runed",
+        openapi: OPENAPI,
+        metrics: shared.metrics.registry.clone(),
+        ready: Arc::new(move || {
+            let sh = ready.clone();
+            Box::pin(async move {
+                let sh = sh.upgrade().ok_or("runed is stopping")?;
+                sh.store
+                    .ping()
+                    .await
+                    .map_err(|e| format!("runed.db: {e}"))?;
+                sh.probe_docker()
+                    .await
+                    .map_err(|e| format!("docker: {e}"))?;
+                Ok(())
+            })
+        }),
+    };
+    let router = finish(api::routes(shared.clone()), ops, shared.cfg.body_limit);
+    let tasks = vec![
+        tokio::spawn(daemon::scheduler(shared.clone())),
+        tokio::spawn(gc::gc_loop(shared.clone())),
+    ];
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(hako_shared::http::serve(listener, router, async move {
+        let _ = stopped.await;
+    }));
+    tracing::info!(%addr, max_containers = shared.cfg.max_containers, "runed listening");
+    Ok(Running {
+        addr,
+        shared,
+        stop: Some(stop),
+        server: Some(server),
+        tasks,
+    })
+}

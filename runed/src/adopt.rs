@@ -1,0 +1,214 @@
+//! Re-adoption at start. runed leaves containers running when it stops; when it starts it
+//! finds them by their install label: running ones are re-attached and finish normally, ones
+//! that ended meanwhile have their output read back from the logs and their run finalized.
+//! A run that was starting but has no container never ran: it fails as `fatal` (the caller
+//! retries the turn) rather than run twice. Queued runs go back into the queue, unless their
+//! request carried secrets (never stored): those fail as `fatal` too.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, SystemTime};
+
+use hako_shared::GroupFolder;
+use hako_shared::runs::{Outcome, RunRequest, RunState};
+use hako_shared::time::unix_millis;
+use tokio_util::sync::CancellationToken;
+
+use crate::daemon::{Event, Live, Pending, Shared, finalize, forward};
+use crate::queue::Kind;
+use crate::runner::{Adoption, LiveRun, RunControl, RunEnd};
+use crate::store::{Finish, SpawnRow};
+
+/// The TTL of a hold, stored in its request column.
+#[derive(serde::Serialize, serde::Deserialize)]
+pub(crate) struct HoldInfo {
+    pub ttl_ms: u64,
+}
+
+async fn fail(sh: &Shared, row: &SpawnRow, why: &str) {
+    let f = Finish {
+        state: RunState::Error,
+        outcome: Outcome::Fatal,
+        exit_code: None,
+        error: Some(why.to_owned()),
+        truncated: false,
+        container_id: None,
+        started_at: None,
+        ended_at: unix_millis(SystemTime::now()),
+    };
+    let from = [RunState::Queued, RunState::Starting, RunState::Running];
+    if let Ok(true) = sh.store.finish(&row.run_id, &from, f).await {
+        sh.metrics.finished(Outcome::Fatal);
+        sh.emit(Event::State {
+            run_id: row.run_id.clone(),
+            state: RunState::Error,
+        });
+    }
+}
+
+/// Restores the queue and re-adopts containers. Runs once, when Docker first answers.
+pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
+    let rows = match sh.store.unfinished().await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "reading unfinished runs failed; will retry");
+            return;
+        }
+    };
+    let containers = match sh.runner.list_agents().await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing containers failed; will retry");
+            return;
+        }
+    };
+    let by_run: HashMap<String, String> = containers
+        .iter()
+        .filter_map(|c| c.run_id().map(|r| (r.to_owned(), c.id.clone())))
+        .collect();
+    let mut keep = HashSet::new();
+    for row in rows {
+        let folder = match GroupFolder::new(&row.folder) {
+            Ok(f) => f,
+            Err(_) => {
+                fail(sh, &row, "invalid folder").await;
+                continue;
+            }
+        };
+        match (row.kind.as_str(), row.state) {
+            ("hold", RunState::Queued) | ("hold", RunState::Running) => {
+                let ttl = row
+                    .request
+                    .as_deref()
+                    .and_then(|r| serde_json::from_str::<HoldInfo>(r).ok())
+                    .map_or(sh.cfg.runner.run_timeout, |h| {
+                        Duration::from_millis(h.ttl_ms)
+                    });
+                if row.state == RunState::Running {
+                    // Give the released-or-expired logic a fresh start.
+                    let _ = sh
+                        .store
+                        .transition(&row.run_id, &[RunState::Running], RunState::Queued)
+                        .await;
+                }
+                sh.enqueue(
+                    &row.run_id,
+                    &row.folder,
+                    Kind::Hold,
+                    Pending {
+                        req: None,
+                        hold_ttl: ttl,
+                    },
+                );
+            }
+            (_, RunState::Queued) => {
+                let req = row
+                    .request
+                    .as_deref()
+                    .and_then(|r| serde_json::from_str::<RunRequest>(r).ok());
+                match req {
+                    Some(req) if !row.had_secrets => sh.enqueue(
+                        &row.run_id,
+                        &row.folder,
+                        Kind::Run,
+                        Pending {
+                            req: Some(req),
+                            hold_ttl: Duration::ZERO,
+                        },
+                    ),
+                    Some(_) => {
+                        fail(sh, &row, "runed restarted before the run started; its secrets are never stored, so it cannot start").await
+                    }
+                    None => fail(sh, &row, "the stored request is unreadable").await,
+                }
+            }
+            (_, _) => {
+                let Some(cid) = by_run.get(&row.run_id) else {
+                    fail(
+                        sh,
+                        &row,
+                        "runed restarted before the container was created; it never ran",
+                    )
+                    .await;
+                    continue;
+                };
+                keep.insert(row.run_id.clone());
+                adopt_one(sh, row, cid.clone(), folder).await;
+            }
+        }
+    }
+    // Containers of this install with no unfinished run: leftovers, removed.
+    match sh.runner.cleanup_orphans(&keep).await {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(removed = n, "removed orphaned containers"),
+        Err(e) => tracing::warn!(error = %e, "removing orphaned containers failed"),
+    }
+    sh.adopted.store(true, Ordering::SeqCst);
+    sh.wake.notify_one();
+}
+
+async fn adopt_one(sh: &Arc<Shared>, row: SpawnRow, container_id: String, folder: GroupFolder) {
+    let seen = sh.store.outputs(&row.run_id).await.map_or(0, |o| o.len());
+    let control = RunControl {
+        kill: CancellationToken::new(),
+        detach: sh.stopping.child_token(),
+    };
+    let live = LiveRun::new(row.run_id.clone(), folder.clone());
+    {
+        let mut s = sh.sched();
+        s.queue.claim(&row.folder, Kind::Run);
+        s.live.insert(
+            row.run_id.clone(),
+            Live {
+                folder: row.folder.clone(),
+                kind: Kind::Run,
+                control: control.clone(),
+                run: live.clone(),
+            },
+        );
+    }
+    sh.metrics.adopted.inc();
+    tracing::info!(run = %row.run_id, container = %container_id, "re-adopting");
+    let a = Adoption {
+        container_id,
+        run_id: row.run_id.clone(),
+        folder,
+        blocks_seen: seen,
+        close: match sh.cfg.runner.idle_timeout {
+            Some(d) => crate::runner::CloseWhen::Idle(d),
+            None => crate::runner::CloseWhen::Manual,
+        },
+    };
+    let sh = sh.clone();
+    tokio::spawn(async move {
+        if row.state == RunState::Starting {
+            // The container exists, so it started: record that before supervising.
+            let _ = sh
+                .store
+                .mark_running(&row.run_id, &a.container_id, unix_millis(SystemTime::now()))
+                .await;
+        }
+        let (tx, fwd) = forward(sh.clone(), row.run_id.clone());
+        let end = sh.runner.adopt(a, tx, control, live).await;
+        let _ = fwd.await;
+        if let RunEnd::Finished(report) = end {
+            finalize(
+                &sh,
+                &row.run_id,
+                &row.folder,
+                &row.turn_id,
+                &row.session_id,
+                *report,
+            )
+            .await;
+        }
+        let mut s = sh.sched();
+        if let Some(l) = s.live.remove(&row.run_id) {
+            s.queue.release(&l.folder, l.kind);
+        }
+        drop(s);
+        sh.gauges();
+        sh.wake.notify_one();
+    });
+}

@@ -1,0 +1,643 @@
+//! The HTTP API (CONTRACTS.md, runed). Every route checks its scope; a folder-bound caller
+//! sees only runs of its folders (others answer 404) and can never ask for more than a
+//! group's defaults (trust, mounts, network, image, sidecars, env passthrough).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::extract::{FromRef, Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::stream::Stream;
+use hako_shared::auth::{Principal, Verifier, scopes};
+use hako_shared::http::{ApiError, ApiJson};
+use hako_shared::runs::{RunRequest, RunState, RunStatus};
+use hako_shared::time::{from_unix_millis, rfc3339, unix_millis};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::broadcast;
+
+use crate::adopt::HoldInfo;
+use crate::daemon::{Event, Pending, Shared, new_run_id};
+use crate::queue::Kind;
+use crate::store::{AuditRow, Inserted, SpawnRow};
+
+/// The router's state.
+#[derive(Clone)]
+pub(crate) struct AppState(pub Arc<Shared>);
+
+impl FromRef<AppState> for Verifier {
+    fn from_ref(s: &AppState) -> Verifier {
+        s.0.verifier.clone()
+    }
+}
+
+/// The API routes (ops routes are added by `hako_shared::http::finish`).
+pub(crate) fn routes(sh: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/v1/runs", post(create_run))
+        .route("/v1/runs/stop", post(stop_folder))
+        .route("/v1/runs/{run_id}", get(get_run).delete(kill_run))
+        .route("/v1/runs/{run_id}/events", get(events))
+        .route("/v1/runs/{run_id}/steer", post(steer))
+        .route("/v1/holds", post(create_hold))
+        .route("/v1/sessions", get(sessions))
+        .route("/v1/audit", get(audit))
+        .with_state(AppState(sh))
+}
+
+fn db_err(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(e)
+}
+
+fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'@'))
+}
+
+async fn audit_row(
+    sh: &Shared,
+    who: &Principal,
+    action: &str,
+    run: Option<&str>,
+    folder: Option<&str>,
+    outcome: &str,
+    detail: String,
+) {
+    let r = AuditRow {
+        id: 0,
+        at: unix_millis(SystemTime::now()),
+        actor: who.subject().to_owned(),
+        action: action.to_owned(),
+        run_id: run.map(str::to_owned),
+        folder: folder.map(str::to_owned),
+        outcome: outcome.to_owned(),
+        detail,
+    };
+    if let Err(e) = sh.store.audit(r).await {
+        tracing::error!(error = %e, "writing the audit log failed");
+    }
+}
+
+/// A run the caller may see, or 404.
+async fn visible(sh: &Shared, who: &Principal, run_id: &str) -> Result<SpawnRow, ApiError> {
+    let missing = || ApiError::not_found(format!("no run {run_id}"));
+    if !valid_id(run_id) {
+        return Err(missing());
+    }
+    match sh.store.get(run_id).await.map_err(db_err)? {
+        Some(r) if who.covers_folder(&r.folder) => Ok(r),
+        _ => Err(missing()),
+    }
+}
+
+async fn status(sh: &Shared, r: SpawnRow) -> Result<RunStatus, ApiError> {
+    let outputs = sh.store.outputs(&r.run_id).await.map_err(db_err)?;
+    let t = |ms: i64| rfc3339(from_unix_millis(ms));
+    Ok(RunStatus {
+        run_id: r.run_id,
+        folder: r.folder,
+        turn_id: r.turn_id,
+        state: r.state,
+        outcome: r.outcome,
+        outputs,
+        truncated: r.truncated,
+        exit_code: r.exit_code,
+        error: r.error,
+        created_at: t(r.created_at),
+        started_at: r.started_at.map(t),
+        ended_at: r.ended_at.map(t),
+    })
+}
+
+async fn create_run(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    ApiJson(req): ApiJson<RunRequest>,
+) -> Result<Response, ApiError> {
+    who.require(scopes::RUNS_RUN)?;
+    let folder = req.folder.as_str().to_owned();
+    who.require_folder(&folder)?;
+    if !valid_id(&req.turn_id) {
+        return Err(ApiError::bad_request(
+            "invalid_turn_id",
+            "turn_id: 1-128 characters of letters, digits, '-', '_', '.', ':', '@'",
+        ));
+    }
+    let elevated = req.group.elevated();
+    if !elevated.is_empty() && !who.is_unbound() {
+        audit_row(
+            &sh,
+            &who,
+            "run.create",
+            None,
+            Some(&folder),
+            "forbidden_group_setting",
+            elevated.join(","),
+        )
+        .await;
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden_group_setting",
+            format!(
+                "a folder-bound caller cannot set {}; only an unbound service token can",
+                elevated.join(", ")
+            ),
+        ));
+    }
+    let mut stored = req.clone();
+    stored.secrets = Default::default();
+    let run_id = new_run_id();
+    let row = SpawnRow {
+        run_id: run_id.clone(),
+        kind: "run".into(),
+        folder: folder.clone(),
+        turn_id: req.turn_id.clone(),
+        session_id: req.session_id.clone(),
+        state: RunState::Queued,
+        outcome: None,
+        exit_code: None,
+        error: None,
+        truncated: false,
+        container_id: None,
+        request: Some(serde_json::to_string(&stored).map_err(db_err)?),
+        had_secrets: !req.secrets.0.is_empty(),
+        created_at: unix_millis(SystemTime::now()),
+        started_at: None,
+        ended_at: None,
+    };
+    match sh.store.insert(row).await.map_err(db_err)? {
+        Inserted::Existing(r) => {
+            if r.folder != folder {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "turn_conflict",
+                    "this turn_id already belongs to a run of another folder",
+                ));
+            }
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(json!({"run_id": r.run_id, "state": r.state, "existing": true})),
+            )
+                .into_response())
+        }
+        Inserted::New => {
+            sh.enqueue(
+                &run_id,
+                &folder,
+                Kind::Run,
+                Pending {
+                    req: Some(req),
+                    hold_ttl: Duration::ZERO,
+                },
+            );
+            sh.emit(Event::State {
+                run_id: run_id.clone(),
+                state: RunState::Queued,
+            });
+            audit_row(
+                &sh,
+                &who,
+                "run.create",
+                Some(&run_id),
+                Some(&folder),
+                "ok",
+                String::new(),
+            )
+            .await;
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(json!({"run_id": run_id, "state": "queued"})),
+            )
+                .into_response())
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct WaitQuery {
+    wait: Option<String>,
+}
+
+async fn get_run(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path(run_id): Path<String>,
+    Query(q): Query<WaitQuery>,
+) -> Result<Json<RunStatus>, ApiError> {
+    who.require(scopes::RUNS_READ)?;
+    let wait = match q.wait.as_deref() {
+        None | Some("") => Duration::ZERO,
+        Some(w) => hako_shared::config::parse_duration(w)
+            .map_err(|e| ApiError::bad_request("invalid_wait", format!("wait: {e}")))?
+            .min(sh.cfg.max_wait),
+    };
+    // Subscribe before reading, so that an end between the read and the wait is not missed.
+    let mut rx = sh.events.subscribe();
+    let mut row = visible(&sh, &who, &run_id).await?;
+    if !wait.is_zero() && !row.state.is_terminal() {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let ended = tokio::select! {
+                r = rx.recv() => match r {
+                    Ok(e) => matches!(&*e, Event::State { run_id: id, state } if *id == run_id && state.is_terminal()),
+                    // Missed events: re-read the row.
+                    Err(broadcast::error::RecvError::Lagged(_)) => true,
+                    Err(broadcast::error::RecvError::Closed) => break,
+                },
+                () = tokio::time::sleep_until(deadline) => break,
+                () = sh.stopping.cancelled() => break,
+            };
+            if ended {
+                row = visible(&sh, &who, &run_id).await?;
+                if row.state.is_terminal() {
+                    break;
+                }
+            }
+        }
+        row = visible(&sh, &who, &run_id).await?;
+    }
+    Ok(Json(status(&sh, row).await?))
+}
+
+async fn events(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path(run_id): Path<String>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    who.require(scopes::RUNS_READ)?;
+    let rx = sh.events.subscribe();
+    let row = visible(&sh, &who, &run_id).await?;
+    let outputs = sh.store.outputs(&run_id).await.map_err(db_err)?;
+    // The snapshot first: the current state and the blocks so far.
+    let mut first: Vec<Event> = vec![Event::State {
+        run_id: run_id.clone(),
+        state: row.state,
+    }];
+    let seen = outputs.len();
+    for (index, block) in outputs.into_iter().enumerate() {
+        first.push(Event::Output {
+            run_id: run_id.clone(),
+            index,
+            block,
+        });
+    }
+    let done = row.state.is_terminal();
+    struct St {
+        first: std::collections::VecDeque<Event>,
+        rx: broadcast::Receiver<Arc<Event>>,
+        run_id: String,
+        seen: usize,
+        done: bool,
+        stop: tokio_util::sync::CancellationToken,
+    }
+    let st = St {
+        first: first.into(),
+        rx,
+        run_id,
+        seen,
+        done,
+        stop: sh.stopping.clone(),
+    };
+    fn sse(e: &Event) -> SseEvent {
+        let name = match e {
+            Event::State { .. } => "state",
+            Event::Output { .. } => "output",
+        };
+        SseEvent::default()
+            .event(name)
+            .data(serde_json::to_string(e).unwrap_or_default())
+    }
+    let stream = futures_util::stream::unfold(st, |mut st| async move {
+        loop {
+            if let Some(e) = st.first.pop_front() {
+                return Some((Ok(sse(&e)), st));
+            }
+            if st.done {
+                return None;
+            }
+            let got = tokio::select! {
+                r = st.rx.recv() => r,
+                () = st.stop.cancelled() => return None,
+            };
+            match got {
+                Ok(e) if e.run_id() == st.run_id => {
+                    match &*e {
+                        Event::Output { index, .. } => {
+                            if *index < st.seen {
+                                continue;
+                            }
+                            st.seen = index + 1;
+                        }
+                        Event::State { state, .. } => st.done = state.is_terminal(),
+                    }
+                    return Some((Ok(sse(&e)), st));
+                }
+                Ok(_) => continue,
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    let ev = SseEvent::default()
+                        .event("lagged")
+                        .data(json!({"missed": n}).to_string());
+                    return Some((Ok(ev), st));
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// Steer body: messages as strings or `{"role","content"}` objects.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SteerBody {
+    messages: Vec<SteerMessage>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SteerMessage {
+    Text(String),
+    Message { content: String },
+}
+
+async fn steer(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path(run_id): Path<String>,
+    ApiJson(body): ApiJson<SteerBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    who.require(scopes::RUNS_RUN)?;
+    let row = visible(&sh, &who, &run_id).await?;
+    if body.messages.is_empty() {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            "messages is empty",
+        ));
+    }
+    let msgs: Vec<String> = body
+        .messages
+        .into_iter()
+        .map(|m| match m {
+            SteerMessage::Text(t) => t,
+            SteerMessage::Message { content } => content,
+        })
+        .collect();
+    let live = sh.sched().live.get(&run_id).map(|l| l.run.clone());
+    let not_live = || {
+        ApiError::new(
+            StatusCode::CONFLICT,
+            "not_live",
+            format!("run {run_id} is not running"),
+        )
+    };
+    let Some(live) = live else {
+        return Err(not_live());
+    };
+    let report = match sh.runner.steer(&live, &msgs).await {
+        Ok(r) => r,
+        Err(crate::runner::RunError::NotLive(_)) => return Err(not_live()),
+        Err(e) => return Err(ApiError::internal(e)),
+    };
+    audit_row(
+        &sh,
+        &who,
+        "run.steer",
+        Some(&run_id),
+        Some(&row.folder),
+        if report.delivered {
+            "ok"
+        } else {
+            "not_delivered"
+        },
+        format!("{} message(s)", msgs.len()),
+    )
+    .await;
+    Ok(Json(
+        json!({"run_id": run_id, "delivered": report.delivered, "reason": report.reason}),
+    ))
+}
+
+async fn kill_and_wait(sh: &Arc<Shared>, row: &SpawnRow) -> Result<SpawnRow, ApiError> {
+    let mut rx = sh.events.subscribe();
+    sh.kill(&row.run_id, &row.folder).await;
+    let deadline = tokio::time::Instant::now()
+        + sh.cfg.runner.kill_grace
+        + sh.cfg.runner.docker_timeout.min(Duration::from_secs(15));
+    loop {
+        let r = sh
+            .store
+            .get(&row.run_id)
+            .await
+            .map_err(db_err)?
+            .ok_or_else(|| ApiError::not_found("run vanished"))?;
+        if r.state.is_terminal() {
+            return Ok(r);
+        }
+        tokio::select! {
+            _ = rx.recv() => {}
+            () = tokio::time::sleep_until(deadline) => return Ok(r),
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+async fn kill_run(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path(run_id): Path<String>,
+) -> Result<Json<RunStatus>, ApiError> {
+    who.require(scopes::RUNS_KILL)?;
+    let row = visible(&sh, &who, &run_id).await?;
+    let row = if row.state.is_terminal() {
+        row
+    } else {
+        let r = kill_and_wait(&sh, &row).await?;
+        audit_row(
+            &sh,
+            &who,
+            "run.kill",
+            Some(&run_id),
+            Some(&row.folder),
+            "ok",
+            String::new(),
+        )
+        .await;
+        r
+    };
+    Ok(Json(status(&sh, row).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StopBody {
+    folder: hako_shared::GroupFolder,
+}
+
+async fn stop_folder(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    ApiJson(body): ApiJson<StopBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    who.require(scopes::RUNS_KILL)?;
+    let folder = body.folder.as_str().to_owned();
+    who.require_folder(&folder)?;
+    let ids: Vec<String> = sh
+        .sched()
+        .live
+        .iter()
+        .filter(|(_, l)| l.folder == folder && l.kind == Kind::Run)
+        .map(|(id, _)| id.clone())
+        .collect();
+    let mut killed = Vec::new();
+    for id in ids {
+        if let Some(row) = sh.store.get(&id).await.map_err(db_err)? {
+            kill_and_wait(&sh, &row).await?;
+            killed.push(id);
+        }
+    }
+    audit_row(
+        &sh,
+        &who,
+        "run.stop",
+        None,
+        Some(&folder),
+        "ok",
+        killed.join(","),
+    )
+    .await;
+    Ok(Json(json!({"folder": folder, "killed": killed})))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HoldBody {
+    folder: hako_shared::GroupFolder,
+    #[serde(default)]
+    ttl: Option<hako_shared::runs::HumanDuration>,
+}
+
+async fn create_hold(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    ApiJson(body): ApiJson<HoldBody>,
+) -> Result<Response, ApiError> {
+    who.require(scopes::RUNS_RUN)?;
+    let folder = body.folder.as_str().to_owned();
+    who.require_folder(&folder)?;
+    let ttl = body
+        .ttl
+        .map_or(sh.cfg.runner.run_timeout, |t| t.0)
+        .min(sh.cfg.runner.run_timeout)
+        .max(Duration::from_secs(1));
+    let run_id = new_run_id();
+    let row = SpawnRow {
+        run_id: run_id.clone(),
+        kind: "hold".into(),
+        folder: folder.clone(),
+        turn_id: format!("hold:{run_id}"),
+        session_id: String::new(),
+        state: RunState::Queued,
+        outcome: None,
+        exit_code: None,
+        error: None,
+        truncated: false,
+        container_id: None,
+        request: Some(
+            serde_json::to_string(&HoldInfo {
+                ttl_ms: ttl.as_millis() as u64,
+            })
+            .map_err(db_err)?,
+        ),
+        had_secrets: false,
+        created_at: unix_millis(SystemTime::now()),
+        started_at: None,
+        ended_at: None,
+    };
+    sh.store.insert(row).await.map_err(db_err)?;
+    sh.enqueue(
+        &run_id,
+        &folder,
+        Kind::Hold,
+        Pending {
+            req: None,
+            hold_ttl: ttl,
+        },
+    );
+    audit_row(
+        &sh,
+        &who,
+        "hold.create",
+        Some(&run_id),
+        Some(&folder),
+        "ok",
+        String::new(),
+    )
+    .await;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({"run_id": run_id, "state": "queued"})),
+    )
+        .into_response())
+}
+
+#[derive(Deserialize)]
+struct PageQuery {
+    folder: Option<String>,
+    before: Option<i64>,
+    limit: Option<usize>,
+}
+
+async fn sessions(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Query(q): Query<PageQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    who.require(scopes::SESSIONS_READ)?;
+    let folder = match (q.folder, who.folder()) {
+        (Some(f), _) => {
+            if !who.covers_folder(&f) {
+                return Err(ApiError::not_found(format!("no folder {f}")));
+            }
+            Some(f)
+        }
+        (None, bound) => bound.map(str::to_owned),
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let rows = sh
+        .store
+        .sessions(folder, q.before, limit)
+        .await
+        .map_err(db_err)?;
+    let next = (rows.len() == limit)
+        .then(|| rows.last().map(|r| r.id))
+        .flatten();
+    Ok(Json(json!({"sessions": rows, "next_before": next})))
+}
+
+async fn audit(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Query(q): Query<PageQuery>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    who.require(scopes::AUDIT_READ)?;
+    if !who.is_unbound() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "folder_forbidden",
+            "the audit log spans every folder; a folder-bound token cannot read it",
+        ));
+    }
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let rows = sh.store.audit_rows(q.before, limit).await.map_err(db_err)?;
+    let next = (rows.len() == limit)
+        .then(|| rows.last().map(|r| r.id))
+        .flatten();
+    Ok(Json(json!({"entries": rows, "next_before": next})))
+}

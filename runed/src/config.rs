@@ -1,0 +1,136 @@
+//! runed's configuration, read once from the environment (see `specs/runed.md`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hako_shared::auth::VerifierConfig;
+use hako_shared::config::{ConfigError, Env};
+
+use crate::runner::RunnerConfig;
+
+/// Everything the daemon needs to know.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `RUNED_LISTEN` or `LISTEN_ADDR`, default `127.0.0.1:8182`.
+    pub listen_addr: SocketAddr,
+    /// `RUNED_DB`, default `DATA_DIR/runed.db`.
+    pub db_path: PathBuf,
+    /// `MAX_CONTAINERS`, default 4: agent containers alive at once.
+    pub max_containers: usize,
+    /// `AUTHD_URL` and friends; unset URL: open local-dev mode.
+    pub verifier: VerifierConfig,
+    /// `AUTHD_SERVICE_KEY`: runed's key for its service token (required with `AUTHD_URL`).
+    pub service_key: Option<String>,
+    /// `DOCKER_HOST` (`unix://…`), default `/var/run/docker.sock`.
+    pub docker_socket: String,
+    /// `RUNED_BODY_LIMIT`, default 1 MiB.
+    pub body_limit: usize,
+    /// `RUNED_MAX_WAIT`, default 120s: the longest `?wait=` honoured.
+    pub max_wait: Duration,
+    /// `RUNED_RETENTION`, default 7d: finished runs, logs and tokens older than this are pruned.
+    pub retention: Duration,
+    /// `RUNED_GC_INTERVAL`, default 10m.
+    pub gc_interval: Duration,
+    /// `RUNED_TOKEN_MARGIN`, default 60s: a spawn token outlives the run ceiling by this.
+    pub token_margin: Duration,
+    /// The container runner's settings (`DATA_DIR`, `CONTAINER_IMAGE`, `RUNED_RUN_TIMEOUT`…).
+    pub runner: RunnerConfig,
+}
+
+impl Config {
+    /// Defaults around a data directory, open mode (tests start here).
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
+        Self {
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 8182)),
+            db_path: data_dir.join("runed.db"),
+            max_containers: 4,
+            verifier: VerifierConfig::default(),
+            service_key: None,
+            docker_socket: "/var/run/docker.sock".into(),
+            body_limit: 1 << 20,
+            max_wait: Duration::from_secs(120),
+            retention: Duration::from_secs(7 * 86400),
+            gc_interval: Duration::from_secs(600),
+            token_margin: Duration::from_secs(60),
+            runner: RunnerConfig::new(data_dir),
+        }
+    }
+
+    /// Reads the configuration; every error names the variable (never a key's value).
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let runner = RunnerConfig::from_env(env)?;
+        let mut c = Self::new(runner.layout.data_dir.clone());
+        c.runner = runner;
+        c.listen_addr = match env.get("RUNED_LISTEN") {
+            Some(_) => env.listen_addr_or("RUNED_LISTEN", "127.0.0.1:8182")?,
+            None => env.listen_addr_or("LISTEN_ADDR", "127.0.0.1:8182")?,
+        };
+        if let Some(p) = env.path("RUNED_DB") {
+            c.db_path = p;
+        }
+        c.max_containers = env.parse_or("MAX_CONTAINERS", c.max_containers)?;
+        if c.max_containers == 0 || c.max_containers > 10_000 {
+            return Err(ConfigError::Invalid {
+                var: "MAX_CONTAINERS".into(),
+                value: c.max_containers.to_string(),
+                reason: "must be between 1 and 10000".into(),
+            });
+        }
+        c.verifier = VerifierConfig::from_env(env)?;
+        c.service_key = env.secret("AUTHD_SERVICE_KEY");
+        if c.verifier.authd_url.is_some() && c.service_key.is_none() {
+            return Err(ConfigError::Missing {
+                var: "AUTHD_SERVICE_KEY".into(),
+            });
+        }
+        if let Some(h) = env.get("DOCKER_HOST") {
+            c.docker_socket = h
+                .strip_prefix("unix://")
+                .ok_or_else(|| ConfigError::Invalid {
+                    var: "DOCKER_HOST".into(),
+                    value: h.into(),
+                    reason: "only unix:// sockets are supported".into(),
+                })?
+                .into();
+        }
+        c.body_limit = env.size_or("RUNED_BODY_LIMIT", c.body_limit as u64)? as usize;
+        c.max_wait = env.duration_or("RUNED_MAX_WAIT", c.max_wait)?;
+        c.retention = env.duration_or("RUNED_RETENTION", c.retention)?;
+        c.gc_interval = env.duration_or("RUNED_GC_INTERVAL", c.gc_interval)?;
+        if c.gc_interval < Duration::from_secs(1) {
+            return Err(ConfigError::Invalid {
+                var: "RUNED_GC_INTERVAL".into(),
+                value: format!("{:?}", c.gc_interval),
+                reason: "must be at least 1s".into(),
+            });
+        }
+        c.token_margin = env.duration_or("RUNED_TOKEN_MARGIN", c.token_margin)?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_is_read_and_checked() {
+        let env = Env::from_pairs([
+            ("DATA_DIR", "/tmp/x"),
+            ("MAX_CONTAINERS", "7"),
+            ("RUNED_LISTEN", "127.0.0.1:9999"),
+        ]);
+        let c = Config::from_env(&env).unwrap();
+        assert_eq!(c.max_containers, 7);
+        assert_eq!(c.listen_addr.port(), 9999);
+        assert_eq!(c.db_path, PathBuf::from("/tmp/x/runed.db"));
+        assert!(c.verifier.authd_url.is_none());
+        let env = Env::from_pairs([("DATA_DIR", "/tmp/x"), ("MAX_CONTAINERS", "0")]);
+        assert!(Config::from_env(&env).is_err());
+        let env = Env::from_pairs([("DATA_DIR", "/tmp/x"), ("AUTHD_URL", "http://127.0.0.1:1")]);
+        let e = Config::from_env(&env).unwrap_err().to_string();
+        assert!(e.contains("AUTHD_SERVICE_KEY"), "{e}");
+    }
+}

@@ -1,0 +1,664 @@
+//! The daemon's core: the shared state, the scheduler that moves runs from the queue into
+//! containers, and each run's life from `queued` to its terminal state.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use hako_shared::auth::{Verifier, now_secs};
+use hako_shared::contract::{ContainerInput, OutputBlock, Redacted};
+use hako_shared::runs::{Outcome, RunRequest, RunState};
+use hako_shared::time::unix_millis;
+use serde::Serialize;
+use tokio::sync::{Notify, broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::metrics::DaemonMetrics;
+use crate::queue::{Entry, FairQueue, Kind};
+use crate::runner::{CloseWhen, LiveRun, RunControl, RunEnd, RunEvent, RunReport, RunSpec, Runner};
+use crate::store::{Finish, SessionRow, Store};
+use crate::tokens::{Broker, BrokerError};
+
+/// What SSE subscribers and long-polls hear.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// A run changed state.
+    State {
+        /// The run.
+        run_id: String,
+        /// Its new state.
+        state: RunState,
+    },
+    /// A run produced an output block.
+    Output {
+        /// The run.
+        run_id: String,
+        /// Its position.
+        index: usize,
+        /// The block.
+        block: OutputBlock,
+    },
+}
+
+impl Event {
+    /// The run concerned.
+    pub fn run_id(&self) -> &str {
+        match self {
+            Event::State { run_id, .. } | Event::Output { run_id, .. } => run_id,
+        }
+    }
+}
+
+/// A waiting run's request, secrets included (memory only).
+pub(crate) struct Pending {
+    pub req: Option<RunRequest>,
+    pub hold_ttl: Duration,
+}
+
+/// A run or hold that holds a slot.
+pub(crate) struct Live {
+    pub folder: String,
+    pub kind: Kind,
+    pub control: RunControl,
+    pub run: Arc<LiveRun>,
+}
+
+pub(crate) struct Sched {
+    pub queue: FairQueue,
+    pub pending: HashMap<String, Pending>,
+    pub live: HashMap<String, Live>,
+}
+
+/// Everything the daemon's tasks share.
+pub struct Shared {
+    pub(crate) cfg: Config,
+    pub(crate) store: Store,
+    pub(crate) runner: Runner,
+    pub(crate) broker: Broker,
+    pub(crate) verifier: Verifier,
+    pub(crate) metrics: DaemonMetrics,
+    pub(crate) sched: Mutex<Sched>,
+    pub(crate) wake: Notify,
+    pub(crate) events: broadcast::Sender<Arc<Event>>,
+    /// Why Docker is not usable, if it is not.
+    pub(crate) docker_down: Mutex<Option<String>>,
+    /// Until when starts wait because authd did not answer.
+    pub(crate) broker_pause: Mutex<Option<(Instant, String)>>,
+    /// Cancelled at shutdown: runs detach, long-polls and streams end.
+    pub(crate) stopping: CancellationToken,
+    /// Set once re-adoption has run.
+    pub(crate) adopted: std::sync::atomic::AtomicBool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A new run id: `run-` and 16 random hex digits.
+pub fn new_run_id() -> String {
+    let mut b = [0u8; 8];
+    if getrandom::fill(&mut b).is_err() {
+        // No randomness: fall back to time and a counter (unique within this process).
+        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        b = (unix_millis(SystemTime::now()) as u64 ^ (n << 40)).to_be_bytes();
+    }
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("run-{hex}")
+}
+
+impl Shared {
+    pub(crate) fn sched(&self) -> std::sync::MutexGuard<'_, Sched> {
+        lock(&self.sched)
+    }
+
+    pub(crate) fn emit(&self, e: Event) {
+        let _ = self.events.send(Arc::new(e));
+    }
+
+    /// Refreshes the queue gauges.
+    pub(crate) fn gauges(&self) {
+        let s = self.sched();
+        self.metrics.queued.set(s.queue.len() as i64);
+        self.metrics.active.set(s.queue.active() as i64);
+        self.metrics
+            .oldest_queued
+            .set(s.queue.oldest_age(Instant::now()).as_secs() as i64);
+    }
+
+    /// Queues a run (or hold) already stored as `queued`.
+    pub(crate) fn enqueue(&self, run_id: &str, folder: &str, kind: Kind, p: Pending) {
+        {
+            let mut s = self.sched();
+            s.pending.insert(run_id.to_owned(), p);
+            s.queue.push(
+                folder,
+                Entry {
+                    run_id: run_id.to_owned(),
+                    kind,
+                    since: Instant::now(),
+                },
+            );
+        }
+        self.gauges();
+        self.wake.notify_one();
+    }
+
+    /// Probes Docker, recording latency and availability.
+    pub(crate) async fn probe_docker(&self) -> Result<(), String> {
+        let t = Instant::now();
+        let r = self.runner.ensure_running().await;
+        self.metrics
+            .docker_latency
+            .observe(t.elapsed().as_secs_f64());
+        let r = r.map(drop).map_err(|e| e.to_string());
+        *lock(&self.docker_down) = r.clone().err();
+        r
+    }
+
+    /// Kills a run: a queued one never starts; a live one is stopped, killed and removed.
+    /// Returns `false` when the run is not known to be waiting or live.
+    pub(crate) async fn kill(self: &Arc<Self>, run_id: &str, folder: &str) -> bool {
+        let waiting = {
+            let mut s = self.sched();
+            if s.queue.remove(folder, run_id) {
+                s.pending.remove(run_id);
+                true
+            } else if let Some(l) = s.live.get(run_id) {
+                l.control.kill.cancel();
+                return true;
+            } else {
+                false
+            }
+        };
+        self.gauges();
+        let now = unix_millis(SystemTime::now());
+        let f = Finish {
+            state: RunState::Killed,
+            outcome: Outcome::Killed,
+            exit_code: None,
+            error: Some("killed before it started".into()),
+            truncated: false,
+            container_id: None,
+            started_at: None,
+            ended_at: now,
+        };
+        match self.store.finish(run_id, &[RunState::Queued], f).await {
+            Ok(true) => {
+                self.metrics.finished(Outcome::Killed);
+                self.emit(Event::State {
+                    run_id: run_id.to_owned(),
+                    state: RunState::Killed,
+                });
+                true
+            }
+            Ok(false) => waiting,
+            Err(e) => {
+                tracing::error!(run = run_id, error = %e, "recording a kill failed");
+                waiting
+            }
+        }
+    }
+
+    fn release(&self, run_id: &str) {
+        {
+            let mut s = self.sched();
+            if let Some(l) = s.live.remove(run_id) {
+                s.queue.release(&l.folder, l.kind);
+            }
+        }
+        self.gauges();
+        self.wake.notify_one();
+    }
+
+    fn requeue(&self, run_id: &str, folder: &str, p: Pending) {
+        let mut s = self.sched();
+        if let Some(l) = s.live.remove(run_id) {
+            s.queue.release(&l.folder, l.kind);
+        }
+        s.pending.insert(run_id.to_owned(), p);
+        s.queue.push_front(
+            folder,
+            Entry {
+                run_id: run_id.to_owned(),
+                kind: Kind::Run,
+                since: Instant::now(),
+            },
+        );
+    }
+
+    fn close_when(&self) -> CloseWhen {
+        match self.cfg.runner.idle_timeout {
+            Some(d) => CloseWhen::Idle(d),
+            None => CloseWhen::Manual,
+        }
+    }
+}
+
+/// The scheduler: starts whatever the queue allows, whenever something changes.
+pub(crate) async fn scheduler(sh: Arc<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = sh.wake.notified() => {}
+            _ = tick.tick() => {}
+            () = sh.stopping.cancelled() => return,
+        }
+        sh.gauges();
+        if lock(&sh.docker_down).is_some() || !sh.adopted.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            if sh.probe_docker().await.is_err() {
+                continue;
+            }
+            if !sh.adopted.load(std::sync::atomic::Ordering::SeqCst) {
+                crate::adopt::adopt_all(&sh).await;
+            }
+        }
+        if let Some((until, _)) = lock(&sh.broker_pause).clone()
+            && Instant::now() < until
+        {
+            continue;
+        }
+        loop {
+            if sh.stopping.is_cancelled() {
+                return;
+            }
+            let next = {
+                let mut s = sh.sched();
+                let Some((folder, e)) = s.queue.next_ready() else {
+                    break;
+                };
+                let p = s.pending.remove(&e.run_id);
+                let control = RunControl {
+                    kill: CancellationToken::new(),
+                    detach: sh.stopping.child_token(),
+                };
+                let folder_g = match hako_shared::GroupFolder::new(&folder) {
+                    Ok(g) => g,
+                    Err(_) => {
+                        s.queue.release(&folder, e.kind);
+                        continue;
+                    }
+                };
+                let run = LiveRun::new(e.run_id.clone(), folder_g);
+                s.live.insert(
+                    e.run_id.clone(),
+                    Live {
+                        folder: folder.clone(),
+                        kind: e.kind,
+                        control: control.clone(),
+                        run: run.clone(),
+                    },
+                );
+                (folder, e, p, control, run)
+            };
+            sh.gauges();
+            let (folder, e, p, control, run) = next;
+            let sh2 = sh.clone();
+            match e.kind {
+                Kind::Run => {
+                    tokio::spawn(async move {
+                        run_one(sh2, e.run_id, folder, p, control, run).await;
+                    });
+                }
+                Kind::Hold => {
+                    let ttl = p.map_or(sh.cfg.runner.run_timeout, |p| p.hold_ttl);
+                    tokio::spawn(async move {
+                        hold(sh2, e.run_id, control, ttl).await;
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// A hold keeps its folder's slot until released, its TTL passes, or shutdown.
+pub(crate) async fn hold(sh: Arc<Shared>, run_id: String, control: RunControl, ttl: Duration) {
+    match sh
+        .store
+        .mark_running(&run_id, "", unix_millis(SystemTime::now()))
+        .await
+    {
+        Ok(true) => sh.emit(Event::State {
+            run_id: run_id.clone(),
+            state: RunState::Running,
+        }),
+        _ => {
+            sh.release(&run_id);
+            return;
+        }
+    }
+    let (state, outcome) = tokio::select! {
+        () = control.kill.cancelled() => (RunState::Exited, Outcome::Ok),
+        () = tokio::time::sleep(ttl) => (RunState::TimedOut, Outcome::TimedOut),
+        () = control.detach.cancelled() => {
+            sh.release(&run_id);
+            return;
+        }
+    };
+    finalize_simple(&sh, &run_id, state, outcome, None).await;
+    sh.release(&run_id);
+}
+
+async fn finalize_simple(
+    sh: &Shared,
+    run_id: &str,
+    state: RunState,
+    outcome: Outcome,
+    error: Option<String>,
+) {
+    let f = Finish {
+        state,
+        outcome,
+        exit_code: None,
+        error,
+        truncated: false,
+        container_id: None,
+        started_at: None,
+        ended_at: unix_millis(SystemTime::now()),
+    };
+    let from = [RunState::Queued, RunState::Starting, RunState::Running];
+    match sh.store.finish(run_id, &from, f).await {
+        Ok(true) => {
+            sh.metrics.finished(outcome);
+            sh.emit(Event::State {
+                run_id: run_id.to_owned(),
+                state,
+            });
+        }
+        Ok(false) => {}
+        Err(e) => tracing::error!(run = run_id, error = %e, "recording the end of a run failed"),
+    }
+    revoke_tokens(sh, run_id).await;
+}
+
+async fn revoke_tokens(sh: &Shared, run_id: &str) {
+    let jtis = match sh.store.live_tokens(run_id).await {
+        Ok(j) => j,
+        Err(e) => {
+            tracing::error!(run = run_id, error = %e, "listing spawn tokens failed");
+            return;
+        }
+    };
+    for jti in jtis {
+        match sh.broker.revoke(&jti).await {
+            Ok(()) => {
+                let _ = sh.store.token_revoked(&jti, now_secs()).await;
+            }
+            // It expires anyway (ceiling plus margin); GC keeps trying nothing more.
+            Err(e) => {
+                tracing::warn!(run = run_id, jti, error = %e, "revoking a spawn token failed")
+            }
+        }
+    }
+}
+
+/// Moves a run's events into the store and out to subscribers.
+pub(crate) fn forward(
+    sh: Arc<Shared>,
+    run_id: String,
+) -> (mpsc::Sender<RunEvent>, tokio::task::JoinHandle<()>) {
+    let (tx, mut rx) = mpsc::channel::<RunEvent>(64);
+    let h = tokio::spawn(async move {
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                RunEvent::Started { container_id } => {
+                    let now = unix_millis(SystemTime::now());
+                    match sh.store.mark_running(&run_id, &container_id, now).await {
+                        Ok(true) => sh.emit(Event::State {
+                            run_id: run_id.clone(),
+                            state: RunState::Running,
+                        }),
+                        Ok(false) => {}
+                        Err(e) => {
+                            tracing::error!(run = run_id, error = %e, "recording a start failed")
+                        }
+                    }
+                }
+                RunEvent::Block { index, block } => {
+                    if let Err(e) = sh.store.add_output(&run_id, index, &block).await {
+                        tracing::error!(run = run_id, error = %e, "storing output failed");
+                    }
+                    sh.emit(Event::Output {
+                        run_id: run_id.clone(),
+                        index,
+                        block,
+                    });
+                }
+            }
+        }
+    });
+    (tx, h)
+}
+
+/// One run, from the queue to its end.
+async fn run_one(
+    sh: Arc<Shared>,
+    run_id: String,
+    folder: String,
+    p: Option<Pending>,
+    control: RunControl,
+    live: Arc<LiveRun>,
+) {
+    let Some(req) = p.and_then(|p| p.req) else {
+        // Nothing to run (a lost request): fail it so the caller retries.
+        finalize_simple(
+            &sh,
+            &run_id,
+            RunState::Error,
+            Outcome::Fatal,
+            Some("the run's request was lost".into()),
+        )
+        .await;
+        sh.release(&run_id);
+        return;
+    };
+    match sh
+        .store
+        .transition(&run_id, &[RunState::Queued], RunState::Starting)
+        .await
+    {
+        Ok(true) => sh.emit(Event::State {
+            run_id: run_id.clone(),
+            state: RunState::Starting,
+        }),
+        Ok(false) => {
+            // Killed while waiting: never started.
+            sh.release(&run_id);
+            return;
+        }
+        Err(e) => {
+            tracing::error!(run = run_id, error = %e, "recording a start failed");
+            sh.release(&run_id);
+            return;
+        }
+    }
+    let ceiling = sh.cfg.runner.ceiling(req.group.timeout.map(|t| t.0));
+    let token = match sh
+        .broker
+        .mint(
+            &folder,
+            &req.turn_id,
+            &run_id,
+            &req.group.egress_allowlist,
+            ceiling + sh.cfg.token_margin,
+        )
+        .await
+    {
+        Ok(t) => t,
+        Err(BrokerError::Unavailable(why)) => {
+            tracing::warn!(run = run_id, error = %why, "no spawn token; the run stays queued");
+            *lock(&sh.broker_pause) = Some((Instant::now() + Duration::from_secs(1), why));
+            let _ = sh
+                .store
+                .transition(&run_id, &[RunState::Starting], RunState::Queued)
+                .await;
+            sh.emit(Event::State {
+                run_id: run_id.clone(),
+                state: RunState::Queued,
+            });
+            sh.requeue(
+                &run_id,
+                &folder,
+                Pending {
+                    req: Some(req),
+                    hold_ttl: Duration::ZERO,
+                },
+            );
+            return;
+        }
+        Err(e @ BrokerError::Refused(_)) => {
+            finalize_simple(
+                &sh,
+                &run_id,
+                RunState::Error,
+                Outcome::Error,
+                Some(e.to_string()),
+            )
+            .await;
+            sh.release(&run_id);
+            return;
+        }
+    };
+    *lock(&sh.broker_pause) = None;
+    if let Err(e) = sh
+        .store
+        .add_token(&token.jti, &run_id, &folder, token.expires_at)
+        .await
+    {
+        tracing::error!(run = run_id, error = %e, "recording the spawn token failed");
+    }
+    let input = ContainerInput {
+        session_id: req.session_id.clone(),
+        messages: req.messages.clone(),
+        system_prompt: req.system_prompt.clone(),
+        grants: req.grants.clone(),
+        folder: folder.clone(),
+        sender_jid: req.sender_jid.clone(),
+        turn_id: req.turn_id.clone(),
+        run_id: run_id.clone(),
+        token: Redacted(token.token.clone()),
+        secrets: req.secrets.clone(),
+    };
+    let spec = RunSpec {
+        run_id: run_id.clone(),
+        turn_id: req.turn_id.clone(),
+        folder: req.folder.clone(),
+        input,
+        group: req.group.clone(),
+        close: sh.close_when(),
+    };
+    let (tx, fwd) = forward(sh.clone(), run_id.clone());
+    let end = sh.runner.run(spec, tx, control, live).await;
+    let _ = fwd.await;
+    match end {
+        RunEnd::Detached => {
+            let mut s = sh.sched();
+            s.live.remove(&run_id);
+        }
+        RunEnd::Finished(report) => {
+            let never_started = report.state == RunState::Error
+                && !report.terminal
+                && report.container_id.is_none()
+                && report.started_at.is_none();
+            if never_started && sh.probe_docker().await.is_err() {
+                // Docker went away before the container existed: back to the queue.
+                tracing::warn!(
+                    run = run_id,
+                    "docker unavailable; the run goes back to the queue"
+                );
+                revoke_tokens(&sh, &run_id).await;
+                let _ = sh
+                    .store
+                    .transition(&run_id, &[RunState::Starting], RunState::Queued)
+                    .await;
+                sh.emit(Event::State {
+                    run_id: run_id.clone(),
+                    state: RunState::Queued,
+                });
+                sh.requeue(
+                    &run_id,
+                    &folder,
+                    Pending {
+                        req: Some(req),
+                        hold_ttl: Duration::ZERO,
+                    },
+                );
+                return;
+            }
+            finalize(
+                &sh,
+                &run_id,
+                &folder,
+                &req.turn_id,
+                &req.session_id,
+                *report,
+            )
+            .await;
+            sh.release(&run_id);
+        }
+    }
+}
+
+/// Records a finished run: state, outcome, log, session, token revocation, metrics.
+pub(crate) async fn finalize(
+    sh: &Shared,
+    run_id: &str,
+    folder: &str,
+    turn_id: &str,
+    session_id: &str,
+    r: RunReport,
+) {
+    let ended = unix_millis(r.ended_at);
+    let started = r.started_at.map(unix_millis);
+    if let Some(s) = r.started_at
+        && let Ok(d) = r.ended_at.duration_since(s)
+    {
+        sh.metrics.duration.observe(d.as_secs_f64());
+    }
+    // Blocks the event stream may have missed (e.g. re-adoption of an exited container).
+    for (i, b) in r.blocks.iter().enumerate() {
+        let _ = sh.store.add_output(run_id, i, b).await;
+    }
+    let f = Finish {
+        state: r.state,
+        outcome: r.outcome,
+        exit_code: r.exit_code,
+        error: r.error.clone(),
+        truncated: r.truncated,
+        container_id: r.container_id.clone(),
+        started_at: started,
+        ended_at: ended,
+    };
+    let from = [RunState::Starting, RunState::Running];
+    match sh.store.finish(run_id, &from, f).await {
+        Ok(true) => {
+            sh.metrics.finished(r.outcome);
+            let _ = sh.store.put_log(run_id, ended, r.log).await;
+            let new_session = r.blocks.iter().rev().find_map(|b| b.new_session_id.clone());
+            let _ = sh
+                .store
+                .add_session(SessionRow {
+                    id: 0,
+                    folder: folder.to_owned(),
+                    session_id: session_id.to_owned(),
+                    new_session_id: new_session,
+                    run_id: run_id.to_owned(),
+                    turn_id: turn_id.to_owned(),
+                    outcome: r.outcome.as_str().to_owned(),
+                    at: ended,
+                })
+                .await;
+            sh.emit(Event::State {
+                run_id: run_id.to_owned(),
+                state: r.state,
+            });
+        }
+        Ok(false) => {}
+        Err(e) => tracing::error!(run = run_id, error = %e, "recording the end of a run failed"),
+    }
+    revoke_tokens(sh, run_id).await;
+}

@@ -1,0 +1,97 @@
+//! runed's metrics: spawns by outcome, active containers, queue length, the age of the oldest
+//! queued run (runs stuck in `queued` mean authd or Docker is unavailable), run durations and
+//! Docker API latency.
+
+use std::time::Duration;
+
+use hako_shared::metrics::{Counter, Gauge, Histogram, Metrics};
+use hako_shared::runs::Outcome;
+
+const OUTCOMES: [Outcome; 5] = [
+    Outcome::Ok,
+    Outcome::Error,
+    Outcome::Fatal,
+    Outcome::Killed,
+    Outcome::TimedOut,
+];
+
+/// The daemon's metric handles.
+#[derive(Clone)]
+pub struct DaemonMetrics {
+    /// The registry `/metrics` renders.
+    pub registry: Metrics,
+    spawns: Vec<(Outcome, Counter)>,
+    /// Live containers.
+    pub active: Gauge,
+    /// Runs waiting.
+    pub queued: Gauge,
+    /// Seconds the oldest queued run has waited.
+    pub oldest_queued: Gauge,
+    /// Run durations, seconds.
+    pub duration: Histogram,
+    /// Docker API round trips, seconds.
+    pub docker_latency: Histogram,
+    /// Runs re-adopted at start.
+    pub adopted: Counter,
+}
+
+impl DaemonMetrics {
+    /// Registers the metrics; the duration buckets reach the run `ceiling`.
+    pub fn new(ceiling: Duration) -> Self {
+        let registry = Metrics::default();
+        let spawns = OUTCOMES
+            .iter()
+            .map(|o| {
+                (
+                    *o,
+                    registry.counter(
+                        "runed_spawns_total",
+                        "Finished runs by outcome.",
+                        &[("outcome", o.as_str())],
+                    ),
+                )
+            })
+            .collect();
+        let top = ceiling.as_secs_f64().max(1.0);
+        let mut buckets: Vec<f64> = [0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]
+            .into_iter()
+            .filter(|b| *b < top)
+            .collect();
+        buckets.push(top);
+        Self {
+            active: registry.gauge("runed_active_containers", "Agent containers live now.", &[]),
+            queued: registry.gauge("runed_queue_length", "Runs waiting for a slot.", &[]),
+            oldest_queued: registry.gauge(
+                "runed_oldest_queued_seconds",
+                "How long the oldest queued run has waited; growing means authd or Docker is unavailable.",
+                &[],
+            ),
+            duration: registry.histogram(
+                "runed_run_duration_seconds",
+                "Run duration from start to end.",
+                &[],
+                &buckets,
+            ),
+            docker_latency: registry.histogram(
+                "runed_docker_api_seconds",
+                "Docker API round trip (version probe).",
+                &[],
+                &[0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0],
+            ),
+            adopted: registry.counter(
+                "runed_adopted_total",
+                "Runs re-adopted after a restart.",
+                &[],
+            ),
+            spawns,
+            registry,
+        }
+    }
+
+    /// Counts a finished run.
+    pub fn finished(&self, outcome: Outcome) {
+        if let Some((_, c)) = self.spawns.iter().find(|(o, _)| *o == outcome) {
+            c.inc();
+        }
+    }
+}

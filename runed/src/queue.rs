@@ -1,0 +1,214 @@
+//! The run queue: a global cap on live containers, one live run (or hold) per folder, FIFO
+//! within a folder, round-robin across folders (the folder served longest ago goes first).
+//! Pure bookkeeping; the daemon holds it under one lock.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+/// What waits in the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A container run: takes a container slot and the folder's slot.
+    Run,
+    /// An external job's claim: takes the folder's slot only.
+    Hold,
+}
+
+/// One waiting item.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    /// The run id.
+    pub run_id: String,
+    /// Run or hold.
+    pub kind: Kind,
+    /// When it was queued.
+    pub since: Instant,
+}
+
+/// The queue.
+#[derive(Debug)]
+pub struct FairQueue {
+    cap: usize,
+    active: usize,
+    queues: HashMap<String, VecDeque<Entry>>,
+    /// Folders with waiting items, least recently served first.
+    order: VecDeque<String>,
+    busy: HashSet<String>,
+    len: usize,
+}
+
+impl FairQueue {
+    /// An empty queue allowing `cap` live containers.
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap,
+            active: 0,
+            queues: HashMap::new(),
+            order: VecDeque::new(),
+            busy: HashSet::new(),
+            len: 0,
+        }
+    }
+
+    /// Appends an item to its folder's queue.
+    pub fn push(&mut self, folder: &str, e: Entry) {
+        self.insert(folder, e, false);
+    }
+
+    /// Puts an item back at the head of its folder's queue (a start that must be retried).
+    pub fn push_front(&mut self, folder: &str, e: Entry) {
+        self.insert(folder, e, true);
+    }
+
+    fn insert(&mut self, folder: &str, e: Entry, front: bool) {
+        let q = self.queues.entry(folder.to_owned()).or_default();
+        if q.is_empty() && !self.order.iter().any(|f| f == folder) {
+            if front {
+                self.order.push_front(folder.to_owned());
+            } else {
+                self.order.push_back(folder.to_owned());
+            }
+        }
+        if front {
+            q.push_front(e);
+        } else {
+            q.push_back(e);
+        }
+        self.len += 1;
+    }
+
+    /// Removes a waiting item; `false` if it was not waiting.
+    pub fn remove(&mut self, folder: &str, run_id: &str) -> bool {
+        let Some(q) = self.queues.get_mut(folder) else {
+            return false;
+        };
+        let Some(pos) = q.iter().position(|e| e.run_id == run_id) else {
+            return false;
+        };
+        q.remove(pos);
+        self.len -= 1;
+        if q.is_empty() {
+            self.queues.remove(folder);
+            self.order.retain(|f| f != folder);
+        }
+        true
+    }
+
+    /// The next item allowed to start, marking its folder busy and taking a container slot
+    /// for a run.
+    pub fn next_ready(&mut self) -> Option<(String, Entry)> {
+        let full = self.active >= self.cap;
+        let idx = self.order.iter().position(|f| {
+            !self.busy.contains(f)
+                && self
+                    .queues
+                    .get(f)
+                    .and_then(|q| q.front())
+                    .is_some_and(|e| !(full && e.kind == Kind::Run))
+        })?;
+        let folder = self.order.remove(idx)?;
+        let q = self.queues.get_mut(&folder)?;
+        let e = q.pop_front()?;
+        self.len -= 1;
+        if q.is_empty() {
+            self.queues.remove(&folder);
+        } else {
+            self.order.push_back(folder.clone());
+        }
+        self.claim(&folder, e.kind);
+        Some((folder, e))
+    }
+
+    /// Marks a folder busy (and a container slot taken for a run) outside of [`Self::next_ready`],
+    /// for runs re-adopted at start.
+    pub fn claim(&mut self, folder: &str, kind: Kind) {
+        self.busy.insert(folder.to_owned());
+        if kind == Kind::Run {
+            self.active += 1;
+        }
+    }
+
+    /// Frees a folder's slot (and the container slot of a run).
+    pub fn release(&mut self, folder: &str, kind: Kind) {
+        self.busy.remove(folder);
+        if kind == Kind::Run {
+            self.active = self.active.saturating_sub(1);
+        }
+    }
+
+    /// Items waiting.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Live containers.
+    pub fn active(&self) -> usize {
+        self.active
+    }
+
+    /// How long the oldest waiting item has waited.
+    pub fn oldest_age(&self, now: Instant) -> Duration {
+        self.queues
+            .values()
+            .filter_map(|q| q.front())
+            .map(|e| now.saturating_duration_since(e.since))
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn e(id: &str) -> Entry {
+        Entry {
+            run_id: id.into(),
+            kind: Kind::Run,
+            since: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn cap_exclusivity_fifo_and_fairness() {
+        let mut q = FairQueue::new(2);
+        for i in 0..3 {
+            q.push("a", e(&format!("a{i}")));
+        }
+        q.push("b", e("b0"));
+        q.push("c", e("c0"));
+        let (f1, e1) = q.next_ready().unwrap();
+        let (f2, e2) = q.next_ready().unwrap();
+        assert_eq!((f1.as_str(), e1.run_id.as_str()), ("a", "a0"));
+        assert_eq!((f2.as_str(), e2.run_id.as_str()), ("b", "b0"));
+        assert!(q.next_ready().is_none(), "cap of 2 reached");
+        q.release("a", Kind::Run);
+        // c has waited since before a's second item was served: fairness picks c.
+        assert_eq!(q.next_ready().unwrap().1.run_id, "c0");
+        assert!(q.next_ready().is_none());
+        q.release("b", Kind::Run);
+        assert_eq!(
+            q.next_ready().unwrap().1.run_id,
+            "a1",
+            "FIFO within a folder"
+        );
+        // A hold needs no container slot, only its folder's.
+        q.push(
+            "d",
+            Entry {
+                run_id: "h".into(),
+                kind: Kind::Hold,
+                since: Instant::now(),
+            },
+        );
+        assert_eq!(q.next_ready().unwrap().1.run_id, "h");
+        assert_eq!(q.active(), 2);
+        assert!(q.remove("a", "a2"));
+        assert!(q.is_empty());
+    }
+}

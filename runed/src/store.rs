@@ -1,0 +1,683 @@
+//! `runed.db`: runs (`spawns`) and their output, logs, sessions, spawn tokens and the audit
+//! log. Every state change is a guarded `UPDATE … WHERE state IN (…)`, so a transition that
+//! lost a race (a kill against a start) changes nothing and says so.
+//!
+//! Secrets never reach this database: a run's request is stored without them.
+
+use std::path::Path;
+
+use hako_shared::contract::OutputBlock;
+use hako_shared::db::{Db, DbError, Migration};
+use hako_shared::runs::{Outcome, RunState};
+use rusqlite::{OptionalExtension, params};
+use serde::Serialize;
+
+/// The schema, in order.
+pub static MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "runs, outputs, logs, sessions, tokens, audit",
+    sql: r#"
+CREATE TABLE spawns (
+    run_id       TEXT PRIMARY KEY,
+    kind         TEXT NOT NULL CHECK (kind IN ('run', 'hold')),
+    folder       TEXT NOT NULL,
+    turn_id      TEXT NOT NULL,
+    session_id   TEXT NOT NULL DEFAULT '',
+    state        TEXT NOT NULL,
+    outcome      TEXT,
+    exit_code    INTEGER,
+    error        TEXT,
+    truncated    INTEGER NOT NULL DEFAULT 0,
+    container_id TEXT,
+    request      TEXT,
+    had_secrets  INTEGER NOT NULL DEFAULT 0,
+    actor        TEXT NOT NULL DEFAULT '',
+    created_at   INTEGER NOT NULL,
+    started_at   INTEGER,
+    ended_at     INTEGER
+);
+CREATE UNIQUE INDEX spawns_turn ON spawns (turn_id) WHERE kind = 'run';
+CREATE INDEX spawns_state ON spawns (state);
+CREATE INDEX spawns_ended ON spawns (ended_at);
+CREATE TABLE spawn_outputs (
+    run_id TEXT NOT NULL REFERENCES spawns (run_id) ON DELETE CASCADE,
+    idx    INTEGER NOT NULL,
+    block  TEXT NOT NULL,
+    PRIMARY KEY (run_id, idx)
+);
+CREATE TABLE spawn_logs (
+    run_id TEXT PRIMARY KEY REFERENCES spawns (run_id) ON DELETE CASCADE,
+    at     INTEGER NOT NULL,
+    log    TEXT NOT NULL
+);
+CREATE TABLE session_log (
+    id             INTEGER PRIMARY KEY,
+    folder         TEXT NOT NULL,
+    session_id     TEXT NOT NULL,
+    new_session_id TEXT,
+    run_id         TEXT NOT NULL,
+    turn_id        TEXT NOT NULL,
+    outcome        TEXT NOT NULL,
+    at             INTEGER NOT NULL
+);
+CREATE INDEX session_log_folder ON session_log (folder, id);
+CREATE TABLE mcp_tokens (
+    jti        TEXT PRIMARY KEY,
+    run_id     TEXT NOT NULL,
+    folder     TEXT NOT NULL,
+    expires_at INTEGER NOT NULL,
+    revoked_at INTEGER
+);
+CREATE INDEX mcp_tokens_run ON mcp_tokens (run_id);
+CREATE TABLE audit_log (
+    id      INTEGER PRIMARY KEY,
+    at      INTEGER NOT NULL,
+    actor   TEXT NOT NULL,
+    action  TEXT NOT NULL,
+    run_id  TEXT,
+    folder  TEXT,
+    outcome TEXT NOT NULL,
+    detail  TEXT NOT NULL DEFAULT ''
+);
+"#,
+}];
+
+/// One row of `spawns`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpawnRow {
+    /// The run.
+    pub run_id: String,
+    /// `run` or `hold`.
+    pub kind: String,
+    /// Its folder.
+    pub folder: String,
+    /// Its turn.
+    pub turn_id: String,
+    /// Session resumed.
+    pub session_id: String,
+    /// State.
+    pub state: RunState,
+    /// Outcome, once terminal.
+    pub outcome: Option<Outcome>,
+    /// Exit code.
+    pub exit_code: Option<i64>,
+    /// Error text.
+    pub error: Option<String>,
+    /// Whether output was cut.
+    pub truncated: bool,
+    /// The container.
+    pub container_id: Option<String>,
+    /// The request without its secrets (JSON).
+    pub request: Option<String>,
+    /// Whether the request carried secrets (which were not stored).
+    pub had_secrets: bool,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Unix ms.
+    pub started_at: Option<i64>,
+    /// Unix ms.
+    pub ended_at: Option<i64>,
+}
+
+/// How a terminal transition is recorded.
+#[derive(Debug, Clone)]
+pub struct Finish {
+    /// Final state.
+    pub state: RunState,
+    /// Outcome.
+    pub outcome: Outcome,
+    /// Exit code.
+    pub exit_code: Option<i64>,
+    /// Error text.
+    pub error: Option<String>,
+    /// Output cut.
+    pub truncated: bool,
+    /// Container id.
+    pub container_id: Option<String>,
+    /// Unix ms of the container start.
+    pub started_at: Option<i64>,
+    /// Unix ms.
+    pub ended_at: i64,
+}
+
+/// A `session_log` row.
+#[derive(Debug, Clone, Serialize)]
+pub struct SessionRow {
+    /// Row id.
+    pub id: i64,
+    /// Folder.
+    pub folder: String,
+    /// Session resumed.
+    pub session_id: String,
+    /// Session the agent reported.
+    pub new_session_id: Option<String>,
+    /// Run.
+    pub run_id: String,
+    /// Turn.
+    pub turn_id: String,
+    /// Outcome.
+    pub outcome: String,
+    /// Unix ms.
+    pub at: i64,
+}
+
+/// An `audit_log` row.
+#[derive(Debug, Clone, Serialize)]
+pub struct AuditRow {
+    /// Row id.
+    pub id: i64,
+    /// Unix ms.
+    pub at: i64,
+    /// Token subject.
+    pub actor: String,
+    /// What was done (`run.create`, `run.kill`, …).
+    pub action: String,
+    /// The run.
+    pub run_id: Option<String>,
+    /// The folder.
+    pub folder: Option<String>,
+    /// `ok` or an error code.
+    pub outcome: String,
+    /// Short facts.
+    pub detail: String,
+}
+
+/// The result of inserting a run.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Inserted {
+    /// A new row.
+    New,
+    /// The turn already had this run.
+    Existing(Box<SpawnRow>),
+}
+
+const COLS: &str = "run_id, kind, folder, turn_id, session_id, state, outcome, exit_code, error, \
+                    truncated, container_id, request, had_secrets, created_at, started_at, ended_at";
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SpawnRow> {
+    let state: String = r.get(5)?;
+    let outcome: Option<String> = r.get(6)?;
+    Ok(SpawnRow {
+        run_id: r.get(0)?,
+        kind: r.get(1)?,
+        folder: r.get(2)?,
+        turn_id: r.get(3)?,
+        session_id: r.get(4)?,
+        state: RunState::parse(&state).unwrap_or(RunState::Error),
+        outcome: outcome.as_deref().and_then(Outcome::parse),
+        exit_code: r.get(7)?,
+        error: r.get(8)?,
+        truncated: r.get::<_, i64>(9)? != 0,
+        container_id: r.get(10)?,
+        request: r.get(11)?,
+        had_secrets: r.get::<_, i64>(12)? != 0,
+        created_at: r.get(13)?,
+        started_at: r.get(14)?,
+        ended_at: r.get(15)?,
+    })
+}
+
+fn states(list: &[RunState]) -> String {
+    list.iter()
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// runed's database. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    db: Db,
+}
+
+impl Store {
+    /// Opens (creating and migrating) the database.
+    pub async fn open(path: &Path) -> Result<Store, DbError> {
+        Ok(Store {
+            db: Db::open(path, MIGRATIONS).await?,
+        })
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> Result<(), DbError> {
+        self.db.ping().await
+    }
+
+    /// Inserts a new run, or returns the run its turn already has.
+    pub async fn insert(&self, new: SpawnRow) -> Result<Inserted, DbError> {
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                if new.kind == "run" {
+                    let sql = format!("SELECT {COLS} FROM spawns WHERE turn_id = ?1 AND kind = 'run'");
+                    if let Some(existing) = tx.query_row(&sql, [&new.turn_id], row).optional()? {
+                        return Ok(Inserted::Existing(Box::new(existing)));
+                    }
+                }
+                tx.execute(
+                    &format!(
+                        "INSERT INTO spawns ({COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"
+                    ),
+                    params![
+                        new.run_id,
+                        new.kind,
+                        new.folder,
+                        new.turn_id,
+                        new.session_id,
+                        new.state.as_str(),
+                        new.outcome.map(|o| o.as_str()),
+                        new.exit_code,
+                        new.error,
+                        new.truncated as i64,
+                        new.container_id,
+                        new.request,
+                        new.had_secrets as i64,
+                        new.created_at,
+                        new.started_at,
+                        new.ended_at
+                    ],
+                )?;
+                tx.commit()?;
+                Ok(Inserted::New)
+            })
+            .await
+    }
+
+    /// One run.
+    pub async fn get(&self, run_id: &str) -> Result<Option<SpawnRow>, DbError> {
+        let id = run_id.to_owned();
+        self.db
+            .call(move |c| {
+                let sql = format!("SELECT {COLS} FROM spawns WHERE run_id = ?1");
+                Ok(c.query_row(&sql, [&id], row).optional()?)
+            })
+            .await
+    }
+
+    /// Runs not yet terminal, oldest first.
+    pub async fn unfinished(&self) -> Result<Vec<SpawnRow>, DbError> {
+        self.db
+            .call(|c| {
+                let sql = format!(
+                    "SELECT {COLS} FROM spawns WHERE state IN ({}) ORDER BY created_at, rowid",
+                    states(&[RunState::Queued, RunState::Starting, RunState::Running])
+                );
+                let mut st = c.prepare(&sql)?;
+                let rows = st.query_map([], row)?.collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Moves a run from one of `from` to `to`; `false` when it was in none of them.
+    pub async fn transition(
+        &self,
+        run_id: &str,
+        from: &[RunState],
+        to: RunState,
+    ) -> Result<bool, DbError> {
+        let id = run_id.to_owned();
+        let sql = format!(
+            "UPDATE spawns SET state = ?2 WHERE run_id = ?1 AND state IN ({})",
+            states(from)
+        );
+        self.db
+            .call(move |c| Ok(c.execute(&sql, params![id, to.as_str()])? == 1))
+            .await
+    }
+
+    /// `starting → running`, with the container.
+    pub async fn mark_running(
+        &self,
+        run_id: &str,
+        container_id: &str,
+        at: i64,
+    ) -> Result<bool, DbError> {
+        let (id, cid) = (run_id.to_owned(), container_id.to_owned());
+        self.db
+            .call(move |c| {
+                Ok(c.execute(
+                    "UPDATE spawns SET state = 'running', container_id = ?2, started_at = ?3 \
+                     WHERE run_id = ?1 AND state IN ('starting', 'queued')",
+                    params![id, cid, at],
+                )? == 1)
+            })
+            .await
+    }
+
+    /// Ends a run that is in one of `from`; `false` when it already ended (or never started
+    /// and `from` excludes `queued`).
+    pub async fn finish(
+        &self,
+        run_id: &str,
+        from: &[RunState],
+        f: Finish,
+    ) -> Result<bool, DbError> {
+        let id = run_id.to_owned();
+        let sql = format!(
+            "UPDATE spawns SET state = ?2, outcome = ?3, exit_code = ?4, error = ?5, truncated = ?6, \
+             container_id = COALESCE(?7, container_id), started_at = COALESCE(?8, started_at), \
+             ended_at = ?9, request = NULL WHERE run_id = ?1 AND state IN ({})",
+            states(from)
+        );
+        self.db
+            .call(move |c| {
+                Ok(c.execute(
+                    &sql,
+                    params![
+                        id,
+                        f.state.as_str(),
+                        f.outcome.as_str(),
+                        f.exit_code,
+                        f.error,
+                        f.truncated as i64,
+                        f.container_id,
+                        f.started_at,
+                        f.ended_at
+                    ],
+                )? == 1)
+            })
+            .await
+    }
+
+    /// Records output block `idx` (a re-delivered index is ignored).
+    pub async fn add_output(
+        &self,
+        run_id: &str,
+        idx: usize,
+        block: &OutputBlock,
+    ) -> Result<(), DbError> {
+        let id = run_id.to_owned();
+        let text = serde_json::to_string(block).unwrap_or_else(|_| "{}".into());
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "INSERT OR IGNORE INTO spawn_outputs (run_id, idx, block) VALUES (?1, ?2, ?3)",
+                    params![id, idx as i64, text],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// A run's output blocks, in order.
+    pub async fn outputs(&self, run_id: &str) -> Result<Vec<OutputBlock>, DbError> {
+        let id = run_id.to_owned();
+        self.db
+            .call(move |c| {
+                let mut st =
+                    c.prepare("SELECT block FROM spawn_outputs WHERE run_id = ?1 ORDER BY idx")?;
+                let rows = st
+                    .query_map([&id], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows
+                    .iter()
+                    .filter_map(|t| serde_json::from_str(t).ok())
+                    .collect())
+            })
+            .await
+    }
+
+    /// Stores a run's log.
+    pub async fn put_log(&self, run_id: &str, at: i64, log: String) -> Result<(), DbError> {
+        let id = run_id.to_owned();
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "INSERT OR REPLACE INTO spawn_logs (run_id, at, log) VALUES (?1, ?2, ?3)",
+                    params![id, at, log],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// A run's log.
+    pub async fn log(&self, run_id: &str) -> Result<Option<String>, DbError> {
+        let id = run_id.to_owned();
+        self.db
+            .call(move |c| {
+                Ok(
+                    c.query_row("SELECT log FROM spawn_logs WHERE run_id = ?1", [&id], |r| {
+                        r.get(0)
+                    })
+                    .optional()?,
+                )
+            })
+            .await
+    }
+
+    /// Appends to the session history.
+    pub async fn add_session(&self, s: SessionRow) -> Result<(), DbError> {
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "INSERT INTO session_log (folder, session_id, new_session_id, run_id, turn_id, outcome, at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![s.folder, s.session_id, s.new_session_id, s.run_id, s.turn_id, s.outcome, s.at],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Session history, newest first, optionally only folders matching `folder` (the folder
+    /// itself and those below it), ids below `before`.
+    pub async fn sessions(
+        &self,
+        folder: Option<String>,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<SessionRow>, DbError> {
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare(
+                    "SELECT id, folder, session_id, new_session_id, run_id, turn_id, outcome, at \
+                     FROM session_log WHERE (?1 IS NULL OR folder = ?1 OR substr(folder, 1, length(?1) + 1) = ?1 || '/') \
+                     AND (?2 IS NULL OR id < ?2) ORDER BY id DESC LIMIT ?3",
+                )?;
+                let rows = st
+                    .query_map(params![folder, before, limit as i64], |r| {
+                        Ok(SessionRow {
+                            id: r.get(0)?,
+                            folder: r.get(1)?,
+                            session_id: r.get(2)?,
+                            new_session_id: r.get(3)?,
+                            run_id: r.get(4)?,
+                            turn_id: r.get(5)?,
+                            outcome: r.get(6)?,
+                            at: r.get(7)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Records a spawn token.
+    pub async fn add_token(
+        &self,
+        jti: &str,
+        run_id: &str,
+        folder: &str,
+        expires_at: i64,
+    ) -> Result<(), DbError> {
+        let (j, r, f) = (jti.to_owned(), run_id.to_owned(), folder.to_owned());
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "INSERT OR IGNORE INTO mcp_tokens (jti, run_id, folder, expires_at) VALUES (?1, ?2, ?3, ?4)",
+                    params![j, r, f, expires_at],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// The unrevoked spawn tokens of a run.
+    pub async fn live_tokens(&self, run_id: &str) -> Result<Vec<String>, DbError> {
+        let id = run_id.to_owned();
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare(
+                    "SELECT jti FROM mcp_tokens WHERE run_id = ?1 AND revoked_at IS NULL",
+                )?;
+                let rows = st
+                    .query_map([&id], |r| r.get(0))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Marks a spawn token revoked.
+    pub async fn token_revoked(&self, jti: &str, at: i64) -> Result<(), DbError> {
+        let j = jti.to_owned();
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "UPDATE mcp_tokens SET revoked_at = ?2 WHERE jti = ?1",
+                    params![j, at],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Appends an audit row.
+    pub async fn audit(&self, a: AuditRow) -> Result<(), DbError> {
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "INSERT INTO audit_log (at, actor, action, run_id, folder, outcome, detail) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![
+                        a.at, a.actor, a.action, a.run_id, a.folder, a.outcome, a.detail
+                    ],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Audit rows, newest first, ids below `before`.
+    pub async fn audit_rows(
+        &self,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<AuditRow>, DbError> {
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare(
+                    "SELECT id, at, actor, action, run_id, folder, outcome, detail FROM audit_log \
+                     WHERE (?1 IS NULL OR id < ?1) ORDER BY id DESC LIMIT ?2",
+                )?;
+                let rows = st
+                    .query_map(params![before, limit as i64], |r| {
+                        Ok(AuditRow {
+                            id: r.get(0)?,
+                            at: r.get(1)?,
+                            actor: r.get(2)?,
+                            action: r.get(3)?,
+                            run_id: r.get(4)?,
+                            folder: r.get(5)?,
+                            outcome: r.get(6)?,
+                            detail: r.get(7)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Prunes finished runs (with their output and logs), sessions, audit rows and tokens
+    /// older than `cutoff` (Unix ms); expired tokens go when `now` passes them.
+    pub async fn prune(&self, cutoff: i64, now_secs: i64) -> Result<usize, DbError> {
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let mut n = tx.execute(
+                    &format!(
+                        "DELETE FROM spawns WHERE ended_at IS NOT NULL AND ended_at < ?1 AND state IN ({})",
+                        states(&[RunState::Exited, RunState::Error, RunState::Killed, RunState::TimedOut])
+                    ),
+                    [cutoff],
+                )?;
+                n += tx.execute("DELETE FROM session_log WHERE at < ?1", [cutoff])?;
+                n += tx.execute("DELETE FROM audit_log WHERE at < ?1", [cutoff])?;
+                n += tx.execute("DELETE FROM mcp_tokens WHERE expires_at < ?1", [now_secs])?;
+                tx.commit()?;
+                Ok(n)
+            })
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn new_row(id: &str, turn: &str) -> SpawnRow {
+        SpawnRow {
+            run_id: id.into(),
+            kind: "run".into(),
+            folder: "a".into(),
+            turn_id: turn.into(),
+            session_id: String::new(),
+            state: RunState::Queued,
+            outcome: None,
+            exit_code: None,
+            error: None,
+            truncated: false,
+            container_id: None,
+            request: Some("{}".into()),
+            had_secrets: false,
+            created_at: 1,
+            started_at: None,
+            ended_at: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn transitions_are_guarded_and_turns_unique() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("runed.db")).await.unwrap();
+        assert_eq!(s.insert(new_row("r1", "t1")).await.unwrap(), Inserted::New);
+        match s.insert(new_row("r2", "t1")).await.unwrap() {
+            Inserted::Existing(r) => assert_eq!(r.run_id, "r1"),
+            other => panic!("{other:?}"),
+        }
+        // A kill of a queued run wins; the start that comes after it changes nothing.
+        let killed = Finish {
+            state: RunState::Killed,
+            outcome: Outcome::Killed,
+            exit_code: None,
+            error: None,
+            truncated: false,
+            container_id: None,
+            started_at: None,
+            ended_at: 5,
+        };
+        assert!(
+            s.finish("r1", &[RunState::Queued], killed.clone())
+                .await
+                .unwrap()
+        );
+        assert!(
+            !s.transition("r1", &[RunState::Queued], RunState::Starting)
+                .await
+                .unwrap()
+        );
+        assert!(!s.finish("r1", &[RunState::Queued], killed).await.unwrap());
+        let r = s.get("r1").await.unwrap().unwrap();
+        assert_eq!(
+            (r.state, r.outcome),
+            (RunState::Killed, Some(Outcome::Killed))
+        );
+        assert_eq!(r.request, None, "the request is dropped once the run ends");
+        assert_eq!(s.prune(10, 0).await.unwrap(), 1);
+        assert!(s.get("r1").await.unwrap().is_none());
+    }
+}

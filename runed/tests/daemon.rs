@@ -1,0 +1,519 @@
+//! runed end to end: a real authd and a real runed in-process on loopback ports, real
+//! containers of the agent image, a real `runed.db`.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use hako_shared::auth::AuthdClient;
+use hako_shared::auth::wire::MintRequest;
+use hako_shared::config::Env;
+use serde_json::{Value, json};
+
+const ROUTD_KEY: &str = "routd-test-key-0123456789";
+const RUNED_KEY: &str = "runed-test-key-0123456789";
+const OPERATOR_KEY: &str = "operator-test-key-0123456789";
+
+struct Rig {
+    _dir: tempfile::TempDir,
+    data: std::path::PathBuf,
+    authd: Option<hako_authd::Running>,
+    runed: Option<hako_runed::Running>,
+    extra_env: Vec<(String, String)>,
+    http: reqwest::Client,
+    routd: String,
+    operator: String,
+}
+
+async fn image() -> String {
+    hako_deploy::ensure_agent_image()
+        .await
+        .expect("agent image builds")
+}
+
+fn runed_config(
+    rig_data: &std::path::Path,
+    authd: &str,
+    extra: &[(String, String)],
+) -> hako_runed::Config {
+    let mut pairs: Vec<(String, String)> = vec![
+        (
+            "DATA_DIR".into(),
+            rig_data.join("runed").display().to_string(),
+        ),
+        ("AUTHD_URL".into(), authd.into()),
+        ("AUTHD_SERVICE_KEY".into(), RUNED_KEY.into()),
+        ("AUTHD_CLOCK_SKEW".into(), "1s".into()),
+        ("AUTHD_REVOKED_POLL".into(), "1s".into()),
+        ("MAX_CONTAINERS".into(), "4".into()),
+        ("RUNED_RUN_TIMEOUT".into(), "60s".into()),
+        ("RUNED_STOP_GRACE".into(), "1s".into()),
+    ];
+    pairs.extend(extra.iter().cloned());
+    hako_runed::Config::from_env(&Env::from_pairs(pairs)).expect("config")
+}
+
+impl Rig {
+    async fn new(extra: &[(&str, &str)]) -> Rig {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().to_owned();
+        let acfg = hako_authd::Config::from_env(&Env::from_pairs([
+            ("DATA_DIR", data.join("authd").display().to_string()),
+            (
+                "AUTHD_SERVICE_KEYS",
+                format!("runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY}"),
+            ),
+            ("AUTHD_CLOCK_SKEW", "1s".into()),
+        ]))
+        .unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authd = hako_authd::start(acfg, l).await.unwrap();
+        let mut extra_env: Vec<(String, String)> = extra
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        extra_env.push(("CONTAINER_IMAGE".into(), image().await));
+        let client = AuthdClient::new(&authd.url()).unwrap();
+        let routd = client
+            .service_token("routd", ROUTD_KEY)
+            .await
+            .unwrap()
+            .token;
+        let operator = client
+            .service_token("operator", OPERATOR_KEY)
+            .await
+            .unwrap()
+            .token;
+        let mut rig = Rig {
+            _dir: dir,
+            data,
+            authd: Some(authd),
+            runed: None,
+            extra_env,
+            http: reqwest::Client::builder().no_proxy().build().unwrap(),
+            routd,
+            operator,
+        };
+        rig.start_runed().await;
+        rig
+    }
+
+    fn authd_url(&self) -> String {
+        self.authd.as_ref().unwrap().url()
+    }
+
+    async fn start_runed(&mut self) {
+        let cfg = runed_config(&self.data, &self.authd_url(), &self.extra_env);
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.runed = Some(hako_runed::start(cfg, l).await.unwrap());
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.runed.as_ref().unwrap().url())
+    }
+
+    async fn mint(&self, scope: &[&str], folder: Option<&str>, ttl: u64) -> String {
+        let c = AuthdClient::new(&self.authd_url()).unwrap();
+        c.mint(
+            &self.routd,
+            &MintRequest {
+                scope: scope.iter().map(|s| (*s).to_owned()).collect(),
+                folder: folder.map(str::to_owned),
+                ttl_seconds: Some(ttl),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .token
+    }
+
+    async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .bearer_auth(token)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn get(&self, token: &str, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .get(self.url(path))
+            .bearer_auth(token)
+            .timeout(Duration::from_secs(120))
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn run(&self, folder: &str, turn: &str, text: &str) -> String {
+        let (s, v) = self
+            .post(
+                &self.routd,
+                "/v1/runs",
+                json!({"folder": folder, "turn_id": turn,
+                       "messages": [{"role": "user", "content": text}]}),
+            )
+            .await;
+        assert_eq!(s, 202, "{v}");
+        v["run_id"].as_str().unwrap().to_owned()
+    }
+
+    async fn wait(&self, run: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            let (s, v) = self
+                .get(&self.routd, &format!("/v1/runs/{run}?wait=30s"))
+                .await;
+            assert_eq!(s, 200, "waiting for {run}: {v}");
+            if ["exited", "error", "killed", "timed_out"].contains(&v["state"].as_str().unwrap()) {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "run {run} did not end: {v}");
+        }
+    }
+
+    async fn wait_state(&self, run: &str, state: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, v) = self.get(&self.routd, &format!("/v1/runs/{run}")).await;
+            if v["state"] == state {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run {run} never reached {state}: {v}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn db(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.data.join("runed/runed.db")).unwrap()
+    }
+
+    async fn containers(&self) -> usize {
+        let r = self.runed.as_ref().unwrap().runner();
+        r.list_agents().await.unwrap().len()
+    }
+
+    async fn stop(mut self) {
+        if let Some(r) = self.runed.take() {
+            let runner = r.runner().clone();
+            r.shutdown().await;
+            let _ = runner.cleanup_orphans(&HashSet::new()).await;
+        }
+        if let Some(a) = self.authd.take() {
+            let _ = a.shutdown().await;
+        }
+    }
+}
+
+fn results(v: &Value) -> Vec<String> {
+    v["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["result"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_run_end_to_end_with_spawn_token_and_idempotency() {
+    let rig = Rig::new(&[]).await;
+    let run = rig.run("team/a", "turn-e2e-1", "hello\n/echo-input").await;
+    // Same turn → same run.
+    let again = rig.run("team/a", "turn-e2e-1", "ignored").await;
+    assert_eq!(run, again);
+    let v = rig.wait(&run).await;
+    assert_eq!(v["state"], "exited", "{v}");
+    assert_eq!(v["outcome"], "ok", "{v}");
+    let out = results(&v).join("\n");
+    assert!(out.contains("hello"), "{out}");
+    assert!(out.contains(&format!("\"runId\":\"{run}\"")), "{out}");
+    assert!(out.contains("\"turnId\":\"turn-e2e-1\""), "{out}");
+    // The spawn token: minted by authd (recorded by jti), revoked at the end.
+    let jti: String = rig
+        .db()
+        .query_row(
+            "SELECT jti FROM mcp_tokens WHERE run_id = ?1",
+            [&run],
+            |r| r.get(0),
+        )
+        .unwrap();
+    let c = AuthdClient::new(&rig.authd_url()).unwrap();
+    let revoked = c.revoked().await.unwrap();
+    assert!(
+        revoked.revoked.iter().any(|e| e.jti == jti),
+        "spawn token revoked at the end"
+    );
+    let audit = c.audit(&rig.operator, None, None).await.unwrap();
+    let mint = audit
+        .entries
+        .iter()
+        .find(|e| e.action == "mint" && e.detail.contains(&jti))
+        .expect("authd recorded the mint");
+    assert!(mint.detail.contains("team/a"), "{}", mint.detail);
+    // Only one run for the turn, and the session log has it.
+    let n: i64 = rig
+        .db()
+        .query_row(
+            "SELECT count(*) FROM spawns WHERE turn_id = 'turn-e2e-1'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    let (s, v) = rig.get(&rig.routd, "/v1/sessions?folder=team/a").await;
+    assert_eq!(s, 200);
+    assert_eq!(v["sessions"][0]["run_id"], run.as_str());
+    assert_eq!(rig.containers().await, 0, "container removed");
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_tokens_and_bodies_are_checked_at_the_edge() {
+    let rig = Rig::new(&[]).await;
+    let run = rig.run("a", "turn-edge-1", "hi").await;
+    let body = json!({"folder": "a", "turn_id": "turn-edge-2"});
+    // Forged: a valid token with its signature altered.
+    let mut forged = rig.routd.clone();
+    let last = forged.pop().unwrap();
+    forged.push(if last == 'A' { 'B' } else { 'A' });
+    let (s, v) = rig.post(&forged, "/v1/runs", body.clone()).await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (401, Some("invalid_token")),
+        "{v}"
+    );
+    // No token.
+    let r = rig
+        .http
+        .post(rig.url("/v1/runs"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 401);
+    // Under-scoped.
+    let reader = rig.mint(&["runs:read"], None, 60).await;
+    let (s, v) = rig.post(&reader, "/v1/runs", body.clone()).await;
+    assert_eq!((s, v["error"].as_str()), (403, Some("insufficient_scope")));
+    // Foreign folder: cannot start there, cannot see runs there.
+    let b = rig
+        .mint(&["runs:run", "runs:read", "runs:kill"], Some("b"), 60)
+        .await;
+    let (s, _) = rig.post(&b, "/v1/runs", body.clone()).await;
+    assert_eq!(s, 403);
+    let (s, v) = rig.get(&b, &format!("/v1/runs/{run}")).await;
+    assert_eq!((s, v["error"].as_str()), (404, Some("not_found")));
+    let r = rig
+        .http
+        .delete(rig.url(&format!("/v1/runs/{run}")))
+        .bearer_auth(&b)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 404);
+    // Folder-bound callers cannot widen the group.
+    let a = rig.mint(&["runs:run", "runs:read"], Some("a"), 60).await;
+    for group in [
+        json!({"trust": "main"}),
+        json!({"network": "open"}),
+        json!({"image": "alpine"}),
+        json!({"mounts": [{"host_path": "/etc", "container_path": "etc"}]}),
+    ] {
+        let (s, v) = rig
+            .post(
+                &a,
+                "/v1/runs",
+                json!({"folder": "a", "turn_id": "turn-edge-3", "group": group}),
+            )
+            .await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (403, Some("forbidden_group_setting")),
+            "{v}"
+        );
+    }
+    // Expired.
+    let short = rig.mint(&["runs:read"], Some("a"), 1).await;
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let (s, v) = rig.get(&short, &format!("/v1/runs/{run}")).await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (401, Some("token_expired")),
+        "{v}"
+    );
+    // Malformed, invalid and oversized bodies.
+    let r = rig
+        .http
+        .post(rig.url("/v1/runs"))
+        .bearer_auth(&rig.routd)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let (s, _) = rig
+        .post(
+            &rig.routd,
+            "/v1/runs",
+            json!({"folder": "../x", "turn_id": "t"}),
+        )
+        .await;
+    assert_eq!(s, 400);
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            "/v1/runs",
+            json!({"folder": "a", "turn_id": "bad turn"}),
+        )
+        .await;
+    assert_eq!((s, v["error"].as_str()), (400, Some("invalid_turn_id")));
+    let big = "x".repeat(2 << 20);
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            "/v1/runs",
+            json!({"folder": "a", "turn_id": "t-big", "system_prompt": big}),
+        )
+        .await;
+    assert_eq!((s, v["error"].as_str()), (413, Some("body_too_large")));
+    rig.wait(&run).await;
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_kill_queued_and_running() {
+    let rig = Rig::new(&[]).await;
+    let long = rig.run("k", "turn-kill-1", "/sleep 60").await;
+    let queued = rig.run("k", "turn-kill-2", "never").await;
+    rig.wait_state(&long, "running").await;
+    // The queued one is killed before it starts: it never starts.
+    let r = rig
+        .http
+        .delete(rig.url(&format!("/v1/runs/{queued}")))
+        .bearer_auth(&rig.routd)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (v["state"].as_str(), v["outcome"].as_str()),
+        (Some("killed"), Some("killed"))
+    );
+    assert_eq!(v["started_at"], Value::Null);
+    let t = Instant::now();
+    let r = rig
+        .http
+        .delete(rig.url(&format!("/v1/runs/{long}")))
+        .bearer_auth(&rig.routd)
+        .send()
+        .await
+        .unwrap();
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        (v["state"].as_str(), v["outcome"].as_str()),
+        (Some("killed"), Some("killed")),
+        "{v}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(20));
+    assert_eq!(rig.containers().await, 0, "the container is gone");
+    // Not retried: still killed a while later, and the queued one never ran.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{queued}")).await;
+    assert_eq!(v["state"], "killed");
+    assert_eq!(v["started_at"], Value::Null);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_detach_and_readopt() {
+    let mut rig = Rig::new(&[]).await;
+    // Re-attached while running.
+    let a = rig.run("ra", "turn-ra-1", "/sleep 3\nafter sleep").await;
+    rig.wait_state(&a, "running").await;
+    rig.runed.take().unwrap().shutdown().await;
+    rig.start_runed().await;
+    let v = rig.wait(&a).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    assert!(results(&v).join("\n").contains("after sleep"), "{v}");
+    // Finished while runed was down (the agent exits by itself after its block): output
+    // recovered from the stopped container.
+    let b = rig
+        .run("rb", "turn-rb-1", "/sleep 1\n/blocks 1\n/exit 0")
+        .await;
+    rig.wait_state(&b, "running").await;
+    let runner = rig.runed.as_ref().unwrap().runner().clone();
+    rig.runed.take().unwrap().shutdown().await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while runner
+        .list_agents()
+        .await
+        .unwrap()
+        .iter()
+        .any(|c| c.state == "running")
+    {
+        assert!(Instant::now() < deadline, "container did not finish");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    rig.start_runed().await;
+    let v = rig.wait(&b).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    let out = results(&v);
+    assert_eq!(
+        out.iter().filter(|r| r.contains("block 1/1")).count(),
+        1,
+        "{out:?}"
+    );
+    let n: i64 = rig
+        .db()
+        .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 2, "nothing ran twice");
+    assert_eq!(rig.containers().await, 0);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_one_live_run_per_folder_under_50_requests() {
+    let rig = std::sync::Arc::new(Rig::new(&[]).await);
+    let mut hs = Vec::new();
+    for i in 0..50 {
+        let rig = rig.clone();
+        hs.push(tokio::spawn(async move {
+            rig.run("solo", &format!("turn-solo-{i}"), "x").await
+        }));
+    }
+    let mut runs = Vec::new();
+    for h in hs {
+        runs.push(h.await.unwrap());
+    }
+    let mut spans = Vec::new();
+    for r in &runs {
+        let v = rig.wait(r).await;
+        assert_eq!(v["outcome"], "ok", "{v}");
+        spans.push((
+            v["started_at"].as_str().unwrap().to_owned(),
+            v["ended_at"].as_str().unwrap().to_owned(),
+        ));
+    }
+    // RFC 3339 in one zone sorts as text: no two runs of the folder overlap.
+    spans.sort();
+    for w in spans.windows(2) {
+        assert!(w[0].1 <= w[1].0, "overlap: {w:?}");
+    }
+    match std::sync::Arc::try_unwrap(rig) {
+        Ok(rig) => rig.stop().await,
+        Err(_) => panic!("rig still shared"),
+    }
+}
