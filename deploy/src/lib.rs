@@ -56,8 +56,26 @@ pub const AGENT: ImageSpec = ImageSpec {
     sources: &["shared", "agent"],
 };
 
+/// authd, the token authority.
+pub const AUTHD: ImageSpec = ImageSpec {
+    name: "hako-authd",
+    package: "hako-authd",
+    bin: "authd",
+    dockerfile: "authd.Dockerfile",
+    sources: &["shared", "authd"],
+};
+
+/// runed, the execution daemon.
+pub const RUNED: ImageSpec = ImageSpec {
+    name: "hako-runed",
+    package: "hako-runed",
+    bin: "runed",
+    dockerfile: "runed.Dockerfile",
+    sources: &["shared", "runed"],
+};
+
 /// Every image the pipeline knows, in build order.
-pub const IMAGES: &[ImageSpec] = &[AGENT];
+pub const IMAGES: &[ImageSpec] = &[AGENT, AUTHD, RUNED];
 
 /// Pipeline failures.
 #[derive(Debug, thiserror::Error)]
@@ -400,6 +418,30 @@ pub async fn ensure_image_once(spec: &ImageSpec) -> Result<String, DeployError> 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn every_image_has_a_dockerfile_copying_its_binary() {
+        let root = super::workspace_root();
+        for spec in super::IMAGES {
+            let path = root.join("deploy").join(spec.dockerfile);
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(text.contains("FROM scratch"), "{}", spec.name);
+            assert!(
+                text.contains(&format!("COPY {} /usr/local/bin/{}", spec.bin, spec.bin)),
+                "{} must copy its binary {}",
+                spec.dockerfile,
+                spec.bin
+            );
+            let manifest = root.join(spec.sources[1]).join("Cargo.toml");
+            let m = std::fs::read_to_string(&manifest).expect("manifest");
+            assert!(
+                m.contains(&format!("name = \"{}\"", spec.package)),
+                "{}",
+                spec.name
+            );
+        }
+    }
+
     use super::*;
 
     fn pipeline_at(root: &Path) -> Pipeline {
