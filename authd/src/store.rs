@@ -45,8 +45,10 @@ CREATE TABLE revoked (
     revoked_at INTEGER NOT NULL
 );
 CREATE INDEX revoked_exp ON revoked (exp);
+-- No AUTOINCREMENT (it costs a write to sqlite_sequence per row): ids still increase,
+-- because pruning only ever deletes the oldest rows.
 CREATE TABLE audit_log (
-    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    id        INTEGER PRIMARY KEY,
     at        INTEGER NOT NULL,
     actor     TEXT NOT NULL,
     actor_jti TEXT,
