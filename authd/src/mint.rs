@@ -6,7 +6,8 @@
 //! the parent's (an unbound parent may bind any folder; an omitted folder inherits the
 //! parent's); its life ends no later than the parent's and lasts at most the global maximum;
 //! `sub` is the parent's and `parent_jti` names the parent. A spawn parent only mints spawn
-//! children of the same run and turn, with egress hosts from its own list. A parent at or past
+//! children of the same run and turn. Egress hosts are chosen by service tokens (runed) only;
+//! any other parent passes on at most the hosts it holds. A parent at or past
 //! its `exp` cannot mint, even inside the verifier's clock-skew leeway.
 
 use axum::http::StatusCode;
@@ -77,7 +78,7 @@ pub enum MintError {
     /// An egress host is malformed.
     #[error("egress host {0:?} is invalid: use a lowercase DNS name or IPv4 address, no port")]
     InvalidEgress(String),
-    /// An egress host the spawn parent does not have.
+    /// An egress host a non-service parent does not have.
     #[error("egress host {0:?} is not in the parent token's egress list")]
     EgressExceedsParent(String),
 }
@@ -256,7 +257,9 @@ pub fn downscope(
             for raw in &req.egress {
                 let host = normalize_egress_host(raw)
                     .ok_or_else(|| MintError::InvalidEgress(raw.chars().take(80).collect()))?;
-                if parent.typ == TokenType::Spawn && !parent.egress.contains(&host) {
+                // Only a service token (runed) decides a run's egress; any other parent can
+                // hand on at most the hosts it holds itself (a user token holds none).
+                if parent.typ != TokenType::Service && !parent.egress.contains(&host) {
                     return Err(MintError::EgressExceedsParent(host));
                 }
                 if !egress.contains(&host) {
@@ -521,6 +524,15 @@ mod tests {
             code(downscope(&runed, &r, NOW, "c".into(), LIMITS)),
             "invalid_egress"
         );
+        // A user token holds no egress, so its spawn children get none either.
+        let user = downscope(&runed, &req(AGENT_SCOPES), NOW, "u".into(), LIMITS).unwrap();
+        assert_eq!(
+            code(downscope(&user, &spawn_req(), NOW, "c".into(), LIMITS)),
+            "egress_exceeds_parent"
+        );
+        let mut r = spawn_req();
+        r.egress = vec![];
+        assert!(downscope(&user, &r, NOW, "c".into(), LIMITS).is_ok());
         let mut r = spawn_req();
         r.run_id = Some("a/b".into());
         assert_eq!(

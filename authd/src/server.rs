@@ -10,13 +10,14 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{delete, get, post};
 use base64::Engine as _;
+use hako_shared::GroupFolder;
 use hako_shared::auth::wire::{
     AuditList, MintRequest, MintResponse, RevokeResponse, RevokedList, RotateResponse,
     ServiceTokenRequest, ServiceTokenResponse,
 };
 use hako_shared::auth::{
-    AuthError, Claims, Jwks, Principal, Signer, TokenType, Verifier, bearer, now_secs, scopes,
-    service_grants,
+    AuthError, Claims, Jwks, Principal, Signer, TokenType, Verifier, bearer, now_secs, scope,
+    scopes, service_grants,
 };
 use hako_shared::http::{ApiError, ApiJson};
 use hako_shared::metrics::{Counter, Metrics};
@@ -219,21 +220,22 @@ async fn service_token(
         Ok(key) => app.cfg.service_keys.check(&req.daemon, key),
         Err(_) => false,
     };
-    let grants = service_grants(&req.daemon).filter(|_| ok);
-    let Some(grants) = grants else {
+    let known = service_grants(&req.daemon);
+    let Some(grants) = known.filter(|_| ok) else {
         let err = ApiError::new(
             StatusCode::UNAUTHORIZED,
             "invalid_service_key",
             "unknown daemon or wrong service key",
         );
+        // The caller hears one answer; the audit log tells the operator which it was. A name
+        // outside the grants table is never logged: a misconfigured client may send its key
+        // in the `daemon` field.
+        let (actor, reason) = match known {
+            Some(_) => (req.daemon.as_str(), "reason=wrong_or_missing_key"),
+            None => ("unknown", "reason=unknown_daemon"),
+        };
         return Err(app
-            .deny(
-                &clean(&req.daemon),
-                None,
-                "service_token",
-                err,
-                String::new(),
-            )
+            .deny(actor, None, "service_token", err, reason.to_owned())
             .await);
     };
     let now = now_secs();
@@ -296,11 +298,27 @@ async fn mint_token(
     let child = match mint::downscope(&parent, &req, now, new_jti()?, limits) {
         Ok(c) => c,
         Err(e) => {
-            let detail = format!(
-                "scope={} folder={}",
-                req.scope.join(" ").chars().take(200).collect::<String>(),
-                req.folder.as_deref().map(clean).unwrap_or_default()
-            );
+            // Only well-formed scopes and folders are recorded: free text from the caller
+            // could hold anything, a token included.
+            let scope: Vec<&str> = req
+                .scope
+                .iter()
+                .take(16)
+                .map(|s| {
+                    if scope::validate(s).is_ok() {
+                        s.as_str()
+                    } else {
+                        "<invalid>"
+                    }
+                })
+                .collect();
+            let folder = match req.folder.as_deref() {
+                None => String::new(),
+                Some(f) => GroupFolder::new(f)
+                    .map(|g| g.as_str().to_owned())
+                    .unwrap_or_else(|_| "<invalid>".into()),
+            };
+            let detail = format!("scope={} folder={folder}", scope.join(" "));
             let err: ApiError = e.into();
             // Malformed requests are not denials; asking for more than the parent holds is.
             if err.status == StatusCode::BAD_REQUEST {
@@ -387,14 +405,23 @@ async fn revoke(
     else {
         return Err(ApiError::not_found("no such token, or it has expired"));
     };
-    // Who may revoke: anyone holding tokens:revoke; the token itself; its direct parent; or a
-    // service token of the same subject (a refreshed service token revoking what an earlier
+    // Who may revoke: anyone holding tokens:revoke; the token itself; a token it descends
+    // from (its issuer, or the issuer's issuer: revoking that would take it down anyway); or
+    // a service token of the same subject (a refreshed service token revoking what an earlier
     // one minted). A spawn token shares its subject with its siblings but is no service
     // token, so it cannot revoke them.
-    let allowed = caller.has_scope(scopes::TOKENS_REVOKE)
+    let mut allowed = caller.has_scope(scopes::TOKENS_REVOKE)
         || caller.jti == row.jti
         || row.parent_jti.as_deref() == Some(caller.jti.as_str())
         || (caller.typ == TokenType::Service && caller.sub == row.sub);
+    if !allowed && row.parent_jti.is_some() {
+        allowed = app
+            .store
+            .ancestors(row.jti.clone())
+            .await
+            .map_err(ApiError::internal)?
+            .contains(&caller.jti);
+    }
     if !allowed {
         let err = ApiError::new(
             StatusCode::FORBIDDEN,

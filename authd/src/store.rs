@@ -45,8 +45,10 @@ CREATE TABLE revoked (
     revoked_at INTEGER NOT NULL
 );
 CREATE INDEX revoked_exp ON revoked (exp);
+-- No AUTOINCREMENT (it costs a write to sqlite_sequence per row): ids still increase,
+-- because pruning only ever deletes the oldest rows.
 CREATE TABLE audit_log (
-    id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    id        INTEGER PRIMARY KEY,
     at        INTEGER NOT NULL,
     actor     TEXT NOT NULL,
     actor_jti TEXT,
@@ -58,6 +60,8 @@ CREATE INDEX audit_log_at ON audit_log (at);
 "#,
 }];
 
+/// Deepest chain of downscopes [`Store::ancestors`] walks.
+pub const MAX_CHAIN: i64 = 64;
 /// Most rows one group commit takes.
 const MAX_BATCH_ROWS: usize = 4096;
 
@@ -289,6 +293,27 @@ impl Store {
                 )
                 .optional()
                 .map_err(StoreError::from)
+            })
+            .await
+    }
+
+    /// The jtis `jti` was minted from: its parent, the parent's parent, … (at most
+    /// [`MAX_CHAIN`] steps).
+    pub async fn ancestors(&self, jti: String) -> Result<Vec<String>, StoreError> {
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(
+                    "WITH RECURSIVE up(jti, depth) AS (
+                         SELECT parent_jti, 1 FROM issued_tokens WHERE jti = ?1
+                         UNION ALL
+                         SELECT i.parent_jti, up.depth + 1 FROM issued_tokens i
+                         JOIN up ON i.jti = up.jti
+                         WHERE up.depth < ?2
+                     )
+                     SELECT jti FROM up WHERE jti IS NOT NULL",
+                )?;
+                let rows = st.query_map(params![jti, MAX_CHAIN], |r| r.get::<_, String>(0))?;
+                Ok(rows.collect::<Result<Vec<_>, _>>()?)
             })
             .await
     }

@@ -1,8 +1,10 @@
 //! The offline token verifier every daemon uses.
 //!
 //! Keys come from authd's JWKS, fetched lazily and cached by `kid`. An unknown `kid` triggers
-//! a refetch, but at most once per `min_refetch_interval`, so a flood of tokens with bogus kids
-//! costs authd one request per interval, not one per token. A failed refetch keeps the keys
+//! a refetch, but at most once per `min_refetch_interval`: inside the interval the request
+//! waits for it to end (concurrent ones share the one fetch), so a flood of tokens with bogus
+//! kids costs authd one request per interval, not one per token, and a key rotated in right
+//! after a fetch is still learnt within one interval. A failed refetch keeps the keys
 //! already known (verification stays offline while authd restarts). Revoked jtis are polled
 //! from `GET /v1/revoked` in the background.
 //!
@@ -11,6 +13,7 @@
 //! signature check; time, key and revocation checks still run on every call.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -127,9 +130,12 @@ struct Inner {
     keys: RwLock<HashMap<String, KeyEntry>>,
     /// When the JWKS was last fetched successfully.
     keys_fetched: Mutex<Option<Instant>>,
-    /// When a JWKS fetch was last attempted; held across the fetch so that concurrent
-    /// unknown kids share one request.
+    /// When a JWKS fetch was last attempted; held across the wait and the fetch so that
+    /// concurrent unknown kids share one request.
     fetch_gate: tokio::sync::Mutex<Option<Instant>>,
+    /// JWKS fetches attempted so far: a caller that queued behind another's fetch sees the
+    /// count move and looks again instead of fetching (or waiting) itself.
+    fetches: AtomicU64,
     revoked: RwLock<HashMap<String, i64>>,
     cache: Mutex<HashMap<Box<str>, CachedToken>>,
     tasks_started: OnceLock<()>,
@@ -218,6 +224,7 @@ impl Verifier {
                 keys: RwLock::new(HashMap::new()),
                 keys_fetched: Mutex::new(None),
                 fetch_gate: tokio::sync::Mutex::new(None),
+                fetches: AtomicU64::new(0),
                 revoked: RwLock::new(HashMap::new()),
                 cache: Mutex::new(HashMap::new()),
                 tasks_started: OnceLock::new(),
@@ -363,25 +370,48 @@ impl Verifier {
         };
         let fresh =
             lock(&self.inner.keys_fetched).is_some_and(|t| t.elapsed() < self.inner.cfg.jwks_ttl);
-        if fresh && let Some(k) = self.lookup(kid, now) {
+        let known = self.lookup(kid, now);
+        if fresh && let Some(k) = known {
             return Ok(k);
         }
-        let fetched = self.refetch(client).await;
-        match (self.lookup(kid, now), fetched) {
+        // A known key with a stale JWKS: refresh if the rate limit allows, never wait for it.
+        // An unknown kid: wait for the rate limit to allow one fetch, so that a key rotated in
+        // moments after the last fetch is still learnt, while a flood of bogus kids costs authd
+        // one request per interval.
+        let seen = self.inner.fetches.load(Ordering::Acquire);
+        let fetched = self.refetch(client, seen, known.is_none()).await;
+        match (self.lookup(kid, now).or(known), fetched) {
             (Some(k), _) => Ok(k),
             (None, Err(e)) => Err(AuthError::Unavailable(e.to_string())),
             (None, Ok(_)) => Err(AuthError::UnknownKey),
         }
     }
 
-    /// Fetches the JWKS unless one was attempted within `min_refetch_interval`.
-    /// `Ok(true)`: fetched; `Ok(false)`: skipped (rate limit); `Err`: the fetch failed.
-    async fn refetch(&self, client: &AuthdClient) -> Result<bool, ClientError> {
+    /// Fetches the JWKS, at most once per `min_refetch_interval`. Skips the fetch when another
+    /// caller fetched since `seen` was read. Inside the interval it waits for the interval to
+    /// end when `wait`, else skips. `Ok(true)`: fetched; `Ok(false)`: skipped; `Err`: the
+    /// fetch failed.
+    async fn refetch(
+        &self,
+        client: &AuthdClient,
+        seen: u64,
+        wait: bool,
+    ) -> Result<bool, ClientError> {
         let mut last = self.inner.fetch_gate.lock().await;
-        if last.is_some_and(|t| t.elapsed() < self.inner.cfg.min_refetch_interval) {
+        if self.inner.fetches.load(Ordering::Acquire) != seen {
             return Ok(false);
         }
+        let interval = self.inner.cfg.min_refetch_interval;
+        if let Some(since) = last.map(|t| t.elapsed())
+            && since < interval
+        {
+            if !wait {
+                return Ok(false);
+            }
+            tokio::time::sleep(interval - since).await;
+        }
         *last = Some(Instant::now());
+        self.inner.fetches.fetch_add(1, Ordering::AcqRel);
         let jwks = match client.jwks().await {
             Ok(j) => j,
             Err(e) => {
