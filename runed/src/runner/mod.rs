@@ -298,7 +298,18 @@ impl Runner {
             "daemon",
             self.docker.version(),
         )
-        .await?;
+        .await
+        .map_err(|e| match e {
+            DockerError::Unavailable { message, .. } => DockerError::Unavailable {
+                socket: self.cfg.docker_socket.clone(),
+                message,
+            },
+            DockerError::Timeout(..) => DockerError::Unavailable {
+                socket: self.cfg.docker_socket.clone(),
+                message: "no answer within 5s".into(),
+            },
+            other => other,
+        })?;
         Ok(v.api_version.unwrap_or_default())
     }
 
@@ -539,8 +550,11 @@ impl Runner {
         };
         let owner = self.owner();
         for d in plan.prep_dirs() {
-            self.root
-                .ensure_subdir(&d.rel, 0o755, if d.agent_owned { owner } else { None })?;
+            self.root.ensure_subdir_replacing(
+                &d.rel,
+                0o755,
+                if d.agent_owned { owner } else { None },
+            )?;
         }
         let f = spec.folder.as_str();
         // Resolve the group path: its real path must stay inside the groups root.
@@ -555,8 +569,12 @@ impl Runner {
         let input = self
             .root
             .subdir(&format!("{}/{f}/{}", dirs::IPC, dirs::INPUT))?;
-        for (name, _) in input.entries()? {
-            input.remove(&name)?;
+        for (name, kind) in input.entries()? {
+            if kind == rustix::fs::FileType::Directory {
+                input.remove_tree(&name)?;
+            } else {
+                input.remove(&name)?;
+            }
         }
         let sidecar_dir = self
             .root
@@ -565,7 +583,7 @@ impl Runner {
             sidecar_dir.remove_tree(&name)?;
         }
         let home = self.root.subdir(&format!("{}/{f}", dirs::SESSIONS))?;
-        let claude = home.ensure_subdir(".claude", 0o755, owner)?;
+        let claude = home.ensure_subdir_replacing(".claude", 0o755, owner)?;
         let settings_env = BTreeMap::from([
             ("ARIZUKO_FOLDER".to_owned(), f.to_owned()),
             ("ARIZUKO_TURN_ID".to_owned(), spec.turn_id.clone()),
@@ -582,8 +600,11 @@ impl Runner {
         let vars = seed::select_env(&g.env_allowlist, &cfg.host_env, g.trust)?;
         let env_dir = self.root.subdir(&format!("{}/{f}", dirs::ENV))?;
         env_dir.write_atomic("env", seed::render_env_file(&vars).as_bytes(), 0o644, None)?;
-        self.root
-            .ensure_subdir(&format!("{}/{f}/{}", dirs::GROUPS, dirs::LOGS), 0o755, None)?;
+        self.root.ensure_subdir_replacing(
+            &format!("{}/{f}/{}", dirs::GROUPS, dirs::LOGS),
+            0o755,
+            None,
+        )?;
         let mounts = plan
             .mounts()
             .into_iter()
