@@ -89,7 +89,10 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
     assert_eq!(h.pids_limit, Some(512));
     assert_eq!(h.network_mode.as_deref(), Some("none"));
     assert_eq!(h.init, Some(true));
-    assert!(h.binds.unwrap_or_default().is_empty(), "structured mounts only");
+    assert!(
+        h.binds.unwrap_or_default().is_empty(),
+        "structured mounts only"
+    );
     let cfg = info.config.clone().unwrap();
     assert_eq!(cfg.user.as_deref(), Some("1000:1000"));
     let l = cfg.labels.unwrap();
@@ -106,7 +109,10 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
         .iter()
         .find_map(|e| e.strip_prefix("ARIZUKO_QUERY_TIMEOUT_MS="))
         .expect("query timeout passed in");
-    assert_eq!(timeout, "45000", "a 60s ceiling keeps 3/4 for the agent (30s margin at most)");
+    assert_eq!(
+        timeout, "45000",
+        "a 60s ceiling keeps 3/4 for the agent (30s margin at most)"
+    );
 
     let m = mounts_of(&info);
     let p = |rel: &str| d.join(rel).to_string_lossy().into_owned();
@@ -119,14 +125,25 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
         ("/workspace/ipc/input", p("ipc/acme/support/input"), true),
         ("/workspace/media", p("groups/acme/support/media"), true),
         ("/workspace/env-dir", p("env/acme/support"), false),
-        ("/skills", tmp.join("skills").to_string_lossy().into(), false),
-        ("/workspace/web", tmp.join("web").to_string_lossy().into(), false),
+        (
+            "/skills",
+            tmp.join("skills").to_string_lossy().into(),
+            false,
+        ),
+        (
+            "/workspace/web",
+            tmp.join("web").to_string_lossy().into(),
+            false,
+        ),
         ("/workspace/global", p("groups/global"), false),
     ]
     .into_iter()
     .map(|(t, s, rw)| (t.to_owned(), (s, rw)))
     .collect();
-    assert_eq!(m, expected, "the mount table, exactly (no project for untrusted)");
+    assert_eq!(
+        m, expected,
+        "the mount table, exactly (no project for untrusted)"
+    );
 
     // Directories the agent writes are its own; host-only ones are not.
     for rel in [
@@ -141,17 +158,31 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
     ] {
         assert_eq!(owner_of(&d.join(rel)), 1000, "{rel}");
     }
-    for rel in ["env/acme/support", "groups/global", "groups/acme/support/logs"] {
+    for rel in [
+        "env/acme/support",
+        "groups/global",
+        "groups/acme/support/logs",
+    ] {
         assert_eq!(owner_of(&d.join(rel)), 0, "{rel}");
     }
 
     let (_, reply) = run.block().await;
     rig.runner.close(&run.live).await.unwrap();
     let (r, _) = run.finish().await;
-    assert_eq!((r.state, r.outcome), (RunState::Exited, Outcome::Ok), "{r:?}");
-    let who: serde_json::Value =
-        serde_json::from_str(reply.lines().next().unwrap().strip_prefix("whoami: ").unwrap())
-            .unwrap();
+    assert_eq!(
+        (r.state, r.outcome),
+        (RunState::Exited, Outcome::Ok),
+        "{r:?}"
+    );
+    let who: serde_json::Value = serde_json::from_str(
+        reply
+            .lines()
+            .next()
+            .unwrap()
+            .strip_prefix("whoami: ")
+            .unwrap(),
+    )
+    .unwrap();
     assert_eq!(who["uid"], 1000);
     assert_eq!(who["CapEff"], "0000000000000000");
     assert_eq!(who["CapBnd"], "0000000000000000");
@@ -210,7 +241,10 @@ async fn main_group_mounts_and_env_isolation() {
         ]);
     })
     .await;
-    let mut spec = rig.spec("main", "/write /workspace/project/x no\n/read /workspace/env-dir/env");
+    let mut spec = rig.spec(
+        "main",
+        "/write /workspace/project/x no\n/read /workspace/env-dir/env",
+    );
     spec.group.trust = Trust::Main;
     spec.group.env_allowlist = vec!["GH_TOKEN".into(), "GIT_AUTHOR_NAME".into()];
     spec.close = CloseWhen::Manual;
@@ -220,7 +254,11 @@ async fn main_group_mounts_and_env_isolation() {
     assert_eq!(
         m.get("/workspace/project"),
         Some(&(
-            rig.tmp.path().join("project").to_string_lossy().into_owned(),
+            rig.tmp
+                .path()
+                .join("project")
+                .to_string_lossy()
+                .into_owned(),
             false
         ))
     );
@@ -229,10 +267,21 @@ async fn main_group_mounts_and_env_isolation() {
     rig.runner.close(&run.live).await.unwrap();
     let (r, _) = run.finish().await;
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert!(
+        r.log.contains("_close: finishing"),
+        "the agent waited for the close: {}",
+        r.log
+    );
     assert!(line(&r, "write /workspace/project/x").contains("error"));
     let env_line = line(&r, "read /workspace/env-dir/env");
-    assert!(env_line.contains("GH_TOKEN='ghp_trusted_only'"), "{env_line}");
-    assert!(env_line.contains("GIT_AUTHOR_NAME='Ann O'\\\\''Neil'"), "{env_line}");
+    assert!(
+        env_line.contains("GH_TOKEN='ghp_trusted_only'"),
+        "{env_line}"
+    );
+    assert!(
+        env_line.contains("GIT_AUTHOR_NAME='Ann O'\\\\''Neil'"),
+        "{env_line}"
+    );
     assert!(!env_line.contains("ANTHROPIC"));
 
     // Untrusted: GH_TOKEN refused (terminal, before any container), provider keys too.
@@ -265,7 +314,10 @@ async fn secrets_never_leave_stdin() {
     let id = run.started().await;
     let info = rig.inspect(&id).await;
     let dump = serde_json::to_string(&info).unwrap();
-    assert!(!dump.contains(&canary) && !dump.contains(&token), "inspect leaks");
+    assert!(
+        !dump.contains(&canary) && !dump.contains(&token),
+        "inspect leaks"
+    );
     run.block().await;
     rig.runner.close(&run.live).await.unwrap();
     let (r, _) = run.finish().await;
@@ -292,16 +344,28 @@ async fn blocks_stream_in_order_before_the_run_ends() {
     let t0 = Instant::now();
     for i in 0..3 {
         let (index, text) = run.block().await;
-        assert_eq!((index, text.as_str()), (i, format!("block {}/3", i + 1).as_str()));
+        assert_eq!(
+            (index, text.as_str()),
+            (i, format!("block {}/3", i + 1).as_str())
+        );
         assert!(!run.task.is_finished(), "block {i} came only at the end");
     }
-    assert!(t0.elapsed() < Duration::from_secs(1), "blocks were held back");
+    assert!(
+        t0.elapsed() < Duration::from_secs(1),
+        "blocks were held back"
+    );
     let (index, reply) = run.block().await;
     assert_eq!(index, 3);
-    assert!(reply.starts_with("emitted 3 blocks\nslept 1.5 s\ndone"), "{reply}");
+    assert!(
+        reply.starts_with("emitted 3 blocks\nslept 1.5 s\ndone"),
+        "{reply}"
+    );
     let (r, _) = run.finish().await;
     assert_eq!(results(&r).len(), 4);
-    assert_eq!((r.state, r.outcome, r.exit_code), (RunState::Exited, Outcome::Ok, Some(0)));
+    assert_eq!(
+        (r.state, r.outcome, r.exit_code),
+        (RunState::Exited, Outcome::Ok, Some(0))
+    );
 }
 
 /// 100 MB of stdout noise with fake markers in it: the runner's memory stays bounded and
@@ -318,7 +382,12 @@ async fn hundred_megabytes_of_noise_keep_memory_bounded() {
         .await;
     let grown = vm_hwm_kib().saturating_sub(before);
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
-    assert_eq!(r.blocks.len(), 1, "fake markers made blocks: {:?}", r.blocks);
+    assert_eq!(
+        r.blocks.len(),
+        1,
+        "fake markers made blocks: {:?}",
+        r.blocks
+    );
     assert!(line(&r, "end").len() == 3);
     assert!(!format!("{:?}", r.blocks).contains("FAKE BLOCK"));
     let noise: u64 = r
@@ -337,12 +406,22 @@ async fn hundred_megabytes_of_noise_keep_memory_bounded() {
 #[tokio::test]
 async fn invalid_json_between_markers_is_skipped() {
     let rig = Rig::new().await;
-    let (r, _) = rig.run(rig.spec("acme", "/bad-block\n/blocks 1\nafter")).await;
+    let (r, _) = rig
+        .run(rig.spec("acme", "/bad-block\n/blocks 1\nafter"))
+        .await;
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert_eq!(results(&r)[0], "block 1/1");
     assert!(results(&r)[1].ends_with("after"));
-    assert!(r.log.contains("invalid_output: block is not a valid output JSON"), "{}", r.log);
-    assert!(!r.log.contains("this JSON never closes"), "content never logged");
+    assert!(
+        r.log
+            .contains("invalid_output: block is not a valid output JSON"),
+        "{}",
+        r.log
+    );
+    assert!(
+        !r.log.contains("this JSON never closes"),
+        "content never logged"
+    );
 }
 
 /// An image whose process never answers and ignores its query deadline: the ceiling stops it.
@@ -370,7 +449,10 @@ async fn timeout_without_output() {
         (RunState::TimedOut, Outcome::TimedOut, false),
         "{r:?}"
     );
-    assert!(took >= Duration::from_secs(2) && took < Duration::from_secs(8), "{took:?}");
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(8),
+        "{took:?}"
+    );
     assert!(rig.gone(r.container_id.as_deref().unwrap()).await);
 }
 
@@ -465,7 +547,11 @@ async fn exit_codes_decide_the_outcome() {
             "{prompt}: {r:?}"
         );
         if *terminal {
-            assert!(r.error.as_deref().unwrap().contains("terminal"), "{:?}", r.error);
+            assert!(
+                r.error.as_deref().unwrap().contains("terminal"),
+                "{:?}",
+                r.error
+            );
         }
         assert!(rig.gone(r.container_id.as_deref().unwrap()).await);
     }
@@ -479,7 +565,10 @@ async fn missing_image_and_broken_entrypoint_are_terminal() {
     let missing = format!("hako-missing-{}:nope", rand_hex(4));
     spec.group.image = Some(missing.clone());
     let (r, _) = rig.run(spec).await;
-    assert_eq!((r.state, r.outcome, r.terminal), (RunState::Error, Outcome::Error, true));
+    assert_eq!(
+        (r.state, r.outcome, r.terminal),
+        (RunState::Error, Outcome::Error, true)
+    );
     let e = r.error.unwrap();
     assert!(e.contains(&missing) && e.contains("not found"), "{e}");
     assert!(r.log.contains(&missing));
@@ -504,7 +593,10 @@ async fn missing_image_and_broken_entrypoint_are_terminal() {
 async fn sidecar_lives_exactly_as_long_as_the_agent() {
     let rig = Rig::new().await;
     for (prompt, outcome) in [
-        ("/ls /var/run/pub/arizuko/sidecars\n/read /home/agent/.claude/settings.json", Outcome::Ok),
+        (
+            "/ls /var/run/pub/arizuko/sidecars\n/read /home/agent/.claude/settings.json",
+            Outcome::Ok,
+        ),
         ("/exit 139", Outcome::Fatal),
     ] {
         let mut spec = rig.spec("acme", prompt);
@@ -522,7 +614,10 @@ async fn sidecar_lives_exactly_as_long_as_the_agent() {
         let sc = list
             .iter()
             .find(|c| {
-                c.labels.as_ref().and_then(|l| l.get(labels::ROLE)).map(String::as_str)
+                c.labels
+                    .as_ref()
+                    .and_then(|l| l.get(labels::ROLE))
+                    .map(String::as_str)
                     == Some("sidecar")
             })
             .expect("sidecar running during the run");
@@ -536,15 +631,23 @@ async fn sidecar_lives_exactly_as_long_as_the_agent() {
         if outcome == Outcome::Ok {
             // Speak MCP to it from the host through the socket the agent sees.
             use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-            let s = tokio::net::UnixStream::connect(&sock).await.expect("socket");
+            let s = tokio::net::UnixStream::connect(&sock)
+                .await
+                .expect("socket");
             let (rd, mut wr) = s.into_split();
             wr.write_all(b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\",\"arguments\":{\"x\":1}}}\n").await.unwrap();
             let mut resp = String::new();
             BufReader::new(rd).read_line(&mut resp).await.unwrap();
-            assert!(resp.contains("\\\"x\\\":1") || resp.contains("\"x\":1"), "{resp}");
+            assert!(
+                resp.contains("\\\"x\\\":1") || resp.contains("\"x\":1"),
+                "{resp}"
+            );
             let (_, reply) = run.block().await;
             assert!(reply.contains(r#"["echo.sock"]"#), "{reply}");
-            assert!(reply.contains("UNIX-CONNECT:/var/run/pub/arizuko/sidecars/echo.sock"), "{reply}");
+            assert!(
+                reply.contains("UNIX-CONNECT:/var/run/pub/arizuko/sidecars/echo.sock"),
+                "{reply}"
+            );
             rig.runner.close(&run.live).await.unwrap();
         }
         let (r, _) = run.finish().await;
@@ -631,7 +734,13 @@ async fn detached_run_is_readopted() {
 #[tokio::test]
 async fn mount_allowlist_on_real_runs() {
     let rig = Rig::with(|c, tmp| {
-        for d in ["projects/app", "projects/.ssh", "projects/private-stuff", "elsewhere", "outside"] {
+        for d in [
+            "projects/app",
+            "projects/.ssh",
+            "projects/private-stuff",
+            "elsewhere",
+            "outside",
+        ] {
             std::fs::create_dir_all(tmp.join(d)).unwrap();
         }
         symlink(tmp.join("outside"), tmp.join("projects/escape")).unwrap();
@@ -655,9 +764,15 @@ async fn mount_allowlist_on_real_runs() {
         readonly,
     };
     let rejected = [
-        (mount(&t.join("projects/escape"), "esc", true), "outside every allowed root"),
+        (
+            mount(&t.join("projects/escape"), "esc", true),
+            "outside every allowed root",
+        ),
         (mount(&t.join("projects/.ssh"), "keys", true), "blocked"),
-        (mount(&t.join("projects/private-stuff"), "p", true), "blocked"),
+        (
+            mount(&t.join("projects/private-stuff"), "p", true),
+            "blocked",
+        ),
         (
             ExtraMount {
                 host_path: format!("{}:/etc", t.join("projects/app").display()),
@@ -666,7 +781,10 @@ async fn mount_allowlist_on_real_runs() {
             },
             "':'",
         ),
-        (mount(&t.join("elsewhere"), "else", true), "outside every allowed root"),
+        (
+            mount(&t.join("elsewhere"), "else", true),
+            "outside every allowed root",
+        ),
         (mount(&t.join("projects/../outside"), "dots", true), "'..'"),
     ];
     for (m, why) in rejected {
@@ -675,8 +793,15 @@ async fn mount_allowlist_on_real_runs() {
         spec.group.mounts = vec![m];
         let (r, _) = rig.run(spec).await;
         let e = r.error.clone().unwrap_or_default();
-        assert_eq!((r.outcome, r.terminal), (Outcome::Error, true), "{name}: {r:?}");
-        assert!(e.contains(&format!("{name:?}")) && e.contains(why), "{name}: {e}");
+        assert_eq!(
+            (r.outcome, r.terminal),
+            (Outcome::Error, true),
+            "{name}: {r:?}"
+        );
+        assert!(
+            e.contains(&format!("{name:?}")) && e.contains(why),
+            "{name}: {e}"
+        );
         assert!(r.container_id.is_none());
     }
 
@@ -694,7 +819,10 @@ async fn mount_allowlist_on_real_runs() {
     run.block().await;
     rig.runner.close(&run.live).await.unwrap();
     let (r, _) = run.finish().await;
-    assert!(line(&r, "write /workspace/extra/app/x.txt").contains("error"), "{r:?}");
+    assert!(
+        line(&r, "write /workspace/extra/app/x.txt").contains("error"),
+        "{r:?}"
+    );
     assert!(!t.join("projects/app/x.txt").exists());
 
     // Main + write requested under a read-write root: writable (the operator made the
@@ -704,8 +832,14 @@ async fn mount_allowlist_on_real_runs() {
     spec.group.trust = Trust::Main;
     spec.group.mounts = vec![mount(&t.join("projects/app"), "app", false)];
     let (r, _) = rig.run(spec).await;
-    assert!(line(&r, "write /workspace/extra/app/y.txt").ends_with("ok (3 bytes)"), "{r:?}");
-    assert_eq!(std::fs::read_to_string(t.join("projects/app/y.txt")).unwrap(), "yes");
+    assert!(
+        line(&r, "write /workspace/extra/app/y.txt").ends_with("ok (3 bytes)"),
+        "{r:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(t.join("projects/app/y.txt")).unwrap(),
+        "yes"
+    );
 }
 
 /// Symlinks planted in the session's `.claude/` (and in the logs dir) are never followed by
@@ -734,12 +868,18 @@ async fn seeding_never_follows_planted_symlinks() {
     std::fs::remove_dir_all(claude.join("skills")).unwrap();
     symlink(&victim, claude.join("skills")).unwrap();
     std::fs::remove_file(rig.data().join("sessions/acme/.claude.json")).unwrap();
-    symlink(victim.join("claude.json"), rig.data().join("sessions/acme/.claude.json")).unwrap();
+    symlink(
+        victim.join("claude.json"),
+        rig.data().join("sessions/acme/.claude.json"),
+    )
+    .unwrap();
     let logs = rig.data().join("groups/acme/logs");
     std::fs::remove_dir_all(&logs).unwrap();
     symlink(&victim, &logs).unwrap();
 
-    let (r, _) = rig.run(rig.spec("acme", "/read /home/agent/.claude/settings.json")).await;
+    let (r, _) = rig
+        .run(rig.spec("acme", "/read /home/agent/.claude/settings.json"))
+        .await;
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert!(line(&r, "read /home/agent/.claude/settings.json").contains("mcpServers"));
     let names: Vec<_> = std::fs::read_dir(&victim)
@@ -747,11 +887,23 @@ async fn seeding_never_follows_planted_symlinks() {
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();
     assert_eq!(names, vec!["keep.txt"], "nothing written into the target");
-    assert_eq!(std::fs::read_to_string(victim.join("keep.txt")).unwrap(), "original");
-    assert!(claude.join("settings.json").symlink_metadata().unwrap().is_file());
+    assert_eq!(
+        std::fs::read_to_string(victim.join("keep.txt")).unwrap(),
+        "original"
+    );
+    assert!(
+        claude
+            .join("settings.json")
+            .symlink_metadata()
+            .unwrap()
+            .is_file()
+    );
     assert!(claude.join("skills").symlink_metadata().unwrap().is_dir());
     assert!(claude.join("skills/hako/SKILL.md").exists(), "reseeded");
-    assert!(r.log_file.is_some_and(|p| p.starts_with(&logs) && !p.starts_with(&victim)));
+    assert!(
+        r.log_file
+            .is_some_and(|p| p.starts_with(&logs) && !p.starts_with(&victim))
+    );
 }
 
 /// Docker-in-Docker: with `HOST_DATA_DIR` set, bind sources are the host's paths. Here the
@@ -791,13 +943,69 @@ async fn ensure_running_names_the_socket() {
     // A socket file nobody listens on.
     let dead = rig.tmp.path().join("no-docker.sock");
     drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
-    let docker =
-        bollard::Docker::connect_with_unix(&dead.to_string_lossy(), 5, bollard::API_DEFAULT_VERSION)
-            .unwrap();
+    let docker = bollard::Docker::connect_with_unix(
+        &dead.to_string_lossy(),
+        5,
+        bollard::API_DEFAULT_VERSION,
+    )
+    .unwrap();
     let mut cfg = RunnerConfig::new(rig.tmp.path().join("d2"));
     cfg.docker_socket = dead.to_string_lossy().into_owned();
     let runner = hako_runed::runner::Runner::new(docker, cfg).unwrap();
     let e = runner.ensure_running().await.unwrap_err().to_string();
-    assert!(e.contains("unavailable") && e.contains("no-docker.sock"), "{e}");
+    assert!(
+        e.contains("unavailable") && e.contains("no-docker.sock"),
+        "{e}"
+    );
     assert!(e.contains("refused"), "the cause is named: {e}");
+}
+
+/// Stored output is capped per run and flagged truncated; every block still streams.
+#[tokio::test]
+async fn stored_output_is_capped_and_flagged() {
+    let rig = Rig::with(|c, _| c.output_cap = 1000).await;
+    let (r, events) = rig.run(rig.spec("acme", "/blocks 200")).await;
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    assert!(r.truncated);
+    assert_eq!(r.blocks.len(), 201, "blocks are kept, their results cut");
+    let stored: usize = r
+        .blocks
+        .iter()
+        .filter_map(|b| b.result.as_ref())
+        .map(String::len)
+        .sum();
+    assert!(stored <= 1000, "{stored}");
+    assert!(events.len() <= 202);
+    assert!(r.log.contains("truncated: true"));
+}
+
+/// A follow-up steered into a live run is taken exactly once and answered; after the run
+/// ends, steering is refused and no file is left behind.
+#[tokio::test]
+async fn steer_is_delivered_exactly_once() {
+    let rig = Rig::new().await;
+    let mut spec = rig.spec("acme", "first");
+    spec.close = CloseWhen::Manual;
+    let mut run = rig.start(spec);
+    run.started().await;
+    assert_eq!(run.block().await.1, "first");
+    let rep = rig
+        .runner
+        .steer(&run.live, &["second".into()])
+        .await
+        .unwrap();
+    assert!(rep.delivered, "{rep:?}");
+    assert_eq!(run.block().await, (1, "second".to_owned()));
+    rig.runner.close(&run.live).await.unwrap();
+    let live = run.live.clone();
+    let (r, _) = run.finish().await;
+    assert_eq!(results(&r), vec!["first", "second"]);
+    assert!(rig.runner.steer(&live, &["late".into()]).await.is_err());
+    let input = rig.data().join("ipc/acme/input");
+    let left: Vec<_> = std::fs::read_dir(&input)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.iter().all(|n| n == "_close"), "{left:?}");
 }

@@ -50,6 +50,9 @@ pub enum DockerError {
     /// No such container.
     #[error("container {0} not found")]
     NotFound(String),
+    /// The container is not running (a signal to it cannot land).
+    #[error("container {0} is not running")]
+    NotRunning(String),
     /// A call did not finish in time.
     #[error("docker call {0} timed out after {1:?}")]
     Timeout(&'static str, Duration),
@@ -72,6 +75,10 @@ impl DockerError {
                     DockerError::NotFound(what.to_owned())
                 }
             }
+            BollardError::DockerResponseServerError {
+                status_code: 409,
+                message,
+            } if message.contains("is not running") => DockerError::NotRunning(what.to_owned()),
             BollardError::DockerResponseServerError {
                 status_code,
                 message,

@@ -353,6 +353,8 @@ impl Runner {
             &spec.folder,
             secrets_of(&spec.input),
         );
+        // Without sidecars there is nothing to look for at the end: one Docker call saved.
+        st.sidecars = !spec.group.sidecars.is_empty();
         let ceiling = self.cfg.ceiling(spec.group.timeout.map(|t| t.0));
         if control.kill.is_cancelled() {
             return self
@@ -994,7 +996,12 @@ impl Runner {
         let t = self.cfg.docker_timeout;
         let mut cleanup_errors = Vec::new();
         // Sidecars go whatever way the agent ended.
-        match docker::list_install(&self.docker, &self.cfg.install_id, t).await {
+        let listed = if st.sidecars {
+            docker::list_install(&self.docker, &self.cfg.install_id, t).await
+        } else {
+            Ok(Vec::new())
+        };
+        match listed {
             Ok(list) => {
                 for c in list.iter().filter(|c| {
                     c.run_id() == Some(run_id)
@@ -1027,9 +1034,25 @@ impl Runner {
         }
         let ended_at = SystemTime::now();
         let log = st.render_log(&verdict, exit_code, ended_at, &cleanup_errors);
-        let log_file = st.logs_dir(&self.root).and_then(|dir| {
-            runlog::write_file(&dir, &hako_shared::time::compact(ended_at), run_id, &log).ok()
-        });
+        let log_file = match st.logs_dir(&self.root) {
+            Some(dir) => {
+                let (stamp, run, text) = (
+                    hako_shared::time::compact(ended_at),
+                    run_id.to_owned(),
+                    log.clone(),
+                );
+                tokio::task::spawn_blocking(move || runlog::write_file(&dir, &stamp, &run, &text))
+                    .await
+                    .ok()
+                    .and_then(|r| {
+                        r.map_err(
+                            |e| tracing::warn!(run = run_id, error = %e, "writing the run log"),
+                        )
+                        .ok()
+                    })
+            }
+            None => None,
+        };
         RunEnd::Finished(Box::new(RunReport {
             state: verdict.state,
             outcome: verdict.outcome,
@@ -1131,7 +1154,11 @@ impl Runner {
         if let Some(id) = live.container_id()
             && !live.ended.is_cancelled()
         {
-            docker::signal(&self.docker, &id, "SIGUSR1", self.cfg.docker_timeout).await?;
+            match docker::signal(&self.docker, &id, "SIGUSR1", self.cfg.docker_timeout).await {
+                // It ended meanwhile: nothing left to close.
+                Ok(()) | Err(DockerError::NotRunning(_) | DockerError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(())
     }
@@ -1178,6 +1205,8 @@ struct Supervision {
     container_id: Option<String>,
     started_at: Option<SystemTime>,
     created: SystemTime,
+    /// Whether sidecars may exist for this run (unknown after a restart: assume so).
+    sidecars: bool,
 }
 
 impl Supervision {
@@ -1198,6 +1227,7 @@ impl Supervision {
             container_id: None,
             started_at: None,
             created: SystemTime::now(),
+            sidecars: true,
         }
     }
 

@@ -178,7 +178,10 @@ impl Drop for Rig {
 }
 
 /// Every container labelled with `install`.
-pub async fn containers_of(docker: &Docker, install: &str) -> Vec<bollard::models::ContainerSummary> {
+pub async fn containers_of(
+    docker: &Docker,
+    install: &str,
+) -> Vec<bollard::models::ContainerSummary> {
     let filters = HashMap::from([(
         "label".to_owned(),
         vec![format!("{}={install}", labels::INSTALL)],
@@ -290,7 +293,10 @@ pub fn line<'a>(r: &'a RunReport, prefix: &str) -> &'a str {
 
 /// Builds (once per tag) a tiny image `FROM base` with `dockerfile_tail` appended.
 pub async fn derived_image(docker: &Docker, base: &str, name: &str, tail: &str) -> String {
-    let tag = format!("hako-test-{name}:{}", base.rsplit(':').next().unwrap_or("x"));
+    let tag = format!(
+        "hako-test-{name}:{}",
+        base.rsplit(':').next().unwrap_or("x")
+    );
     if docker.inspect_image(&tag).await.is_ok() {
         return tag;
     }
