@@ -895,7 +895,16 @@ impl Runner {
                         let new_blocks = st.frame(frame);
                         for (index, block) in new_blocks {
                             if index >= skip_blocks {
-                                let _ = events.send(RunEvent::Block { index, block }).await;
+                                // A slow consumer must not hold off the ceiling or a kill: the
+                                // wait is bounded, and the block stays in the report anyway.
+                                let limit = deadline.min(Instant::now() + t);
+                                tokio::select! {
+                                    r = events.send(RunEvent::Block { index, block }) => drop(r),
+                                    () = control.kill.cancelled() => {}
+                                    () = tokio::time::sleep_until(limit) => {
+                                        tracing::warn!(run = %st.run_id, index, "event consumer too slow; block kept in the report only");
+                                    }
+                                }
                             }
                             if let CloseWhen::Idle(d) = close && !closed {
                                 close_at = Some(Instant::now() + d);
@@ -1017,10 +1026,10 @@ impl Runner {
             }
             Err(e) => cleanup_errors.push(format!("listing sidecars: {e}")),
         }
-        if let Some(id) = st.container_id.clone().or_else(|| live.container_id()) {
-            if let Err(e) = docker::remove(&self.docker, &id, t).await {
-                cleanup_errors.push(format!("container {id}: {e}"));
-            }
+        if let Some(id) = st.container_id.clone().or_else(|| live.container_id())
+            && let Err(e) = docker::remove(&self.docker, &id, t).await
+        {
+            cleanup_errors.push(format!("container {id}: {e}"));
         }
         let exit_code = match &ending {
             Ending::Exited(c) => Some(*c),
