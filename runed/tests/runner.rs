@@ -341,7 +341,6 @@ async fn blocks_stream_in_order_before_the_run_ends() {
     let rig = Rig::new().await;
     let mut run = rig.start(rig.spec("acme", "/blocks 3\n/sleep 1.5\ndone"));
     run.started().await;
-    let t0 = Instant::now();
     for i in 0..3 {
         let (index, text) = run.block().await;
         assert_eq!(
@@ -350,10 +349,7 @@ async fn blocks_stream_in_order_before_the_run_ends() {
         );
         assert!(!run.task.is_finished(), "block {i} came only at the end");
     }
-    assert!(
-        t0.elapsed() < Duration::from_secs(1),
-        "blocks were held back"
-    );
+    let third = Instant::now();
     let (index, reply) = run.block().await;
     assert_eq!(index, 3);
     assert!(
@@ -361,6 +357,11 @@ async fn blocks_stream_in_order_before_the_run_ends() {
         "{reply}"
     );
     let (r, _) = run.finish().await;
+    // The agent slept 1.5 s after its three blocks: they came that much before the end.
+    assert!(
+        third.elapsed() >= Duration::from_millis(1400),
+        "blocks were held back"
+    );
     assert_eq!(results(&r).len(), 4);
     assert_eq!(
         (r.state, r.outcome, r.exit_code),
@@ -381,6 +382,7 @@ async fn hundred_megabytes_of_noise_keep_memory_bounded() {
         ))
         .await;
     let grown = vm_hwm_kib().saturating_sub(before);
+    eprintln!("runner peak memory growth over 100 MB of noise: {grown} KiB");
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert_eq!(
         r.blocks.len(),
@@ -399,7 +401,7 @@ async fn hundred_megabytes_of_noise_keep_memory_bounded() {
         .unwrap();
     assert!(noise >= 100_000_000, "{noise}");
     assert!(r.log.len() < 100 << 10, "log bounded: {}", r.log.len());
-    assert!(grown < 40 * 1024, "runner memory grew by {grown} KiB");
+    assert!(grown < 16 * 1024, "runner memory grew by {grown} KiB");
 }
 
 /// Invalid JSON between markers is logged and skipped; the run goes on.
@@ -483,14 +485,19 @@ async fn timeout_after_output_is_a_success() {
 /// A kill mid-run is its own outcome, quick when the agent honours SIGTERM.
 #[tokio::test]
 async fn kill_mid_run() {
-    let rig = Rig::new().await;
+    let rig = Rig::with(|c, _| c.kill_grace = Duration::from_secs(6)).await;
     let mut run = rig.start(rig.spec("acme", "/blocks 1\n/sleep 3600"));
     let id = run.started().await;
     run.block().await;
     let t0 = Instant::now();
     run.control.kill.cancel();
     let (r, _) = run.finish().await;
-    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "waited for the grace: {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(r.exit_code, Some(0), "the agent stopped on SIGTERM");
     assert_eq!(
         (r.state, r.outcome, r.terminal),
         (RunState::Killed, Outcome::Killed, true),
@@ -512,7 +519,7 @@ async fn sigterm_ignored_kill_follows_the_grace() {
     let (r, _) = run.finish().await;
     let took = t0.elapsed();
     assert!(
-        took >= Duration::from_secs(2) && took < Duration::from_secs(6),
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10),
         "kill after the 2s grace, took {took:?}"
     );
     assert_eq!((r.state, r.outcome), (RunState::Killed, Outcome::Killed));

@@ -72,10 +72,14 @@ pub enum RunError {
 }
 
 impl RunError {
-    /// Whether retrying the same run cannot help.
+    /// Whether retrying the same run cannot help: a missing image, a request Docker refuses
+    /// as invalid (400), a refused mount or env request. Transient Docker failures (5xx, a
+    /// conflict, the daemon away) are retryable.
     pub fn is_terminal(&self) -> bool {
         match self {
-            RunError::Docker(d) => !d.is_unavailable(),
+            RunError::Docker(DockerError::ImageMissing(_)) => true,
+            RunError::Docker(DockerError::Api(m)) => m.starts_with("400"),
+            RunError::Docker(_) => false,
             RunError::Io(_) | RunError::NotLive(_) => false,
             RunError::Mount(_) | RunError::Env(_) | RunError::Invalid(_) => true,
         }
@@ -1347,5 +1351,24 @@ impl Supervision {
         s.push_str(&self.stderr.text());
         let refs: Vec<&str> = self.secrets.iter().map(String::as_str).collect();
         runlog::redact(&s, &refs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_permanent_failures_are_terminal() {
+        let d = |e: DockerError| RunError::Docker(e).is_terminal();
+        assert!(d(DockerError::ImageMissing("x".into())));
+        assert!(d(DockerError::Api("400: invalid mount config".into())));
+        assert!(!d(DockerError::Api("500: failed to create shim".into())));
+        assert!(!d(DockerError::Api(
+            "409: Conflict. The container name is in use".into()
+        )));
+        assert!(!d(DockerError::NotFound("c".into())));
+        assert!(!d(DockerError::Timeout("create", Duration::from_secs(1))));
+        assert!(RunError::Invalid("x".into()).is_terminal());
     }
 }
