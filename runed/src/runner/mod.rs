@@ -321,16 +321,26 @@ impl Runner {
     /// Other installs' containers are never touched. Returns how many were removed.
     pub async fn cleanup_orphans(&self, live: &HashSet<String>) -> Result<usize, DockerError> {
         let t = self.cfg.docker_timeout;
-        let mut removed = 0;
-        for c in docker::list_install(&self.docker, &self.cfg.install_id, t).await? {
-            if c.run_id().is_some_and(|r| live.contains(r)) {
-                continue;
-            }
-            tracing::info!(container = %c.id, run = ?c.run_id(), "removing orphaned container");
-            docker::stop_and_remove(&self.docker, &c.id, Duration::ZERO, t).await?;
-            removed += 1;
+        let orphans: Vec<_> = docker::list_install(&self.docker, &self.cfg.install_id, t)
+            .await?
+            .into_iter()
+            .filter(|c| !c.run_id().is_some_and(|r| live.contains(r)))
+            .collect();
+        // In parallel (a few at a time): a restart after a crash may find many.
+        let results: Vec<Result<(), DockerError>> = futures_util::stream::iter(orphans)
+            .map(|c| async move {
+                tracing::info!(container = %c.id, run = ?c.run_id(), "removing orphaned container");
+                docker::stop_and_remove(&self.docker, &c.id, Duration::ZERO, t).await
+            })
+            .buffer_unordered(8)
+            .collect()
+            .await;
+        let removed = results.iter().filter(|r| r.is_ok()).count();
+        // Every orphan was tried; the first failure is reported.
+        match results.into_iter().find_map(Result::err) {
+            Some(e) => Err(e),
+            None => Ok(removed),
         }
-        Ok(removed)
     }
 
     /// This install's agent containers, for re-adoption.
@@ -1008,33 +1018,45 @@ impl Runner {
         *live.gate.write().await = false;
         let t = self.cfg.docker_timeout;
         let mut cleanup_errors = Vec::new();
-        // Sidecars go whatever way the agent ended.
-        let listed = if st.sidecars {
-            docker::list_install(&self.docker, &self.cfg.install_id, t).await
-        } else {
-            Ok(Vec::new())
-        };
-        match listed {
-            Ok(list) => {
-                for c in list.iter().filter(|c| {
-                    c.run_id() == Some(run_id)
-                        && c.labels.get(labels::ROLE).map(String::as_str) == Some("sidecar")
-                }) {
-                    if let Err(e) =
-                        docker::stop_and_remove(&self.docker, &c.id, Duration::from_secs(2), t)
-                            .await
-                    {
-                        cleanup_errors.push(format!("sidecar {}: {e}", c.id));
+        // Sidecars go whatever way the agent ended; they and the agent are removed together.
+        let sidecars = async {
+            let mut errors = Vec::new();
+            if !st.sidecars {
+                return errors;
+            }
+            match docker::list_install(&self.docker, &self.cfg.install_id, t).await {
+                Ok(list) => {
+                    let removals = list
+                        .iter()
+                        .filter(|c| {
+                            c.run_id() == Some(run_id)
+                                && c.labels.get(labels::ROLE).map(String::as_str) == Some("sidecar")
+                        })
+                        .map(|c| async move {
+                            docker::stop_and_remove(&self.docker, &c.id, Duration::from_secs(2), t)
+                                .await
+                                .map_err(|e| format!("sidecar {}: {e}", c.id))
+                        });
+                    for r in futures_util::future::join_all(removals).await {
+                        errors.extend(r.err());
                     }
                 }
+                Err(e) => errors.push(format!("listing sidecars: {e}")),
             }
-            Err(e) => cleanup_errors.push(format!("listing sidecars: {e}")),
-        }
-        if let Some(id) = st.container_id.clone().or_else(|| live.container_id())
-            && let Err(e) = docker::remove(&self.docker, &id, t).await
-        {
-            cleanup_errors.push(format!("container {id}: {e}"));
-        }
+            errors
+        };
+        let agent = async {
+            match st.container_id.clone().or_else(|| live.container_id()) {
+                Some(id) => docker::remove(&self.docker, &id, t)
+                    .await
+                    .map_err(|e| format!("container {id}: {e}"))
+                    .err(),
+                None => None,
+            }
+        };
+        let (sidecar_errors, agent_error) = tokio::join!(sidecars, agent);
+        cleanup_errors.extend(sidecar_errors);
+        cleanup_errors.extend(agent_error);
         let exit_code = match &ending {
             Ending::Exited(c) => Some(*c),
             Ending::TimedOut(c) | Ending::Killed(c) => *c,
