@@ -681,6 +681,18 @@ async fn orphan_cleanup_spares_live_runs_and_other_installs() {
         let end = run.task.await.unwrap();
         assert!(end.report().is_none(), "detached");
     }
+    let mut agents: Vec<_> = a
+        .runner
+        .list_agents()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    agents.sort();
+    let mut mine = vec![ids[0].clone(), ids[1].clone()];
+    mine.sort();
+    assert_eq!(agents, mine, "this install's agents, for re-adoption");
     let live = HashSet::from([run_ids[1].clone()]);
     assert_eq!(a.runner.cleanup_orphans(&live).await.unwrap(), 1);
     assert!(a.gone(&ids[0]).await, "orphan removed");

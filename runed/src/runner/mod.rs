@@ -268,7 +268,8 @@ const LABEL_DEADLINE: &str = "io.hako.deadline";
 
 impl Runner {
     /// A runner over `cfg`, creating the data root and its top-level directories.
-    pub fn new(docker: Docker, cfg: RunnerConfig) -> Result<Runner, RunError> {
+    pub fn new(docker: Docker, mut cfg: RunnerConfig) -> Result<Runner, RunError> {
+        make_absolute(&mut cfg)?;
         let root = SafeDir::create_root(&cfg.layout.data_dir)?;
         for top in [dirs::GROUPS, dirs::SESSIONS, dirs::IPC, dirs::ENV] {
             root.ensure_subdir(top, 0o755, None)?;
@@ -1210,6 +1211,26 @@ impl Runner {
     }
 }
 
+/// Bind sources must be absolute (Docker refuses relative ones, e.g. the default
+/// `DATA_DIR=./data`): every configured directory is made absolute against the cwd.
+fn make_absolute(cfg: &mut RunnerConfig) -> std::io::Result<()> {
+    let abs = |p: &mut std::path::PathBuf| -> std::io::Result<()> {
+        if p.is_relative() {
+            *p = std::path::absolute(&*p)?;
+        }
+        Ok(())
+    };
+    abs(&mut cfg.layout.data_dir)?;
+    abs(&mut cfg.layout.app_dir)?;
+    for p in [&mut cfg.skills_dir, &mut cfg.project_dir, &mut cfg.web_dir]
+        .into_iter()
+        .flatten()
+    {
+        abs(p)?;
+    }
+    Ok(())
+}
+
 /// What preparation produced for the launch.
 struct Prepared {
     mounts: Vec<MountEntry>,
@@ -1379,6 +1400,18 @@ impl Supervision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn configured_dirs_become_absolute() {
+        let mut cfg = RunnerConfig::new("./data");
+        cfg.skills_dir = Some("skills".into());
+        cfg.web_dir = Some("/srv/web".into());
+        make_absolute(&mut cfg).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(cfg.layout.data_dir, cwd.join("data"));
+        assert_eq!(cfg.skills_dir, Some(cwd.join("skills")));
+        assert_eq!(cfg.web_dir, Some("/srv/web".into()));
+    }
 
     #[test]
     fn only_permanent_failures_are_terminal() {
