@@ -1028,3 +1028,42 @@ async fn steer_is_delivered_exactly_once() {
         .collect();
     assert!(left.iter().all(|n| n == "_close"), "{left:?}");
 }
+
+/// A group's limits and network policy reach the container; `allowlist` fails closed while
+/// there is no egress proxy.
+#[tokio::test]
+async fn group_overrides_reach_the_container() {
+    use hako_shared::runs::{ByteSize, HumanDuration, Network};
+    let rig = Rig::new().await;
+    let mut spec = rig.spec("acme", "hi");
+    spec.close = CloseWhen::Manual;
+    spec.group.memory = Some(ByteSize(256 << 20));
+    spec.group.cpus = Some(0.5);
+    spec.group.pids = Some(64);
+    spec.group.network = Network::Open;
+    spec.group.timeout = Some(HumanDuration(Duration::from_secs(8)));
+    let mut run = rig.start(spec);
+    let id = run.started().await;
+    let info = rig.inspect(&id).await;
+    let h = info.host_config.unwrap();
+    assert_eq!(
+        (h.memory, h.nano_cpus, h.pids_limit),
+        (Some(256 << 20), Some(500_000_000), Some(64))
+    );
+    assert_eq!(h.network_mode.as_deref(), Some("bridge"));
+    let env = info.config.unwrap().env.unwrap_or_default();
+    assert!(
+        env.contains(&"ARIZUKO_QUERY_TIMEOUT_MS=6000".to_owned()),
+        "the group's shorter ceiling sets the agent's deadline: {env:?}"
+    );
+    run.block().await;
+    rig.runner.close(&run.live).await.unwrap();
+    assert_eq!(run.finish().await.0.outcome, Outcome::Ok);
+
+    let mut spec = rig.spec("acme", "hi");
+    spec.group.network = Network::Allowlist;
+    let (r, _) = rig.run(spec).await;
+    assert_eq!((r.outcome, r.terminal), (Outcome::Error, true));
+    assert!(r.error.unwrap().contains("egress proxy"));
+    assert!(r.container_id.is_none());
+}
