@@ -68,6 +68,8 @@ pub struct RunnerConfig {
     pub steer_wait: Duration,
     /// Network used for `network: open`.
     pub open_network: String,
+    /// The Docker socket the client talks to (named in errors).
+    pub docker_socket: String,
 }
 
 impl RunnerConfig {
@@ -122,6 +124,7 @@ impl RunnerConfig {
             idle_timeout: Some(Duration::ZERO),
             steer_wait: Duration::from_secs(10),
             open_network: "bridge".into(),
+            docker_socket: super::docker::socket_path(),
         }
     }
 

@@ -50,6 +50,9 @@ pub enum DockerError {
     /// No such container.
     #[error("container {0} not found")]
     NotFound(String),
+    /// The container is not running (a signal to it cannot land).
+    #[error("container {0} is not running")]
+    NotRunning(String),
     /// A call did not finish in time.
     #[error("docker call {0} timed out after {1:?}")]
     Timeout(&'static str, Duration),
@@ -73,6 +76,10 @@ impl DockerError {
                 }
             }
             BollardError::DockerResponseServerError {
+                status_code: 409,
+                message,
+            } if message.contains("is not running") => DockerError::NotRunning(what.to_owned()),
+            BollardError::DockerResponseServerError {
                 status_code,
                 message,
             } => DockerError::Api(format!("{status_code}: {message}")),
@@ -84,13 +91,23 @@ impl DockerError {
                 socket: socket_path(),
                 message: err.to_string(),
             },
+            // The connection itself failed (refused, no socket): the daemon is not there.
+            BollardError::HyperLegacyError { err } => DockerError::Unavailable {
+                socket: socket_path(),
+                message: error_chain(&err),
+            },
+            BollardError::SocketNotFoundError(path) => DockerError::Unavailable {
+                socket: path,
+                message: "no such socket".into(),
+            },
             BollardError::RequestTimeoutError => DockerError::Unavailable {
                 socket: socket_path(),
                 message: "request timed out".into(),
             },
             other => {
                 let text = other.to_string();
-                if text.contains("connect") || text.contains("No such file") {
+                let lower = text.to_ascii_lowercase();
+                if lower.contains("connect") || lower.contains("no such file") {
                     DockerError::Unavailable {
                         socket: socket_path(),
                         message: text,
@@ -109,6 +126,18 @@ impl DockerError {
             DockerError::Unavailable { .. } | DockerError::Timeout(..)
         )
     }
+}
+
+/// An error and its causes, joined (hyper's own text hides the cause, e.g. "refused").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
 }
 
 /// The socket hako talks to (from `DOCKER_HOST` or the default).

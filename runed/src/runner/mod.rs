@@ -72,10 +72,14 @@ pub enum RunError {
 }
 
 impl RunError {
-    /// Whether retrying the same run cannot help.
+    /// Whether retrying the same run cannot help: a missing image, a request Docker refuses
+    /// as invalid (400), a refused mount or env request. Transient Docker failures (5xx, a
+    /// conflict, the daemon away) are retryable.
     pub fn is_terminal(&self) -> bool {
         match self {
-            RunError::Docker(d) => !d.is_unavailable(),
+            RunError::Docker(DockerError::ImageMissing(_)) => true,
+            RunError::Docker(DockerError::Api(m)) => m.starts_with("400"),
+            RunError::Docker(_) => false,
             RunError::Io(_) | RunError::NotLive(_) => false,
             RunError::Mount(_) | RunError::Env(_) | RunError::Invalid(_) => true,
         }
@@ -264,7 +268,8 @@ const LABEL_DEADLINE: &str = "io.hako.deadline";
 
 impl Runner {
     /// A runner over `cfg`, creating the data root and its top-level directories.
-    pub fn new(docker: Docker, cfg: RunnerConfig) -> Result<Runner, RunError> {
+    pub fn new(docker: Docker, mut cfg: RunnerConfig) -> Result<Runner, RunError> {
+        make_absolute(&mut cfg)?;
         let root = SafeDir::create_root(&cfg.layout.data_dir)?;
         for top in [dirs::GROUPS, dirs::SESSIONS, dirs::IPC, dirs::ENV] {
             root.ensure_subdir(top, 0o755, None)?;
@@ -298,7 +303,18 @@ impl Runner {
             "daemon",
             self.docker.version(),
         )
-        .await?;
+        .await
+        .map_err(|e| match e {
+            DockerError::Unavailable { message, .. } => DockerError::Unavailable {
+                socket: self.cfg.docker_socket.clone(),
+                message,
+            },
+            DockerError::Timeout(..) => DockerError::Unavailable {
+                socket: self.cfg.docker_socket.clone(),
+                message: "no answer within 5s".into(),
+            },
+            other => other,
+        })?;
         Ok(v.api_version.unwrap_or_default())
     }
 
@@ -306,16 +322,26 @@ impl Runner {
     /// Other installs' containers are never touched. Returns how many were removed.
     pub async fn cleanup_orphans(&self, live: &HashSet<String>) -> Result<usize, DockerError> {
         let t = self.cfg.docker_timeout;
-        let mut removed = 0;
-        for c in docker::list_install(&self.docker, &self.cfg.install_id, t).await? {
-            if c.run_id().is_some_and(|r| live.contains(r)) {
-                continue;
-            }
-            tracing::info!(container = %c.id, run = ?c.run_id(), "removing orphaned container");
-            docker::stop_and_remove(&self.docker, &c.id, Duration::ZERO, t).await?;
-            removed += 1;
+        let orphans: Vec<_> = docker::list_install(&self.docker, &self.cfg.install_id, t)
+            .await?
+            .into_iter()
+            .filter(|c| !c.run_id().is_some_and(|r| live.contains(r)))
+            .collect();
+        // In parallel (a few at a time): a restart after a crash may find many.
+        let results: Vec<Result<(), DockerError>> = futures_util::stream::iter(orphans)
+            .map(|c| async move {
+                tracing::info!(container = %c.id, run = ?c.run_id(), "removing orphaned container");
+                docker::stop_and_remove(&self.docker, &c.id, Duration::ZERO, t).await
+            })
+            .buffer_unordered(8)
+            .collect()
+            .await;
+        let removed = results.iter().filter(|r| r.is_ok()).count();
+        // Every orphan was tried; the first failure is reported.
+        match results.into_iter().find_map(Result::err) {
+            Some(e) => Err(e),
+            None => Ok(removed),
         }
-        Ok(removed)
     }
 
     /// This install's agent containers, for re-adoption.
@@ -342,6 +368,8 @@ impl Runner {
             &spec.folder,
             secrets_of(&spec.input),
         );
+        // Without sidecars there is nothing to look for at the end: one Docker call saved.
+        st.sidecars = !spec.group.sidecars.is_empty();
         let ceiling = self.cfg.ceiling(spec.group.timeout.map(|t| t.0));
         if control.kill.is_cancelled() {
             return self
@@ -539,8 +567,11 @@ impl Runner {
         };
         let owner = self.owner();
         for d in plan.prep_dirs() {
-            self.root
-                .ensure_subdir(&d.rel, 0o755, if d.agent_owned { owner } else { None })?;
+            self.root.ensure_subdir_replacing(
+                &d.rel,
+                0o755,
+                if d.agent_owned { owner } else { None },
+            )?;
         }
         let f = spec.folder.as_str();
         // Resolve the group path: its real path must stay inside the groups root.
@@ -555,8 +586,12 @@ impl Runner {
         let input = self
             .root
             .subdir(&format!("{}/{f}/{}", dirs::IPC, dirs::INPUT))?;
-        for (name, _) in input.entries()? {
-            input.remove(&name)?;
+        for (name, kind) in input.entries()? {
+            if kind == rustix::fs::FileType::Directory {
+                input.remove_tree(&name)?;
+            } else {
+                input.remove(&name)?;
+            }
         }
         let sidecar_dir = self
             .root
@@ -565,7 +600,7 @@ impl Runner {
             sidecar_dir.remove_tree(&name)?;
         }
         let home = self.root.subdir(&format!("{}/{f}", dirs::SESSIONS))?;
-        let claude = home.ensure_subdir(".claude", 0o755, owner)?;
+        let claude = home.ensure_subdir_replacing(".claude", 0o755, owner)?;
         let settings_env = BTreeMap::from([
             ("ARIZUKO_FOLDER".to_owned(), f.to_owned()),
             ("ARIZUKO_TURN_ID".to_owned(), spec.turn_id.clone()),
@@ -582,8 +617,11 @@ impl Runner {
         let vars = seed::select_env(&g.env_allowlist, &cfg.host_env, g.trust)?;
         let env_dir = self.root.subdir(&format!("{}/{f}", dirs::ENV))?;
         env_dir.write_atomic("env", seed::render_env_file(&vars).as_bytes(), 0o644, None)?;
-        self.root
-            .ensure_subdir(&format!("{}/{f}/{}", dirs::GROUPS, dirs::LOGS), 0o755, None)?;
+        self.root.ensure_subdir_replacing(
+            &format!("{}/{f}/{}", dirs::GROUPS, dirs::LOGS),
+            0o755,
+            None,
+        )?;
         let mounts = plan
             .mounts()
             .into_iter()
@@ -872,7 +910,16 @@ impl Runner {
                         let new_blocks = st.frame(frame);
                         for (index, block) in new_blocks {
                             if index >= skip_blocks {
-                                let _ = events.send(RunEvent::Block { index, block }).await;
+                                // A slow consumer must not hold off the ceiling or a kill: the
+                                // wait is bounded, and the block stays in the report anyway.
+                                let limit = deadline.min(Instant::now() + t);
+                                tokio::select! {
+                                    r = events.send(RunEvent::Block { index, block }) => drop(r),
+                                    () = control.kill.cancelled() => {}
+                                    () = tokio::time::sleep_until(limit) => {
+                                        tracing::warn!(run = %st.run_id, index, "event consumer too slow; block kept in the report only");
+                                    }
+                                }
                             }
                             if let CloseWhen::Idle(d) = close && !closed {
                                 close_at = Some(Instant::now() + d);
@@ -972,28 +1019,45 @@ impl Runner {
         *live.gate.write().await = false;
         let t = self.cfg.docker_timeout;
         let mut cleanup_errors = Vec::new();
-        // Sidecars go whatever way the agent ended.
-        match docker::list_install(&self.docker, &self.cfg.install_id, t).await {
-            Ok(list) => {
-                for c in list.iter().filter(|c| {
-                    c.run_id() == Some(run_id)
-                        && c.labels.get(labels::ROLE).map(String::as_str) == Some("sidecar")
-                }) {
-                    if let Err(e) =
-                        docker::stop_and_remove(&self.docker, &c.id, Duration::from_secs(2), t)
-                            .await
-                    {
-                        cleanup_errors.push(format!("sidecar {}: {e}", c.id));
+        // Sidecars go whatever way the agent ended; they and the agent are removed together.
+        let sidecars = async {
+            let mut errors = Vec::new();
+            if !st.sidecars {
+                return errors;
+            }
+            match docker::list_install(&self.docker, &self.cfg.install_id, t).await {
+                Ok(list) => {
+                    let removals = list
+                        .iter()
+                        .filter(|c| {
+                            c.run_id() == Some(run_id)
+                                && c.labels.get(labels::ROLE).map(String::as_str) == Some("sidecar")
+                        })
+                        .map(|c| async move {
+                            docker::stop_and_remove(&self.docker, &c.id, Duration::from_secs(2), t)
+                                .await
+                                .map_err(|e| format!("sidecar {}: {e}", c.id))
+                        });
+                    for r in futures_util::future::join_all(removals).await {
+                        errors.extend(r.err());
                     }
                 }
+                Err(e) => errors.push(format!("listing sidecars: {e}")),
             }
-            Err(e) => cleanup_errors.push(format!("listing sidecars: {e}")),
-        }
-        if let Some(id) = st.container_id.clone().or_else(|| live.container_id())
-            && let Err(e) = docker::remove(&self.docker, &id, t).await
-        {
-            cleanup_errors.push(format!("container {id}: {e}"));
-        }
+            errors
+        };
+        let agent = async {
+            match st.container_id.clone().or_else(|| live.container_id()) {
+                Some(id) => docker::remove(&self.docker, &id, t)
+                    .await
+                    .map_err(|e| format!("container {id}: {e}"))
+                    .err(),
+                None => None,
+            }
+        };
+        let (sidecar_errors, agent_error) = tokio::join!(sidecars, agent);
+        cleanup_errors.extend(sidecar_errors);
+        cleanup_errors.extend(agent_error);
         let exit_code = match &ending {
             Ending::Exited(c) => Some(*c),
             Ending::TimedOut(c) | Ending::Killed(c) => *c,
@@ -1006,9 +1070,25 @@ impl Runner {
         }
         let ended_at = SystemTime::now();
         let log = st.render_log(&verdict, exit_code, ended_at, &cleanup_errors);
-        let log_file = st.logs_dir(&self.root).and_then(|dir| {
-            runlog::write_file(&dir, &hako_shared::time::compact(ended_at), run_id, &log).ok()
-        });
+        let log_file = match st.logs_dir(&self.root) {
+            Some(dir) => {
+                let (stamp, run, text) = (
+                    hako_shared::time::compact(ended_at),
+                    run_id.to_owned(),
+                    log.clone(),
+                );
+                tokio::task::spawn_blocking(move || runlog::write_file(&dir, &stamp, &run, &text))
+                    .await
+                    .ok()
+                    .and_then(|r| {
+                        r.map_err(
+                            |e| tracing::warn!(run = run_id, error = %e, "writing the run log"),
+                        )
+                        .ok()
+                    })
+            }
+            None => None,
+        };
         RunEnd::Finished(Box::new(RunReport {
             state: verdict.state,
             outcome: verdict.outcome,
@@ -1110,7 +1190,11 @@ impl Runner {
         if let Some(id) = live.container_id()
             && !live.ended.is_cancelled()
         {
-            docker::signal(&self.docker, &id, "SIGUSR1", self.cfg.docker_timeout).await?;
+            match docker::signal(&self.docker, &id, "SIGUSR1", self.cfg.docker_timeout).await {
+                // It ended meanwhile: nothing left to close.
+                Ok(()) | Err(DockerError::NotRunning(_) | DockerError::NotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(())
     }
@@ -1125,6 +1209,26 @@ impl Runner {
     pub fn layout(&self) -> &Layout {
         &self.cfg.layout
     }
+}
+
+/// Bind sources must be absolute (Docker refuses relative ones, e.g. the default
+/// `DATA_DIR=./data`): every configured directory is made absolute against the cwd.
+fn make_absolute(cfg: &mut RunnerConfig) -> std::io::Result<()> {
+    let abs = |p: &mut std::path::PathBuf| -> std::io::Result<()> {
+        if p.is_relative() {
+            *p = std::path::absolute(&*p)?;
+        }
+        Ok(())
+    };
+    abs(&mut cfg.layout.data_dir)?;
+    abs(&mut cfg.layout.app_dir)?;
+    for p in [&mut cfg.skills_dir, &mut cfg.project_dir, &mut cfg.web_dir]
+        .into_iter()
+        .flatten()
+    {
+        abs(p)?;
+    }
+    Ok(())
 }
 
 /// What preparation produced for the launch.
@@ -1157,6 +1261,8 @@ struct Supervision {
     container_id: Option<String>,
     started_at: Option<SystemTime>,
     created: SystemTime,
+    /// Whether sidecars may exist for this run (unknown after a restart: assume so).
+    sidecars: bool,
 }
 
 impl Supervision {
@@ -1177,6 +1283,7 @@ impl Supervision {
             container_id: None,
             started_at: None,
             created: SystemTime::now(),
+            sidecars: true,
         }
     }
 
@@ -1287,5 +1394,36 @@ impl Supervision {
         s.push_str(&self.stderr.text());
         let refs: Vec<&str> = self.secrets.iter().map(String::as_str).collect();
         runlog::redact(&s, &refs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configured_dirs_become_absolute() {
+        let mut cfg = RunnerConfig::new("./data");
+        cfg.skills_dir = Some("skills".into());
+        cfg.web_dir = Some("/srv/web".into());
+        make_absolute(&mut cfg).unwrap();
+        let cwd = std::env::current_dir().unwrap();
+        assert_eq!(cfg.layout.data_dir, cwd.join("data"));
+        assert_eq!(cfg.skills_dir, Some(cwd.join("skills")));
+        assert_eq!(cfg.web_dir, Some("/srv/web".into()));
+    }
+
+    #[test]
+    fn only_permanent_failures_are_terminal() {
+        let d = |e: DockerError| RunError::Docker(e).is_terminal();
+        assert!(d(DockerError::ImageMissing("x".into())));
+        assert!(d(DockerError::Api("400: invalid mount config".into())));
+        assert!(!d(DockerError::Api("500: failed to create shim".into())));
+        assert!(!d(DockerError::Api(
+            "409: Conflict. The container name is in use".into()
+        )));
+        assert!(!d(DockerError::NotFound("c".into())));
+        assert!(!d(DockerError::Timeout("create", Duration::from_secs(1))));
+        assert!(RunError::Invalid("x".into()).is_terminal());
     }
 }

@@ -147,6 +147,30 @@ impl SafeDir {
         dir.ok_or_else(|| invalid("empty path".into()))
     }
 
+    /// Like [`SafeDir::ensure_subdir`], but an entry on the way that is not a directory (a
+    /// symlink or file planted in a directory the agent can write) is removed, never followed,
+    /// and replaced by a directory, so that the group keeps working and the host stays safe.
+    pub fn ensure_subdir_replacing(
+        &self,
+        rel: &str,
+        mode: u32,
+        owner: Option<Owner>,
+    ) -> io::Result<SafeDir> {
+        let mut dir: Option<SafeDir> = None;
+        for c in Self::components(rel)? {
+            let parent = dir.as_ref().unwrap_or(self);
+            match parent.kind(c)? {
+                None | Some(FileType::Directory) => {}
+                Some(kind) => {
+                    tracing::warn!(path = %parent.path.join(c).display(), ?kind, "replacing a non-directory where a directory belongs");
+                    parent.remove(c)?;
+                }
+            }
+            dir = Some(parent.ensure_subdir(c, mode, owner)?);
+        }
+        dir.ok_or_else(|| invalid("empty path".into()))
+    }
+
     /// Sets this directory's owner.
     pub fn chown(&self, owner: Owner) -> io::Result<()> {
         chown_fd(&self.fd, owner, &self.path)

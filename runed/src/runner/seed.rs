@@ -94,7 +94,7 @@ pub fn seed_skills(
         .ok()
         .and_then(|r| read_version(&r))
         .unwrap_or(0);
-    let skills = claude.ensure_subdir("skills", 0o755, owner)?;
+    let skills = claude.ensure_subdir_replacing("skills", 0o755, owner)?;
     let installed = match skills.read("MIGRATION_VERSION", 64) {
         Ok(raw) => read_version(&raw),
         Err(e) if e.kind() == io::ErrorKind::NotFound => None,
@@ -196,7 +196,7 @@ fn copy_tree(
         let name = e.file_name().to_string_lossy().into_owned();
         let ft = e.file_type()?;
         if ft.is_dir() {
-            let sub = dst.ensure_subdir(&name, 0o755, owner)?;
+            let sub = dst.ensure_subdir_replacing(&name, 0o755, owner)?;
             copied += copy_tree(&e.path(), &sub, owner, budget)?;
         } else if ft.is_file() {
             if *budget == 0 {
@@ -390,14 +390,25 @@ mod tests {
         let claude = root.ensure_subdir(".claude", 0o755, None).unwrap();
         std::fs::create_dir_all(claude.path().join("skills")).unwrap();
         symlink(&victim, claude.path().join("skills/hako")).unwrap();
-        assert!(
-            seed_skills(&b, &claude, None).is_err(),
-            "a symlinked dir is refused"
-        );
+        // The planted link is replaced by a real directory, never followed.
+        assert_eq!(seed_skills(&b, &claude, None).unwrap().copied, 4);
         assert!(
             std::fs::read_dir(&victim).unwrap().next().is_none(),
             "nothing written through it"
         );
+        assert!(
+            claude
+                .path()
+                .join("skills/hako")
+                .symlink_metadata()
+                .unwrap()
+                .is_dir()
+        );
+        // A symlinked skills dir itself: the same.
+        std::fs::remove_dir_all(claude.path().join("skills")).unwrap();
+        symlink(&victim, claude.path().join("skills")).unwrap();
+        assert_eq!(seed_skills(&b, &claude, None).unwrap().copied, 4);
+        assert!(std::fs::read_dir(&victim).unwrap().next().is_none());
     }
 
     #[test]

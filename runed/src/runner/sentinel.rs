@@ -12,7 +12,8 @@
 //! The parser works on the byte stream, not on lines: frames follow the container's `write()`
 //! calls, so a marker or a block may be split at any byte. Markers count only at the start of
 //! a line, which is what every agent prints and what makes the end marker unambiguous (a JSON
-//! string cannot hold a raw newline, so `\n---…END---` never occurs inside a block).
+//! string cannot hold a raw newline, so `\n---…END---` never occurs inside a block). A start
+//! marker must also end its line: `---…START--- text` in noise opens nothing.
 //!
 //! Memory is bounded: noise is dropped as it goes (only a marker's length of it is kept across
 //! chunk boundaries), and a block larger than `max_block` is reported and discarded.
@@ -100,29 +101,44 @@ impl SentinelParser {
         }
     }
 
+    /// The first start marker line in `hay`: a match followed by `\n` or `\r`. `Err(p)`: the
+    /// match at `p` ends `hay`, so whether it is a marker line is not known yet.
+    fn find_start(&self, hay: &[u8]) -> Option<Result<usize, usize>> {
+        for p in self.start.find_iter(hay) {
+            match hay.get(p + self.start_len) {
+                Some(b'\n' | b'\r') => return Some(Ok(p)),
+                Some(_) => continue,
+                None => return Some(Err(p)),
+            }
+        }
+        None
+    }
+
     /// Seeking a start marker. Returns the unconsumed rest of `chunk`.
     fn feed_noise<'a>(&mut self, chunk: &'a [u8]) -> &'a [u8] {
-        // A marker straddling the previous chunk: search carry + the head of this chunk.
-        let head = chunk.len().min(self.start_len - 1);
+        // A marker straddling the previous chunk: search carry + the head of this chunk. The
+        // carry holds a whole marker, because its line end may only come with this chunk.
+        let head = chunk.len().min(self.start_len);
         if !self.buf.is_empty() {
             let carry = self.buf.len();
             self.buf.extend_from_slice(&chunk[..head]);
-            if let Some(pos) = self.start.find(&self.buf) {
-                let consumed = pos + self.start_len - carry;
-                self.noise_bytes += pos as u64;
+            if let Some(Ok(pos)) = self.find_start(&self.buf) {
+                let consumed = (pos + self.start_len).saturating_sub(carry);
+                self.noise_bytes += pos.saturating_sub(carry) as u64;
                 self.begin_block();
                 return &chunk[consumed..];
             }
             self.buf.truncate(carry);
         }
-        if let Some(pos) = self.start.find(chunk) {
+        // A match ending this chunk (line end unknown) stays in the carry for the next one.
+        if let Some(Ok(pos)) = self.find_start(chunk) {
             self.noise_bytes += pos as u64;
             self.begin_block();
             return &chunk[pos + self.start_len..];
         }
         // No marker: keep only what could begin one.
         self.noise_bytes += chunk.len() as u64;
-        let keep = self.start_len - 1;
+        let keep = self.start_len;
         if chunk.len() >= keep {
             self.buf.clear();
             self.buf.extend_from_slice(&chunk[chunk.len() - keep..]);
@@ -173,7 +189,11 @@ impl SentinelParser {
 
     fn finish_block(&mut self, body: &[u8], out: &mut Vec<ParseEvent>) {
         // A start marker inside the block means the earlier one was fake: keep the last.
-        let body = match self.start_rev.rfind(body) {
+        let body = match self
+            .start_rev
+            .rfind_iter(body)
+            .find(|&p| matches!(body.get(p + self.start_len), Some(b'\n' | b'\r') | None))
+        {
             Some(pos) => {
                 out.push(ParseEvent::Invalid {
                     reason: "start marker without an end marker".into(),
@@ -217,7 +237,7 @@ mod tests {
             .collect()
     }
 
-    const STREAM: &str = "log line\n[LOG] starting\n---ARIZUKO_OUTPUT_START---\n{\"status\":\"ok\",\"result\":\"one\"}\n---ARIZUKO_OUTPUT_END---\nmore noise ---ARIZUKO_OUTPUT_START--- not a marker\n---ARIZUKO_OUTPUT_START---\n{\"status\":\"error\",\n \"result\":\"two\",\"error\":\"e\"}\n---ARIZUKO_OUTPUT_END---\ntrailing";
+    const STREAM: &str = "log line\n[LOG] starting\n---ARIZUKO_OUTPUT_START---\n{\"status\":\"ok\",\"result\":\"one\"}\n---ARIZUKO_OUTPUT_END---\nmore noise ---ARIZUKO_OUTPUT_START--- not a marker\n---ARIZUKO_OUTPUT_START--- trailing text, not a marker\n---ARIZUKO_OUTPUT_START---\n{\"status\":\"error\",\n \"result\":\"two\",\"error\":\"e\"}\n---ARIZUKO_OUTPUT_END---\ntrailing";
 
     #[test]
     fn finds_blocks_in_noise() {
@@ -254,6 +274,24 @@ mod tests {
     fn marker_at_stream_start_counts() {
         let ev = parse_chunks(&[b"---ARIZUKO_OUTPUT_START---\n{\"status\":\"ok\",\"result\":\"x\"}\n---ARIZUKO_OUTPUT_END---"]);
         assert_eq!(blocks(&ev), vec!["x"]);
+    }
+
+    #[test]
+    fn a_marker_with_trailing_text_is_noise() {
+        let ev = parse_chunks(&[b"---ARIZUKO_OUTPUT_START--- hi\n{\"status\":\"ok\",\"result\":\"x\"}\n---ARIZUKO_OUTPUT_END---\n"]);
+        assert!(ev.is_empty(), "{ev:?}");
+        // Inside a block, only a marker line restarts it.
+        let ev = parse_chunks(&[b"---ARIZUKO_OUTPUT_START---\n{\"status\":\"ok\",\"result\":\"a\"}\n---ARIZUKO_OUTPUT_START---x\n---ARIZUKO_OUTPUT_END---\n"]);
+        assert!(
+            matches!(&ev[0], ParseEvent::Invalid { reason, .. } if reason.contains("not a valid")),
+            "{ev:?}"
+        );
+        // The line end of a marker may come in the next read.
+        let ev = parse_chunks(&[
+            b"x\n---ARIZUKO_OUTPUT_START---",
+            b"\n{\"status\":\"ok\",\"result\":\"y\"}\n---ARIZUKO_OUTPUT_END---",
+        ]);
+        assert_eq!(blocks(&ev), vec!["y"]);
     }
 
     #[test]

@@ -1,0 +1,124 @@
+//! One trivial turn through the runner vs `docker run -i --rm --network none` of the same
+//! image with the same input line, measured in the same process:
+//! `cargo bench -p hako-runed --bench turn` (`TURN_ITERS` to change the count, default 10).
+//! Prints the medians and the ratio runner/cli (target <= 1.0).
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use hako_runed::runner::{CloseWhen, LiveRun, RunControl, RunSpec, Runner, RunnerConfig};
+use hako_shared::GroupFolder;
+use hako_shared::contract::{ContainerInput, Message, OUTPUT_START};
+use hako_shared::runs::{GroupSpec, Outcome};
+
+fn input() -> ContainerInput {
+    ContainerInput {
+        messages: vec![Message {
+            role: "user".into(),
+            content: "hello".into(),
+            extra: Default::default(),
+        }],
+        folder: "bench".into(),
+        turn_id: "turn".into(),
+        run_id: "run".into(),
+        ..Default::default()
+    }
+}
+
+async fn runner_turn(runner: &Runner, i: usize) -> Duration {
+    let spec = RunSpec {
+        run_id: format!("bench-{i}"),
+        turn_id: "turn".into(),
+        folder: GroupFolder::new("bench").expect("folder"),
+        input: input(),
+        group: GroupSpec::default(),
+        close: CloseWhen::Idle(Duration::ZERO),
+    };
+    let (tx, mut rx) = mpsc::channel(16);
+    let live = LiveRun::new(spec.run_id.clone(), spec.folder.clone());
+    let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let t = Instant::now();
+    let end = runner.run(spec, tx, RunControl::default(), live).await;
+    let dt = t.elapsed();
+    let _ = drain.await;
+    let r = end.report().expect("finished");
+    assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    dt
+}
+
+async fn cli_turn(image: &str, line: &[u8]) -> Duration {
+    let t = Instant::now();
+    let mut child = tokio::process::Command::new("docker")
+        .args(["run", "-i", "--rm", "--network", "none", image])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("docker CLI");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(line).await.expect("write");
+    drop(stdin);
+    let mut out = Vec::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout")
+        .read_to_end(&mut out)
+        .await
+        .expect("read");
+    let status = child.wait().await.expect("wait");
+    let dt = t.elapsed();
+    assert!(status.success(), "docker run failed: {status}");
+    assert!(
+        String::from_utf8_lossy(&out).contains(OUTPUT_START),
+        "no block from the CLI run"
+    );
+    dt
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn main() {
+    let iters: usize = std::env::var("TURN_ITERS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let image = hako_deploy::ensure_agent_image().await.expect("agent image");
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut cfg = RunnerConfig::new(tmp.path().join("data"));
+        cfg.default_image = image.clone();
+        let docker = hako_runed::runner::docker::connect().expect("docker");
+        let runner = Runner::new(docker, cfg).expect("runner");
+        let mut line = serde_json::to_vec(&input()).expect("json");
+        line.push(b'\n');
+        // Warm-up, then interleave so that both paths see the same machine load.
+        runner_turn(&runner, 0).await;
+        cli_turn(&image, &line).await;
+        let (mut ours, mut cli) = (Vec::new(), Vec::new());
+        for i in 1..=iters {
+            ours.push(runner_turn(&runner, i).await);
+            cli.push(cli_turn(&image, &line).await);
+        }
+        let (a, b) = (median(ours.clone()), median(cli.clone()));
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "one trivial turn, median of {iters}: runner {:.1} ms (min {:.1}), docker run -i --rm {:.1} ms (min {:.1})",
+            ms(a),
+            ms(*ours.iter().min().expect("runs")),
+            ms(b),
+            ms(*cli.iter().min().expect("runs"))
+        );
+        println!(
+            "ratio runner/cli: {:.2} (target <= 1.00)",
+            a.as_secs_f64() / b.as_secs_f64()
+        );
+    });
+}

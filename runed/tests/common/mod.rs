@@ -1,0 +1,358 @@
+//! Shared rig for the runner's real-container tests: a temp data dir, a random install id, the
+//! `hako-agent` image, and helpers that look at what happened from outside (Docker inspect,
+//! host files). Every container a rig's install made is removed when the rig drops.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::models::ContainerInspectResponse;
+use bollard::query_parameters::{
+    BuildImageOptionsBuilder, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+};
+use futures_util::StreamExt;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use hako_runed::runner::docker::labels;
+use hako_runed::runner::{
+    CloseWhen, LiveRun, RunControl, RunEnd, RunEvent, RunReport, RunSpec, Runner, RunnerConfig,
+};
+use hako_shared::GroupFolder;
+use hako_shared::contract::{ContainerInput, Message, Redacted, Secrets};
+use hako_shared::runs::GroupSpec;
+
+/// Upper bound on any one run in these tests.
+pub const RUN_LIMIT: Duration = Duration::from_secs(90);
+
+/// A random lowercase hex id.
+pub fn rand_hex(n: usize) -> String {
+    let mut b = vec![0u8; n];
+    getrandom::fill(&mut b).expect("rng");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The agent image, built once per process.
+pub async fn agent_image() -> String {
+    hako_deploy::ensure_agent_image()
+        .await
+        .expect("building the hako-agent image")
+}
+
+/// A test's runner over its own data dir and install id.
+pub struct Rig {
+    /// Holds the data dir (and anything else the test puts beside it).
+    pub tmp: tempfile::TempDir,
+    /// The runner.
+    pub runner: Runner,
+    /// A Docker client for looking from outside.
+    pub docker: Docker,
+    /// The agent image tag.
+    pub image: String,
+    /// The install id (the `io.hako.install` label).
+    pub install: String,
+}
+
+impl Rig {
+    /// A rig with test defaults (short graces).
+    pub async fn new() -> Rig {
+        Self::with(|_, _| {}).await
+    }
+
+    /// A rig whose config `f` adjusts (given the temp dir, outside the data dir).
+    pub async fn with(f: impl FnOnce(&mut RunnerConfig, &Path)) -> Rig {
+        let image = agent_image().await;
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let mut cfg = RunnerConfig::new(tmp.path().join("data"));
+        cfg.install_id = format!("t{}", rand_hex(6));
+        cfg.default_image = image.clone();
+        cfg.run_timeout = Duration::from_secs(60);
+        cfg.stop_grace = Duration::from_secs(2);
+        cfg.kill_grace = Duration::from_secs(2);
+        cfg.docker_timeout = Duration::from_secs(20);
+        cfg.home = Some(tmp.path().to_owned());
+        f(&mut cfg, tmp.path());
+        let install = cfg.install_id.clone();
+        let docker = hako_runed::runner::docker::connect().expect("docker client");
+        let runner = Runner::new(docker.clone(), cfg).expect("runner");
+        Rig {
+            tmp,
+            runner,
+            docker,
+            image,
+            install,
+        }
+    }
+
+    /// The data dir.
+    pub fn data(&self) -> PathBuf {
+        self.runner.layout().data_dir.clone()
+    }
+
+    /// A spec for `folder` whose one user message is `prompt`; closes when idle.
+    pub fn spec(&self, folder: &str, prompt: &str) -> RunSpec {
+        RunSpec {
+            run_id: format!("run-{}", rand_hex(6)),
+            turn_id: format!("turn-{}", rand_hex(4)),
+            folder: GroupFolder::new(folder).expect("folder"),
+            input: input(prompt),
+            group: GroupSpec::default(),
+            close: CloseWhen::Idle(Duration::ZERO),
+        }
+    }
+
+    /// Starts a run in the background.
+    pub fn start(&self, spec: RunSpec) -> Running {
+        let (tx, rx) = mpsc::channel(1024);
+        let control = RunControl::default();
+        let live = LiveRun::new(spec.run_id.clone(), spec.folder.clone());
+        let runner = self.runner.clone();
+        let (c, l) = (control.clone(), live.clone());
+        let task = tokio::spawn(async move { runner.run(spec, tx, c, l).await });
+        Running {
+            task,
+            events: rx,
+            control,
+            live,
+        }
+    }
+
+    /// Runs to the end; returns the report and every event.
+    pub async fn run(&self, spec: RunSpec) -> (RunReport, Vec<RunEvent>) {
+        self.start(spec).finish().await
+    }
+
+    /// This install's containers (any state).
+    pub async fn containers(&self) -> Vec<bollard::models::ContainerSummary> {
+        containers_of(&self.docker, &self.install).await
+    }
+
+    /// Inspects a container.
+    pub async fn inspect(&self, id: &str) -> ContainerInspectResponse {
+        self.docker
+            .inspect_container(id, None)
+            .await
+            .expect("inspect")
+    }
+
+    /// Whether a container no longer exists.
+    pub async fn gone(&self, id: &str) -> bool {
+        matches!(
+            self.docker.inspect_container(id, None).await,
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404,
+                ..
+            })
+        )
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        // Best effort, also when a test failed: remove everything of this install.
+        let install = self.install.clone();
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                let Ok(docker) = hako_runed::runner::docker::connect() else {
+                    return;
+                };
+                for c in containers_of(&docker, &install).await {
+                    if let Some(id) = c.id {
+                        let opts = RemoveContainerOptionsBuilder::new().force(true).build();
+                        let _ = docker.remove_container(&id, Some(opts)).await;
+                    }
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// Every container labelled with `install`.
+pub async fn containers_of(
+    docker: &Docker,
+    install: &str,
+) -> Vec<bollard::models::ContainerSummary> {
+    let filters = HashMap::from([(
+        "label".to_owned(),
+        vec![format!("{}={install}", labels::INSTALL)],
+    )]);
+    let opts = ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    docker.list_containers(Some(opts)).await.expect("list")
+}
+
+/// A run in progress.
+pub struct Running {
+    /// The run task.
+    pub task: JoinHandle<RunEnd>,
+    /// Its events.
+    pub events: mpsc::Receiver<RunEvent>,
+    /// Kill / detach.
+    pub control: RunControl,
+    /// Steering state.
+    pub live: Arc<LiveRun>,
+}
+
+impl Running {
+    /// The next event, within the run limit.
+    pub async fn next(&mut self) -> Option<RunEvent> {
+        tokio::time::timeout(RUN_LIMIT, self.events.recv())
+            .await
+            .expect("an event within the run limit")
+    }
+
+    /// Waits for the `Started` event; returns the container id.
+    pub async fn started(&mut self) -> String {
+        match self.next().await {
+            Some(RunEvent::Started { container_id }) => container_id,
+            other => panic!("expected Started, got {other:?}"),
+        }
+    }
+
+    /// Waits for the next block event; returns (index, result).
+    pub async fn block(&mut self) -> (usize, String) {
+        loop {
+            match self.next().await {
+                Some(RunEvent::Block { index, block }) => {
+                    return (index, block.result.unwrap_or_default());
+                }
+                Some(RunEvent::Started { .. }) => continue,
+                None => panic!("run ended before the expected block"),
+            }
+        }
+    }
+
+    /// Waits for the end; returns the report and the remaining events.
+    pub async fn finish(mut self) -> (RunReport, Vec<RunEvent>) {
+        let end = tokio::time::timeout(RUN_LIMIT, &mut self.task)
+            .await
+            .expect("run ends within the limit")
+            .expect("run task");
+        let mut events = Vec::new();
+        while let Ok(e) = self.events.try_recv() {
+            events.push(e);
+        }
+        (end.report().expect("finished, not detached"), events)
+    }
+}
+
+/// The input of a turn whose one user message is `prompt`.
+pub fn input(prompt: &str) -> ContainerInput {
+    ContainerInput {
+        messages: vec![Message {
+            role: "user".into(),
+            content: prompt.into(),
+            extra: Default::default(),
+        }],
+        ..Default::default()
+    }
+}
+
+/// Input carrying a token and secrets.
+pub fn input_with_secrets(prompt: &str, token: &str, secrets: &[(&str, &str)]) -> ContainerInput {
+    let mut i = input(prompt);
+    i.token = Redacted(token.into());
+    i.secrets = Secrets(
+        secrets
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
+    );
+    i
+}
+
+/// Block results of a report.
+pub fn results(r: &RunReport) -> Vec<String> {
+    r.blocks
+        .iter()
+        .map(|b| b.result.clone().unwrap_or_default())
+        .collect()
+}
+
+/// The reply line of a run that starts with `prefix`.
+pub fn line<'a>(r: &'a RunReport, prefix: &str) -> &'a str {
+    r.blocks
+        .iter()
+        .filter_map(|b| b.result.as_deref())
+        .flat_map(str::lines)
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no reply line starting {prefix:?} in {:?}", r.blocks))
+}
+
+/// Builds (once per tag) a tiny image `FROM base` with `dockerfile_tail` appended.
+pub async fn derived_image(docker: &Docker, base: &str, name: &str, tail: &str) -> String {
+    let tag = format!(
+        "hako-test-{name}:{}",
+        base.rsplit(':').next().unwrap_or("x")
+    );
+    if docker.inspect_image(&tag).await.is_ok() {
+        return tag;
+    }
+    let df = format!("FROM {base}\n{tail}\n");
+    let mut ar = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_size(df.len() as u64);
+    h.set_mode(0o644);
+    h.set_cksum();
+    ar.append_data(&mut h, "Dockerfile", df.as_bytes())
+        .expect("tar");
+    let ctx = ar.into_inner().expect("tar");
+    let opts = BuildImageOptionsBuilder::new()
+        .dockerfile("Dockerfile")
+        .t(&tag)
+        .rm(true)
+        .build();
+    let mut s = docker.build_image(opts, None, Some(bollard::body_full(ctx.into())));
+    while let Some(item) = s.next().await {
+        let info = item.expect("build");
+        if let Some(e) = info.error_detail.and_then(|d| d.message) {
+            panic!("building {tag}: {e}");
+        }
+    }
+    tag
+}
+
+/// Every regular file under `dir` (no symlink followed) whose bytes contain `needle`.
+pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else if ft.is_file()
+                && let Ok(bytes) = std::fs::read(e.path())
+                && memchr::memmem::find(&bytes, needle).is_some()
+            {
+                hits.push(e.path());
+            }
+        }
+    }
+    hits
+}
+
+/// The process's peak resident memory (`VmHWM`), in KiB.
+pub fn vm_hwm_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM")
+}
