@@ -18,6 +18,8 @@ struct Rig {
     data: std::path::PathBuf,
     authd: Option<hako_authd::Running>,
     runed: Option<hako_runed::Running>,
+    /// A `runed` process started from the binary (the SIGTERM test), instead of in-process.
+    child: Option<(std::process::Child, String)>,
     extra_env: Vec<(String, String)>,
     http: reqwest::Client,
     routd: String,
@@ -88,6 +90,7 @@ impl Rig {
             data,
             authd: Some(authd),
             runed: None,
+            child: None,
             extra_env,
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
             routd,
@@ -108,7 +111,10 @@ impl Rig {
     }
 
     fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.runed.as_ref().unwrap().url())
+        match &self.child {
+            Some((_, base)) => format!("{base}{path}"),
+            None => format!("{}{path}", self.runed.as_ref().unwrap().url()),
+        }
     }
 
     async fn mint(&self, scope: &[&str], folder: Option<&str>, ttl: u64) -> String {
@@ -516,4 +522,138 @@ async fn daemon_one_live_run_per_folder_under_50_requests() {
         Ok(rig) => rig.stop().await,
         Err(_) => panic!("rig still shared"),
     }
+}
+
+impl Rig {
+    /// A runner on this rig's install (works whichever way runed runs).
+    fn runner(&self) -> hako_runed::runner::Runner {
+        let cfg = runed_config(&self.data, &self.authd_url(), &self.extra_env);
+        let docker = bollard::Docker::connect_with_unix(
+            "/var/run/docker.sock",
+            30,
+            bollard::API_DEFAULT_VERSION,
+        )
+        .unwrap();
+        hako_runed::runner::Runner::new(docker, cfg.runner).unwrap()
+    }
+
+    async fn delete(&self, token: &str, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .delete(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Polls the run until it has at least `n` output blocks.
+    async fn wait_outputs(&self, run: &str, n: usize) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, v) = self.get(&self.routd, &format!("/v1/runs/{run}")).await;
+            if v["outputs"].as_array().map_or(0, Vec::len) >= n {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "run {run} never had {n} blocks: {v}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn input_files(&self, folder: &str) -> Vec<String> {
+        let dir = self.data.join("runed/ipc").join(folder).join("input");
+        match std::fs::read_dir(&dir) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_steer_delivers_a_follow_up_exactly_once() {
+    // The agent waits for follow-ups until it has been idle this long after its output.
+    let rig = Rig::new(&[("RUNED_IDLE_TIMEOUT", "8s")]).await;
+    let run = rig.run("st", "turn-steer-1", "first answer").await;
+    rig.wait_outputs(&run, 1).await;
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            &format!("/v1/runs/{run}/steer"),
+            json!({"messages": [{"role": "user", "content": "steered line"}]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["delivered"], true, "{v}");
+    let v = rig.wait(&run).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    let out = results(&v);
+    assert!(out[0].contains("first answer"), "{out:?}");
+    assert_eq!(
+        out.iter().filter(|r| r.contains("steered line")).count(),
+        1,
+        "the follow-up is answered exactly once: {out:?}"
+    );
+    assert!(rig.input_files("st").is_empty(), "{:?}", rig.input_files("st"));
+    // After the end: reported as not delivered, nothing left behind.
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            &format!("/v1/runs/{run}/steer"),
+            json!({"messages": ["too late"]}),
+        )
+        .await;
+    assert_eq!((s, v["error"].as_str()), (409, Some("not_live")), "{v}");
+    assert!(rig.input_files("st").is_empty(), "{:?}", rig.input_files("st"));
+    let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{run}")).await;
+    assert_eq!(results(&v).len(), out.len(), "nothing more was answered");
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_run_timeout() {
+    let rig = Rig::new(&[("RUNED_RUN_TIMEOUT", "5s")]).await;
+    let t = Instant::now();
+    // A well-behaved agent answers its own deadline (30 s, here a quarter, before the
+    // ceiling) with a summary: that is output, so the outcome is ok.
+    let chatty = rig.run("to2", "turn-to-2", "/ignore-sigterm\n/sleep 60").await;
+    // A frozen agent says nothing: the ceiling cuts it, outcome timed_out.
+    let frozen = rig.run("to1", "turn-to-1", "/sleep 60").await;
+    rig.wait_state(&frozen, "running").await;
+    let docker = bollard::Docker::connect_with_unix(
+        "/var/run/docker.sock",
+        30,
+        bollard::API_DEFAULT_VERSION,
+    )
+    .unwrap();
+    let id = rig
+        .db()
+        .query_row(
+            "SELECT container_id FROM spawns WHERE run_id = ?1",
+            [&frozen],
+            |r| r.get::<_, String>(0),
+        )
+        .unwrap();
+    docker.pause_container(&id).await.expect("pause");
+    let v2 = rig.wait(&frozen).await;
+    assert_eq!(v2["state"], "timed_out", "{v2}");
+    // Stopping thaws the agent, which may still write its deadline summary before the
+    // kill: then that is the output (ok); otherwise nothing was said (timed_out).
+    assert!(
+        v2["outcome"] == "timed_out" || results(&v2).join("").contains("query timeout"),
+        "{v2}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(40), "{:?}", t.elapsed());
+    let v = rig.wait(&chatty).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    assert!(
+        results(&v).join("\n").contains("query timeout"),
+        "the agent's summary: {v}"
+    );
+    assert_eq!(rig.containers().await, 0, "containers gone");
+    rig.stop().await;
 }
