@@ -898,3 +898,101 @@ async fn daemon_holds_and_stop() {
     );
     rig.stop().await;
 }
+
+impl Rig {
+    /// Starts the real `runed` binary on this rig's data directory, instead of in-process.
+    async fn spawn_binary(&mut self) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_runed"));
+        cmd.env_remove("DOCKER_HOST")
+            .env("DATA_DIR", self.data.join("runed"))
+            .env("AUTHD_URL", self.authd_url())
+            .env("AUTHD_SERVICE_KEY", RUNED_KEY)
+            .env("AUTHD_CLOCK_SKEW", "1s")
+            .env("AUTHD_REVOKED_POLL", "1s")
+            .env("MAX_CONTAINERS", "4")
+            .env("RUNED_RUN_TIMEOUT", "60s")
+            .env("RUNED_STOP_GRACE", "1s")
+            .env("RUNED_LISTEN", format!("127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit());
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("runed starts");
+        let base = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = self.http.get(format!("{base}/health")).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "runed did not come up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.child = Some((child, base));
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some((mut c, _)) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_binary_detaches_on_sigterm_and_readopts() {
+    let mut rig = Rig::new(&[]).await;
+    rig.runed.take().unwrap().shutdown().await;
+    rig.spawn_binary().await;
+    let run = rig
+        .run("term", "turn-term-1", "/sleep 4\nafter sleep")
+        .await;
+    rig.wait_state(&run, "running").await;
+    let (mut child, _) = rig.child.take().unwrap();
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    let t = Instant::now();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(8),
+            "runed did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let agents = rig.runner().list_agents().await.unwrap();
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    assert_eq!(agents[0].state, "running", "the container keeps running");
+    rig.spawn_binary().await;
+    let v = rig.wait(&run).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    let out = results(&v);
+    assert_eq!(
+        out.iter().filter(|r| r.contains("after sleep")).count(),
+        1,
+        "{out:?}"
+    );
+    let n: i64 = rig
+        .db()
+        .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1, "nothing ran twice");
+    assert_eq!(rig.containers().await, 0);
+    if let Some((mut c, _)) = rig.child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    rig.stop().await;
+}
