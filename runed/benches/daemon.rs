@@ -149,10 +149,7 @@ async fn bench() {
         .expect("routd token")
         .token;
     let b = Arc::new(Bench {
-        http: reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .expect("http"),
+        http: reqwest::Client::builder().no_proxy().build().expect("http"),
         runed: runed.url(),
         token,
         image: image.clone(),

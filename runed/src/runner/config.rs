@@ -236,6 +236,11 @@ pub fn install_id_for(data_dir: &std::path::Path) -> String {
     d.iter().take(6).map(|b| format!("{b:02x}")).collect()
 }
 
+/// `path` made absolute against the working directory (unchanged if that is unknown).
+fn absolute(path: PathBuf) -> PathBuf {
+    std::path::absolute(&path).unwrap_or(path)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -292,9 +297,4 @@ mod tests {
             install_id_for(std::path::Path::new("/b"))
         );
     }
-}
-
-/// `path` made absolute against the working directory (unchanged if that is unknown).
-fn absolute(path: PathBuf) -> PathBuf {
-    std::path::absolute(&path).unwrap_or(path)
 }
