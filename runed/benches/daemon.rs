@@ -1,3 +1,272 @@
+//! runed against the docker CLI it replaces: `cargo bench -p hako-runed --bench daemon`.
+//!
+//! (a) end-to-end latency of one trivial run (POST → final result via `?wait=`) vs
+//!     `docker run -i --rm --network none <image>` with the same input line (target ≤ 1.1);
+//! (b) throughput of 100 trivial runs at `MAX_CONTAINERS=4` across folders vs four parallel
+//!     lanes of `docker run` (target ≥ 1.0);
+//! (c) idle RSS of the `runed` binary, open auth mode (target ≤ 20 MiB).
+//!
+//! A real authd signs every run's spawn token, as in production. The docker CLI appears here
+//! only as the reference to beat.
+
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hako_shared::auth::AuthdClient;
+use hako_shared::config::Env;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+
+const RUNED_KEY: &str = "runed-bench-key-0123456789";
+const ROUTD_KEY: &str = "routd-bench-key-0123456789";
+const N: usize = 10;
+const THROUGHPUT_RUNS: usize = 100;
+const LANES: usize = 4;
+
+struct Bench {
+    http: reqwest::Client,
+    runed: String,
+    token: String,
+    image: String,
+    seq: std::sync::atomic::AtomicUsize,
+}
+
+impl Bench {
+    /// One run through runed: POST, then long-poll until it ends. Returns its duration.
+    async fn run(&self, folder: &str) -> Duration {
+        let i = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let t = Instant::now();
+        let r = self
+            .http
+            .post(format!("{}/v1/runs", self.runed))
+            .bearer_auth(&self.token)
+            .json(&json!({"folder": folder, "turn_id": format!("bench-{i}"),
+                          "messages": [{"role": "user", "content": "x"}]}))
+            .send()
+            .await
+            .expect("POST /v1/runs");
+        assert_eq!(r.status().as_u16(), 202);
+        let v: Value = r.json().await.expect("run id");
+        let id = v["run_id"].as_str().expect("run id").to_owned();
+        self.wait(&id).await;
+        t.elapsed()
+    }
+
+    async fn wait(&self, id: &str) {
+        loop {
+            let v: Value = self
+                .http
+                .get(format!("{}/v1/runs/{id}?wait=60s", self.runed))
+                .bearer_auth(&self.token)
+                .timeout(Duration::from_secs(90))
+                .send()
+                .await
+                .expect("GET run")
+                .json()
+                .await
+                .expect("run status");
+            match v["state"].as_str() {
+                Some("queued" | "starting" | "running") => continue,
+                Some("exited") if v["outcome"] == "ok" => return,
+                _ => panic!("run failed: {v}"),
+            }
+        }
+    }
+
+    /// The same with the docker CLI: one `docker run -i --rm` fed the same input line.
+    async fn cli(&self, folder: &str) -> Duration {
+        let line = json!({"messages": [{"role": "user", "content": "x"}], "folder": folder,
+                          "turn_id": "bench-cli", "run_id": "bench-cli"})
+        .to_string()
+            + "\n";
+        let t = Instant::now();
+        let mut c = tokio::process::Command::new("docker")
+            .args(["run", "-i", "--rm", "--network", "none", &self.image])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker CLI");
+        let mut stdin = c.stdin.take().expect("stdin");
+        stdin.write_all(line.as_bytes()).await.expect("write");
+        drop(stdin);
+        let out = c.wait_with_output().await.expect("docker run");
+        assert!(out.status.success(), "docker run failed");
+        assert!(String::from_utf8_lossy(&out.stdout).contains("\"result\":\"x\""));
+        t.elapsed()
+    }
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
 fn main() {
-    println!("daemon bench: not yet written");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(bench());
+}
+
+async fn bench() {
+    let image = hako_deploy::ensure_agent_image()
+        .await
+        .expect("agent image builds");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path();
+    let acfg = hako_authd::Config::from_env(&Env::from_pairs([
+        ("DATA_DIR", data.join("authd").display().to_string()),
+        (
+            "AUTHD_SERVICE_KEYS",
+            format!("runed={RUNED_KEY},routd={ROUTD_KEY}"),
+        ),
+    ]))
+    .expect("authd config");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let authd = hako_authd::start(acfg, l).await.expect("authd");
+    let cfg = hako_runed::Config::from_env(&Env::from_pairs([
+        ("DATA_DIR", data.join("runed").display().to_string()),
+        ("AUTHD_URL", authd.url()),
+        ("AUTHD_SERVICE_KEY", RUNED_KEY.into()),
+        ("MAX_CONTAINERS", LANES.to_string()),
+        ("CONTAINER_IMAGE", image.clone()),
+    ]))
+    .expect("runed config");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let runed = hako_runed::start(cfg, l).await.expect("runed");
+    let token = AuthdClient::new(&authd.url())
+        .expect("client")
+        .service_token("routd", ROUTD_KEY)
+        .await
+        .expect("routd token")
+        .token;
+    let b = Arc::new(Bench {
+        http: reqwest::Client::builder().no_proxy().build().expect("http"),
+        runed: runed.url(),
+        token,
+        image: image.clone(),
+        seq: Default::default(),
+    });
+
+    // (a) latency, alternating so both see the same machine load.
+    for _ in 0..2 {
+        b.run("warm").await;
+        b.cli("warm").await;
+    }
+    let (mut rd, mut cl) = (Vec::new(), Vec::new());
+    for _ in 0..N {
+        rd.push(b.run("lat").await);
+        cl.push(b.cli("lat").await);
+    }
+    let (rd, cl) = (median(rd), median(cl));
+    let ratio = rd.as_secs_f64() / cl.as_secs_f64();
+    println!(
+        "latency (median of {N}): runed {:.0} ms, docker run {:.0} ms, ratio {ratio:.3} (target <= 1.1)",
+        rd.as_secs_f64() * 1e3,
+        cl.as_secs_f64() * 1e3
+    );
+
+    // (b) throughput: 100 runs over 10 folders at MAX_CONTAINERS=4 vs 4 CLI lanes.
+    let t = Instant::now();
+    let mut hs = Vec::new();
+    for i in 0..THROUGHPUT_RUNS {
+        let b = b.clone();
+        hs.push(tokio::spawn(async move {
+            b.run(&format!("tp{}", i % 10)).await;
+        }));
+    }
+    for h in hs {
+        h.await.expect("run task");
+    }
+    let rd = t.elapsed();
+    let t = Instant::now();
+    let mut hs = Vec::new();
+    for lane in 0..LANES {
+        let b = b.clone();
+        hs.push(tokio::spawn(async move {
+            for _ in 0..THROUGHPUT_RUNS / LANES {
+                b.cli(&format!("tp{lane}")).await;
+            }
+        }));
+    }
+    for h in hs {
+        h.await.expect("cli task");
+    }
+    let cl = t.elapsed();
+    let (rt, ct) = (
+        THROUGHPUT_RUNS as f64 / rd.as_secs_f64(),
+        THROUGHPUT_RUNS as f64 / cl.as_secs_f64(),
+    );
+    println!(
+        "throughput ({THROUGHPUT_RUNS} runs, {LANES} at once): runed {rt:.2} runs/s ({:.1} s), docker run {ct:.2} runs/s ({:.1} s), ratio {:.3} (target >= 1.0)",
+        rd.as_secs_f64(),
+        cl.as_secs_f64(),
+        rt / ct
+    );
+    runed.shutdown().await;
+    let _ = authd.shutdown().await;
+
+    // (c) idle RSS of the binary.
+    println!(
+        "idle RSS of runed: {:.1} MiB (target <= 20 MiB)",
+        idle_rss(&image, &b.http).await as f64 / 1024.0
+    );
+}
+
+/// Starts `runed` (open mode, a fresh data directory), waits until it is ready, and reads its
+/// resident set in KiB.
+async fn idle_rss(image: &str, http: &reqwest::Client) -> u64 {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_runed"))
+        .env_remove("AUTHD_URL")
+        .env_remove("DOCKER_HOST")
+        .env("DATA_DIR", dir.path())
+        .env("CONTAINER_IMAGE", image)
+        .env("RUNED_LISTEN", format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("runed binary");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(r) = http
+            .get(format!("http://127.0.0.1:{port}/ready"))
+            .send()
+            .await
+            && r.status().is_success()
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "runed did not become ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Settle: a few scheduler ticks and a metrics scrape, as in normal idle life.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let _ = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await;
+    let pid = child.id().expect("pid");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    let _ = child.kill().await;
+    kib
 }

@@ -56,7 +56,10 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
             return;
         }
     };
-    let containers = match sh.runner.list_agents().await {
+    let Ok(runner) = sh.runner() else {
+        return;
+    };
+    let containers = match runner.list_agents().await {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!(error = %e, "listing containers failed; will retry");
@@ -139,7 +142,7 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
         }
     }
     // Containers of this install with no unfinished run: leftovers, removed.
-    match sh.runner.cleanup_orphans(&keep).await {
+    match runner.cleanup_orphans(&keep).await {
         Ok(0) => {}
         Ok(n) => tracing::info!(removed = n, "removed orphaned containers"),
         Err(e) => tracing::warn!(error = %e, "removing orphaned containers failed"),
@@ -190,7 +193,11 @@ async fn adopt_one(sh: &Arc<Shared>, row: SpawnRow, container_id: String, folder
                 .await;
         }
         let (tx, fwd) = forward(sh.clone(), row.run_id.clone());
-        let end = sh.runner.adopt(a, tx, control, live).await;
+        // Adoption only runs once the runner exists, and it is never dropped.
+        let Ok(runner) = sh.runner() else {
+            return;
+        };
+        let end = runner.adopt(a, tx, control, live).await;
         let _ = fwd.await;
         if let RunEnd::Finished(report) = end {
             finalize(

@@ -400,7 +400,8 @@ async fn steer(
     let Some(live) = live else {
         return Err(not_live());
     };
-    let report = match sh.runner.steer(&live, &msgs).await {
+    let runner = sh.runner().map_err(|_| not_live())?;
+    let report = match runner.steer(&live, &msgs).await {
         Ok(r) => r,
         Err(crate::runner::RunError::NotLive(_)) => return Err(not_live()),
         Err(e) => return Err(ApiError::internal(e)),

@@ -75,7 +75,8 @@ pub(crate) struct Sched {
 pub struct Shared {
     pub(crate) cfg: Config,
     pub(crate) store: Store,
-    pub(crate) runner: Runner,
+    /// The container runner, once Docker's socket exists (it may appear after start).
+    pub(crate) runner: Mutex<Option<Runner>>,
     pub(crate) broker: Broker,
     pub(crate) verifier: Verifier,
     pub(crate) metrics: DaemonMetrics,
@@ -94,6 +95,15 @@ pub struct Shared {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Builds the container runner on the configured Docker socket. bollard refuses a socket
+/// path that does not exist yet, so this is retried until it does.
+pub(crate) fn connect(cfg: &Config) -> Result<Runner, String> {
+    let docker =
+        bollard::Docker::connect_with_unix(&cfg.docker_socket, 120, bollard::API_DEFAULT_VERSION)
+            .map_err(|e| format!("docker socket {}: {e}", cfg.docker_socket))?;
+    Runner::new(docker, cfg.runner.clone()).map_err(|e| format!("runner: {e}"))
 }
 
 /// A new run id: `run-` and 16 random hex digits.
@@ -146,10 +156,28 @@ impl Shared {
         self.wake.notify_one();
     }
 
+    /// The runner, building it if Docker's socket has appeared since the last try.
+    pub(crate) fn runner(&self) -> Result<Runner, String> {
+        let mut r = lock(&self.runner);
+        if let Some(r) = &*r {
+            return Ok(r.clone());
+        }
+        let built = connect(&self.cfg)?;
+        *r = Some(built.clone());
+        Ok(built)
+    }
+
     /// Probes Docker, recording latency and availability.
     pub(crate) async fn probe_docker(&self) -> Result<(), String> {
+        let runner = match self.runner() {
+            Ok(r) => r,
+            Err(why) => {
+                *lock(&self.docker_down) = Some(why.clone());
+                return Err(why);
+            }
+        };
         let t = Instant::now();
-        let r = self.runner.ensure_running().await;
+        let r = runner.ensure_running().await;
         self.metrics
             .docker_latency
             .observe(t.elapsed().as_secs_f64());
@@ -552,7 +580,26 @@ async fn run_one(
         close: sh.close_when(),
     };
     let (tx, fwd) = forward(sh.clone(), run_id.clone());
-    let end = sh.runner.run(spec, tx, control, live).await;
+    let end = match sh.runner() {
+        Ok(r) => r.run(spec, tx, control, live).await,
+        Err(why) => {
+            drop(tx);
+            RunEnd::Finished(Box::new(RunReport {
+                state: RunState::Error,
+                outcome: Outcome::Fatal,
+                terminal: false,
+                blocks: Vec::new(),
+                truncated: false,
+                exit_code: None,
+                error: Some(why),
+                log: String::new(),
+                log_file: None,
+                container_id: None,
+                started_at: None,
+                ended_at: SystemTime::now(),
+            }))
+        }
+    };
     let _ = fwd.await;
     match end {
         RunEnd::Detached => {

@@ -29,7 +29,10 @@ pub(crate) async fn collect(sh: &Shared) -> (usize, usize) {
         Ok(r) => r.into_iter().map(|r| r.run_id).collect(),
         Err(_) => return (rows, 0),
     };
-    let removed = sh.runner.cleanup_orphans(&keep).await.unwrap_or_else(|e| {
+    let Ok(runner) = sh.runner() else {
+        return (rows, 0);
+    };
+    let removed = runner.cleanup_orphans(&keep).await.unwrap_or_else(|e| {
         tracing::warn!(error = %e, "removing orphaned containers failed");
         0
     });

@@ -89,9 +89,9 @@ impl Running {
         format!("http://{}", self.addr)
     }
 
-    /// The container runner this daemon uses.
-    pub fn runner(&self) -> &Runner {
-        &self.shared.runner
+    /// The container runner this daemon uses (`None` while Docker's socket is missing).
+    pub fn runner(&self) -> Option<Runner> {
+        self.shared.runner().ok()
     }
 
     /// Stops accepting requests, detaches live runs (their containers keep running and are
@@ -142,13 +142,14 @@ pub async fn start(
 ) -> Result<Running, StartError> {
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     let store = Store::open(&config.db_path).await?;
-    let docker = bollard::Docker::connect_with_unix(
-        &config.docker_socket,
-        120,
-        bollard::API_DEFAULT_VERSION,
-    )
-    .map_err(|e| StartError::Docker(e.to_string()))?;
-    let runner = Runner::new(docker, config.runner.clone())?;
+    // A missing socket is not fatal: runs queue and `/ready` says why until it appears.
+    let runner = match daemon::connect(&config) {
+        Ok(r) => Some(r),
+        Err(why) => {
+            tracing::warn!(%why, "docker is unavailable");
+            None
+        }
+    };
     let verifier = Verifier::new(config.verifier.clone())?;
     let broker = Broker::new(
         config.verifier.authd_url.as_deref(),
@@ -164,7 +165,7 @@ pub async fn start(
         }),
         cfg: config,
         store,
-        runner,
+        runner: std::sync::Mutex::new(runner),
         broker,
         verifier,
         metrics,

@@ -18,6 +18,8 @@ struct Rig {
     data: std::path::PathBuf,
     authd: Option<hako_authd::Running>,
     runed: Option<hako_runed::Running>,
+    /// A `runed` process started from the binary (the SIGTERM test), instead of in-process.
+    child: Option<(std::process::Child, String)>,
     extra_env: Vec<(String, String)>,
     http: reqwest::Client,
     routd: String,
@@ -88,6 +90,7 @@ impl Rig {
             data,
             authd: Some(authd),
             runed: None,
+            child: None,
             extra_env,
             http: reqwest::Client::builder().no_proxy().build().unwrap(),
             routd,
@@ -108,13 +111,26 @@ impl Rig {
     }
 
     fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.runed.as_ref().unwrap().url())
+        match &self.child {
+            Some((_, base)) => format!("{base}{path}"),
+            None => format!("{}{path}", self.runed.as_ref().unwrap().url()),
+        }
     }
 
     async fn mint(&self, scope: &[&str], folder: Option<&str>, ttl: u64) -> String {
+        self.mint_from(&self.routd, scope, folder, ttl).await
+    }
+
+    async fn mint_from(
+        &self,
+        parent: &str,
+        scope: &[&str],
+        folder: Option<&str>,
+        ttl: u64,
+    ) -> String {
         let c = AuthdClient::new(&self.authd_url()).unwrap();
         c.mint(
-            &self.routd,
+            parent,
             &MintRequest {
                 scope: scope.iter().map(|s| (*s).to_owned()).collect(),
                 folder: folder.map(str::to_owned),
@@ -200,13 +216,12 @@ impl Rig {
     }
 
     async fn containers(&self) -> usize {
-        let r = self.runed.as_ref().unwrap().runner();
-        r.list_agents().await.unwrap().len()
+        self.runner().list_agents().await.unwrap().len()
     }
 
     async fn stop(mut self) {
         if let Some(r) = self.runed.take() {
-            let runner = r.runner().clone();
+            let runner = self.runner();
             r.shutdown().await;
             let _ = runner.cleanup_orphans(&HashSet::new()).await;
         }
@@ -453,7 +468,7 @@ async fn daemon_detach_and_readopt() {
         .run("rb", "turn-rb-1", "/sleep 1\n/blocks 1\n/exit 0")
         .await;
     rig.wait_state(&b, "running").await;
-    let runner = rig.runed.as_ref().unwrap().runner().clone();
+    let runner = rig.runner();
     rig.runed.take().unwrap().shutdown().await;
     let deadline = Instant::now() + Duration::from_secs(30);
     while runner
@@ -516,4 +531,468 @@ async fn daemon_one_live_run_per_folder_under_50_requests() {
         Ok(rig) => rig.stop().await,
         Err(_) => panic!("rig still shared"),
     }
+}
+
+impl Rig {
+    /// A runner on this rig's install (works whichever way runed runs).
+    fn runner(&self) -> hako_runed::runner::Runner {
+        let cfg = runed_config(&self.data, &self.authd_url(), &self.extra_env);
+        let docker = bollard::Docker::connect_with_unix(
+            "/var/run/docker.sock",
+            30,
+            bollard::API_DEFAULT_VERSION,
+        )
+        .unwrap();
+        hako_runed::runner::Runner::new(docker, cfg.runner).unwrap()
+    }
+
+    async fn delete(&self, token: &str, path: &str) -> (u16, Value) {
+        let r = self
+            .http
+            .delete(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        let s = r.status().as_u16();
+        (s, r.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Polls the run until it has at least `n` output blocks.
+    async fn wait_outputs(&self, run: &str, n: usize) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, v) = self.get(&self.routd, &format!("/v1/runs/{run}")).await;
+            if v["outputs"].as_array().map_or(0, Vec::len) >= n {
+                return v;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "run {run} never had {n} blocks: {v}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn input_files(&self, folder: &str) -> Vec<String> {
+        let dir = self.data.join("runed/ipc").join(folder).join("input");
+        match std::fs::read_dir(&dir) {
+            Ok(rd) => rd
+                .filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_steer_delivers_a_follow_up_exactly_once() {
+    // The agent waits for follow-ups until it has been idle this long after its output.
+    let rig = Rig::new(&[("RUNED_IDLE_TIMEOUT", "8s")]).await;
+    let run = rig.run("st", "turn-steer-1", "first answer").await;
+    rig.wait_outputs(&run, 1).await;
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            &format!("/v1/runs/{run}/steer"),
+            json!({"messages": [{"role": "user", "content": "steered line"}]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["delivered"], true, "{v}");
+    let v = rig.wait(&run).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    let out = results(&v);
+    assert!(out[0].contains("first answer"), "{out:?}");
+    assert_eq!(
+        out.iter().filter(|r| r.contains("steered line")).count(),
+        1,
+        "the follow-up is answered exactly once: {out:?}"
+    );
+    assert!(
+        rig.input_files("st").is_empty(),
+        "{:?}",
+        rig.input_files("st")
+    );
+    // After the end: reported as not delivered, nothing left behind.
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            &format!("/v1/runs/{run}/steer"),
+            json!({"messages": ["too late"]}),
+        )
+        .await;
+    assert_eq!((s, v["error"].as_str()), (409, Some("not_live")), "{v}");
+    assert!(
+        rig.input_files("st").is_empty(),
+        "{:?}",
+        rig.input_files("st")
+    );
+    let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{run}")).await;
+    assert_eq!(results(&v).len(), out.len(), "nothing more was answered");
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_run_timeout() {
+    let rig = Rig::new(&[("RUNED_RUN_TIMEOUT", "5s")]).await;
+    let t = Instant::now();
+    // A well-behaved agent answers its own deadline (30 s, here a quarter, before the
+    // ceiling) with a summary: that is output, so the outcome is ok.
+    let chatty = rig
+        .run("to2", "turn-to-2", "/ignore-sigterm\n/sleep 60")
+        .await;
+    // A frozen agent says nothing: the ceiling cuts it, outcome timed_out.
+    let frozen = rig.run("to1", "turn-to-1", "/sleep 60").await;
+    rig.wait_state(&frozen, "running").await;
+    let docker = bollard::Docker::connect_with_unix(
+        "/var/run/docker.sock",
+        30,
+        bollard::API_DEFAULT_VERSION,
+    )
+    .unwrap();
+    let id = rig
+        .db()
+        .query_row(
+            "SELECT container_id FROM spawns WHERE run_id = ?1",
+            [&frozen],
+            |r| r.get::<_, String>(0),
+        )
+        .unwrap();
+    docker.pause_container(&id).await.expect("pause");
+    let v2 = rig.wait(&frozen).await;
+    assert_eq!(v2["state"], "timed_out", "{v2}");
+    // Stopping thaws the agent, which may still write its deadline summary before the
+    // kill: then that is the output (ok); otherwise nothing was said (timed_out).
+    assert!(
+        v2["outcome"] == "timed_out" || results(&v2).join("").contains("query timeout"),
+        "{v2}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(40), "{:?}", t.elapsed());
+    let v = rig.wait(&chatty).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    assert!(
+        results(&v).join("\n").contains("query timeout"),
+        "the agent's summary: {v}"
+    );
+    assert_eq!(rig.containers().await, 0, "containers gone");
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_cap_holds_under_200_runs_across_20_folders() {
+    let rig = std::sync::Arc::new(Rig::new(&[("MAX_CONTAINERS", "4")]).await);
+    // Count this install's containers while the runs go.
+    let runner = rig.runner();
+    let done = tokio_util::sync::CancellationToken::new();
+    let sampler = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut max = 0;
+            let mut samples = 0;
+            while !done.is_cancelled() {
+                if let Ok(l) = runner.list_agents().await {
+                    max = max.max(l.len());
+                    samples += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (max, samples)
+        })
+    };
+    let mut hs = Vec::new();
+    for i in 0..200 {
+        let rig = rig.clone();
+        hs.push(tokio::spawn(async move {
+            rig.run(&format!("cap{}", i % 20), &format!("turn-cap-{i}"), "x")
+                .await
+        }));
+    }
+    let mut runs = Vec::new();
+    for h in hs {
+        runs.push(h.await.unwrap());
+    }
+    let mut edges = Vec::new();
+    for r in &runs {
+        let v = rig.wait(r).await;
+        assert_eq!(v["outcome"], "ok", "{v}");
+        edges.push((v["started_at"].as_str().unwrap().to_owned(), 1i32));
+        edges.push((v["ended_at"].as_str().unwrap().to_owned(), -1i32));
+    }
+    done.cancel();
+    let (max_seen, samples) = sampler.await.unwrap();
+    assert!(samples > 10, "the sampler ran ({samples})");
+    assert!(max_seen <= 4, "{max_seen} containers alive at once");
+    // Ends sort before starts at the same instant (RFC 3339 in one zone sorts as text).
+    edges.sort();
+    let (mut live, mut peak) = (0, 0);
+    for (_, d) in &edges {
+        live += d;
+        peak = peak.max(live);
+    }
+    assert!(peak <= 4, "{peak} runs overlapped");
+    assert!(peak >= 2, "runs ran in parallel ({peak})");
+    match std::sync::Arc::try_unwrap(rig) {
+        Ok(rig) => rig.stop().await,
+        Err(_) => panic!("rig still shared"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_waits_for_docker_at_start() {
+    let sockdir = tempfile::tempdir().unwrap();
+    let sock = sockdir.path().join("docker.sock");
+    let host = format!("unix://{}", sock.display());
+    let rig = Rig::new(&[("DOCKER_HOST", &host)]).await;
+    let a = rig.run("dk1", "turn-dk-1", "one").await;
+    let b = rig.run("dk2", "turn-dk-2", "two").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    for r in [&a, &b] {
+        let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{r}")).await;
+        assert_eq!(v["state"], "queued", "{v}");
+    }
+    let r = rig.http.get(rig.url("/ready")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "not_ready", "{v}");
+    assert!(
+        v["message"].as_str().unwrap_or_default().contains("docker"),
+        "/ready says why: {v}"
+    );
+    std::os::unix::fs::symlink("/var/run/docker.sock", &sock).unwrap();
+    for r in [&a, &b] {
+        let v = rig.wait(r).await;
+        assert_eq!(v["outcome"], "ok", "{v}");
+    }
+    let r = rig.http.get(rig.url("/ready")).send().await.unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_events_stream_states_and_blocks() {
+    let rig = Rig::new(&[]).await;
+    // A run queued behind another, so the stream sees it from the start.
+    let first = rig.run("ev", "turn-ev-0", "/sleep 1").await;
+    let run = rig.run("ev", "turn-ev-1", "/blocks 2").await;
+    let mut r = rig
+        .http
+        .get(rig.url(&format!("/v1/runs/{run}/events")))
+        .bearer_auth(&rig.routd)
+        .timeout(Duration::from_secs(60))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let mut text = String::new();
+    // The stream ends after the terminal state.
+    while let Some(chunk) = r.chunk().await.unwrap() {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+        assert!(text.len() < 1 << 20);
+    }
+    let events: Vec<(String, Value)> = text
+        .split("\n\n")
+        .filter_map(|ev| {
+            let name = ev.lines().find_map(|l| l.strip_prefix("event: "))?;
+            let data = ev.lines().find_map(|l| l.strip_prefix("data: "))?;
+            Some((name.to_owned(), serde_json::from_str(data).ok()?))
+        })
+        .collect();
+    let states: Vec<&str> = events
+        .iter()
+        .filter(|(n, _)| n == "state")
+        .map(|(_, v)| v["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        states,
+        ["queued", "starting", "running", "exited"],
+        "{text}"
+    );
+    let blocks: Vec<&str> = events
+        .iter()
+        .filter(|(n, _)| n == "output")
+        .map(|(_, v)| v["block"]["result"].as_str().unwrap_or_default())
+        .collect();
+    assert!(blocks.len() >= 2, "{text}");
+    assert!(blocks[0].contains("block 1/2"), "{blocks:?}");
+    assert!(blocks[1].contains("block 2/2"), "{blocks:?}");
+    // Blocks arrive before the final state.
+    let last_out = events.iter().rposition(|(n, _)| n == "output").unwrap();
+    assert_eq!(events.len() - 1, last_out + 1, "{text}");
+    rig.wait(&first).await;
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_holds_and_stop() {
+    let rig = Rig::new(&[]).await;
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            "/v1/holds",
+            json!({"folder": "hd", "ttl": "60s"}),
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    let hold = v["run_id"].as_str().unwrap().to_owned();
+    rig.wait_state(&hold, "running").await;
+    let run = rig.run("hd", "turn-hd-1", "after the hold").await;
+    // Another folder is not blocked.
+    let other = rig.run("hd2", "turn-hd-2", "elsewhere").await;
+    assert_eq!(rig.wait(&other).await["outcome"], "ok");
+    let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{run}")).await;
+    assert_eq!(v["state"], "queued", "the hold blocks its folder: {v}");
+    let (s, v) = rig.delete(&rig.routd, &format!("/v1/runs/{hold}")).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        ["exited", "killed"].contains(&v["state"].as_str().unwrap()),
+        "{v}"
+    );
+    let v = rig.wait(&run).await;
+    assert_eq!(v["outcome"], "ok", "released: {v}");
+    // POST /v1/runs/stop kills the folder's live run; another folder's run is untouched.
+    let long = rig.run("sp", "turn-sp-1", "/sleep 60").await;
+    let keep = rig.run("sp2", "turn-sp-2", "/sleep 2\nkept").await;
+    rig.wait_state(&long, "running").await;
+    let (s, v) = rig
+        .post(&rig.routd, "/v1/runs/stop", json!({"folder": "sp"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["killed"], json!([long]), "{v}");
+    let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{long}")).await;
+    assert_eq!(
+        (v["state"].as_str(), v["outcome"].as_str()),
+        (Some("killed"), Some("killed"))
+    );
+    let v = rig.wait(&keep).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    // A folder-bound caller cannot stop another folder.
+    let a = rig.mint(&["runs:kill"], Some("a"), 60).await;
+    let (s, _) = rig.post(&a, "/v1/runs/stop", json!({"folder": "sp"})).await;
+    assert_eq!(s, 403);
+    assert_eq!(rig.containers().await, 0);
+    // The audit log: the operator reads it; others cannot.
+    let (s, v) = rig.get(&rig.operator, "/v1/audit").await;
+    assert_eq!(s, 200, "{v}");
+    let actions: Vec<&str> = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    for want in ["hold.create", "run.kill", "run.stop"] {
+        assert!(actions.contains(&want), "{want} in {actions:?}");
+    }
+    let reader = rig.mint(&["runs:read"], None, 60).await;
+    let (s, v) = rig.get(&reader, "/v1/audit").await;
+    assert_eq!((s, v["error"].as_str()), (403, Some("insufficient_scope")));
+    let bound = rig
+        .mint_from(&rig.operator, &["audit:read"], Some("sp"), 60)
+        .await;
+    let (s, v) = rig.get(&bound, "/v1/audit").await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (403, Some("folder_forbidden")),
+        "{v}"
+    );
+    rig.stop().await;
+}
+
+impl Rig {
+    /// Starts the real `runed` binary on this rig's data directory, instead of in-process.
+    async fn spawn_binary(&mut self) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_runed"));
+        cmd.env_remove("DOCKER_HOST")
+            .env("DATA_DIR", self.data.join("runed"))
+            .env("AUTHD_URL", self.authd_url())
+            .env("AUTHD_SERVICE_KEY", RUNED_KEY)
+            .env("AUTHD_CLOCK_SKEW", "1s")
+            .env("AUTHD_REVOKED_POLL", "1s")
+            .env("MAX_CONTAINERS", "4")
+            .env("RUNED_RUN_TIMEOUT", "60s")
+            .env("RUNED_STOP_GRACE", "1s")
+            .env("RUNED_LISTEN", format!("127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit());
+        for (k, v) in &self.extra_env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("runed starts");
+        let base = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = self.http.get(format!("{base}/health")).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "runed did not come up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.child = Some((child, base));
+    }
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        if let Some((mut c, _)) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_binary_detaches_on_sigterm_and_readopts() {
+    let mut rig = Rig::new(&[]).await;
+    rig.runed.take().unwrap().shutdown().await;
+    rig.spawn_binary().await;
+    let run = rig
+        .run("term", "turn-term-1", "/sleep 4\nafter sleep")
+        .await;
+    rig.wait_state(&run, "running").await;
+    let (mut child, _) = rig.child.take().unwrap();
+    let pid = rustix::process::Pid::from_raw(child.id() as i32).unwrap();
+    let t = Instant::now();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(8),
+            "runed did not exit after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    let agents = rig.runner().list_agents().await.unwrap();
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    assert_eq!(agents[0].state, "running", "the container keeps running");
+    rig.spawn_binary().await;
+    let v = rig.wait(&run).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    let out = results(&v);
+    assert_eq!(
+        out.iter().filter(|r| r.contains("after sleep")).count(),
+        1,
+        "{out:?}"
+    );
+    let n: i64 = rig
+        .db()
+        .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1, "nothing ran twice");
+    assert_eq!(rig.containers().await, 0);
+    if let Some((mut c, _)) = rig.child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    rig.stop().await;
 }
