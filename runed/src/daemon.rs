@@ -241,6 +241,27 @@ impl Shared {
         self.wake.notify_one();
     }
 
+    /// A run that could not start (no token, no Docker) goes back to the head of its folder's
+    /// queue, to be tried again: `starting → queued`.
+    async fn back_to_queue(&self, run_id: &str, folder: &str, req: RunRequest) {
+        let _ = self
+            .store
+            .transition(run_id, &[RunState::Starting], RunState::Queued)
+            .await;
+        self.emit(Event::State {
+            run_id: run_id.to_owned(),
+            state: RunState::Queued,
+        });
+        self.requeue(
+            run_id,
+            folder,
+            Pending {
+                req: Some(req),
+                hold_ttl: Duration::ZERO,
+            },
+        );
+    }
+
     fn requeue(&self, run_id: &str, folder: &str, p: Pending) {
         let mut s = self.sched();
         if let Some(l) = s.live.remove(run_id) {
@@ -520,22 +541,7 @@ async fn run_one(
         Err(BrokerError::Unavailable(why)) => {
             tracing::warn!(run = run_id, error = %why, "no spawn token; the run stays queued");
             *lock(&sh.broker_pause) = Some((Instant::now() + Duration::from_secs(1), why));
-            let _ = sh
-                .store
-                .transition(&run_id, &[RunState::Starting], RunState::Queued)
-                .await;
-            sh.emit(Event::State {
-                run_id: run_id.clone(),
-                state: RunState::Queued,
-            });
-            sh.requeue(
-                &run_id,
-                &folder,
-                Pending {
-                    req: Some(req),
-                    hold_ttl: Duration::ZERO,
-                },
-            );
+            sh.back_to_queue(&run_id, &folder, req).await;
             return;
         }
         Err(e @ BrokerError::Refused(_)) => {
@@ -618,22 +624,7 @@ async fn run_one(
                     "docker unavailable; the run goes back to the queue"
                 );
                 revoke_tokens(&sh, &run_id).await;
-                let _ = sh
-                    .store
-                    .transition(&run_id, &[RunState::Starting], RunState::Queued)
-                    .await;
-                sh.emit(Event::State {
-                    run_id: run_id.clone(),
-                    state: RunState::Queued,
-                });
-                sh.requeue(
-                    &run_id,
-                    &folder,
-                    Pending {
-                        req: Some(req),
-                        hold_ttl: Duration::ZERO,
-                    },
-                );
+                sh.back_to_queue(&run_id, &folder, req).await;
                 return;
             }
             finalize(
