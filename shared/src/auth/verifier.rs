@@ -8,9 +8,11 @@
 //! already known (verification stays offline while authd restarts). Revoked jtis are polled
 //! from `GET /v1/revoked` in the background.
 //!
-//! Verified tokens are remembered by their exact text (bounded), so a token presented again
-//! (runed's service token on every mint, an agent's spawn token on every tool call) skips the
-//! signature check; time, key and revocation checks still run on every call.
+//! Verified tokens are remembered by the SHA-256 of their exact text (bounded, successes
+//! only), so a token presented again (runed's service token on every mint, an agent's spawn
+//! token on every tool call) skips the signature check; time, key and revocation checks still
+//! run on every call, and an entry counts only while its signing key is still trusted under
+//! the same kid.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,6 +20,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::VerifyingKey;
+use sha2::{Digest, Sha256};
 
 use super::claims::{Claims, TokenType};
 use super::client::{AuthdClient, ClientError};
@@ -29,8 +32,8 @@ use crate::config::{ConfigError, Env};
 pub const DEFAULT_ISSUER: &str = "hako-authd";
 /// Most keys taken from one JWKS.
 const MAX_KEYS: usize = 64;
-/// Most verified tokens remembered.
-const CACHE_CAP: usize = 8192;
+/// Most verified tokens remembered (a few MiB at most).
+const CACHE_CAP: usize = 4096;
 
 /// How a [`Verifier`] finds keys and how strict it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -119,9 +122,21 @@ struct KeyEntry {
     drop_at: Option<i64>,
 }
 
+/// A token that passed the full check: its claims, and the key that verified it.
 struct CachedToken {
-    claims: Claims,
-    kid: String,
+    claims: Arc<Claims>,
+    kid: Box<str>,
+    /// The key that checked the signature. A hit counts only while `kid` still maps to this
+    /// very key, so a key replaced under the same kid (or one cached in a race with a key
+    /// change) never vouches for the entry.
+    key: VerifyingKey,
+}
+
+/// Cache key: the SHA-256 of the compact token, so the cache keeps no bearer tokens.
+type TokenDigest = [u8; 32];
+
+fn digest(token: &str) -> TokenDigest {
+    Sha256::digest(token.as_bytes()).into()
 }
 
 struct Inner {
@@ -137,7 +152,8 @@ struct Inner {
     /// count move and looks again instead of fetching (or waiting) itself.
     fetches: AtomicU64,
     revoked: RwLock<HashMap<String, i64>>,
-    cache: Mutex<HashMap<Box<str>, CachedToken>>,
+    /// Verified tokens; held only for a lookup or an insert, never across an await.
+    cache: Mutex<HashMap<TokenDigest, CachedToken>>,
     tasks_started: OnceLock<()>,
     tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
@@ -282,10 +298,15 @@ impl Verifier {
                 "open mode: this daemon has no authd to verify tokens with".into(),
             ));
         }
-        let now = now_secs();
-        if let Some(claims) = self.cached(token, now) {
+        self.verify_at(token, now_secs()).await
+    }
+
+    /// [`Verifier::verify`] as of `now` (Unix seconds).
+    async fn verify_at(&self, token: &str, now: i64) -> Result<Claims, AuthError> {
+        let digest = digest(token);
+        if let Some(claims) = self.cached(&digest, now) {
             self.check_live(&claims, now)?;
-            return Ok(claims);
+            return Ok(Claims::clone(&claims));
         }
         let parsed = jws::parse(token)?;
         let key = self.key_for(parsed.kid(), now).await?;
@@ -293,35 +314,47 @@ impl Verifier {
         let claims: Claims = parsed.payload()?;
         self.check_static(&claims)?;
         self.check_live(&claims, now)?;
-        self.remember(token, &claims, parsed.kid());
-        Ok(claims)
+        let claims = Arc::new(claims);
+        self.remember(digest, Arc::clone(&claims), parsed.kid(), key);
+        Ok(Arc::unwrap_or_clone(claims))
     }
 
-    fn cached(&self, token: &str, now: i64) -> Option<Claims> {
-        let cache = lock(&self.inner.cache);
-        let hit = cache.get(token)?;
-        // The signing key must still be trusted: a key dropped since invalidates the entry.
-        let keys = read(&self.inner.keys);
-        let k = keys.get(&hit.kid)?;
-        if k.drop_at.is_some_and(|d| now >= d) {
+    /// The claims of a token verified before, if its signing key is still trusted under the
+    /// same kid. Time and revocation are the caller's to check.
+    fn cached(&self, digest: &TokenDigest, now: i64) -> Option<Arc<Claims>> {
+        // A stale JWKS sends the call down the full path, whose key lookup refreshes it:
+        // otherwise a stream of cache hits would keep trusting a key authd has dropped.
+        if matches!(self.inner.mode, Mode::Remote(_)) && !self.jwks_fresh() {
             return None;
         }
-        Some(hit.claims.clone())
+        let (claims, kid, key) = {
+            let cache = lock(&self.inner.cache);
+            let hit = cache.get(digest)?;
+            (Arc::clone(&hit.claims), hit.kid.clone(), hit.key)
+        };
+        // Not holding the cache lock while taking the keys lock: the two are never nested.
+        (self.lookup(&kid, now)? == key).then_some(claims)
     }
 
-    fn remember(&self, token: &str, claims: &Claims, kid: &str) {
+    fn remember(&self, digest: TokenDigest, claims: Arc<Claims>, kid: &str, key: VerifyingKey) {
         let mut cache = lock(&self.inner.cache);
-        if cache.len() >= CACHE_CAP {
-            // Crude but bounded: start over. Entries are only a shortcut.
+        if cache.len() >= CACHE_CAP && !cache.contains_key(&digest) {
+            // Bounded, O(1) amortised: start over. Entries are only a shortcut.
             cache.clear();
         }
         cache.insert(
-            token.into(),
+            digest,
             CachedToken {
-                claims: claims.clone(),
-                kid: kid.to_owned(),
+                claims,
+                kid: kid.into(),
+                key,
             },
         );
+    }
+
+    #[cfg(test)]
+    fn cache_len(&self) -> usize {
+        lock(&self.inner.cache).len()
     }
 
     /// Checks that do not depend on time or revocation.
@@ -364,12 +397,16 @@ impl Verifier {
         Some(e.key)
     }
 
+    /// Whether the JWKS was fetched within its TTL.
+    fn jwks_fresh(&self) -> bool {
+        lock(&self.inner.keys_fetched).is_some_and(|t| t.elapsed() < self.inner.cfg.jwks_ttl)
+    }
+
     async fn key_for(&self, kid: &str, now: i64) -> Result<VerifyingKey, AuthError> {
         let Mode::Remote(client) = &self.inner.mode else {
             return self.lookup(kid, now).ok_or(AuthError::UnknownKey);
         };
-        let fresh =
-            lock(&self.inner.keys_fetched).is_some_and(|t| t.elapsed() < self.inner.cfg.jwks_ttl);
+        let fresh = self.jwks_fresh();
         let known = self.lookup(kid, now);
         if fresh && let Some(k) = known {
             return Ok(k);
@@ -436,7 +473,11 @@ impl Verifier {
         }
         let changed = {
             let mut keys = write(&self.inner.keys);
-            let changed = keys.len() != fresh.len() || fresh.keys().any(|k| !keys.contains_key(k));
+            // Same kids mapping to the same keys, else the cached tokens go.
+            let changed = keys.len() != fresh.len()
+                || fresh
+                    .iter()
+                    .any(|(kid, e)| keys.get(kid).is_none_or(|old| old.key != e.key));
             *keys = fresh;
             changed
         };
@@ -473,7 +514,12 @@ impl Verifier {
 
     /// Trusts `key` under `kid`, until `drop_at` (Unix seconds) when given.
     pub fn insert_key(&self, kid: &str, key: VerifyingKey, drop_at: Option<i64>) {
-        write(&self.inner.keys).insert(kid.to_owned(), KeyEntry { key, drop_at });
+        let old = write(&self.inner.keys).insert(kid.to_owned(), KeyEntry { key, drop_at });
+        // Another key under a known kid: tokens verified by the old one must not pass on a
+        // cache hit (hits also compare the key; clearing frees the dead entries).
+        if old.is_some_and(|o| o.key != key) {
+            lock(&self.inner.cache).clear();
+        }
     }
 
     /// Stops trusting `kid`.
@@ -637,6 +683,98 @@ mod tests {
         v.insert_key(s.kid(), s.verifying_key(), Some(now - 1));
         assert_eq!(v.verify(&t2).await, Err(AuthError::UnknownKey));
         assert!(v.kids().is_empty());
+    }
+
+    #[tokio::test]
+    async fn cached_token_still_checks_time() {
+        let s = Signer::generate().unwrap();
+        let v = local(&s); // 5 s leeway
+        let now = now_secs();
+        let t = s.sign(&claims(now)).unwrap();
+        assert!(v.verify_at(&t, now).await.is_ok());
+        assert_eq!(v.cache_len(), 1);
+        // exp is now + 60: fine until the leeway runs out, then expired, from the cache.
+        assert!(v.verify_at(&t, now + 64).await.is_ok());
+        assert_eq!(v.verify_at(&t, now + 65).await, Err(AuthError::Expired));
+        // nbf/iat are now: a clock more than the leeway behind sees it as not yet valid.
+        assert_eq!(v.verify_at(&t, now - 6).await, Err(AuthError::NotYetValid));
+        assert_eq!(v.cache_len(), 1);
+        assert!(v.verify_at(&t, now).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn cached_token_revoked_or_key_dropped() {
+        let s = Signer::generate().unwrap();
+        let v = local(&s);
+        let now = now_secs();
+        let t = s.sign(&claims(now)).unwrap();
+        assert!(v.verify(&t).await.is_ok());
+        v.mark_revoked("j1", now + 60);
+        assert_eq!(v.verify(&t).await, Err(AuthError::Revoked));
+
+        let mut c = claims(now);
+        c.jti = "j2".into();
+        let t2 = s.sign(&c).unwrap();
+        assert!(v.verify(&t2).await.is_ok());
+        v.remove_key(s.kid());
+        assert_eq!(v.verify(&t2).await, Err(AuthError::UnknownKey));
+        assert_eq!(v.cache_len(), 0);
+
+        // Another key under the same kid: the entry cached under the old key does not pass.
+        v.insert_key(s.kid(), s.verifying_key(), None);
+        assert!(v.verify(&t2).await.is_ok());
+        let other = Signer::generate().unwrap();
+        v.insert_key(s.kid(), other.verifying_key(), None);
+        assert_eq!(v.verify(&t2).await, Err(AuthError::BadSignature));
+        // Back to the right key, then it retires: cached or not, it stops verifying.
+        v.insert_key(s.kid(), s.verifying_key(), Some(now + 30));
+        assert!(v.verify_at(&t2, now).await.is_ok());
+        assert_eq!(v.cache_len(), 1);
+        assert_eq!(v.verify_at(&t2, now + 30).await, Err(AuthError::UnknownKey));
+    }
+
+    #[tokio::test]
+    async fn tampered_variant_of_cached_token_is_rejected() {
+        let s = Signer::generate().unwrap();
+        let v = local(&s);
+        let now = now_secs();
+        let t = s.sign(&claims(now)).unwrap();
+        assert_eq!(v.verify(&t).await.unwrap().scope, vec!["runs:read"]);
+        assert_eq!(v.cache_len(), 1);
+
+        // The payload of another genuine token under this token's signature.
+        let mut c = claims(now);
+        c.scope = vec!["runs:*".into()];
+        let wider = s.sign(&c).unwrap();
+        let parts: Vec<&str> = t.split('.').collect();
+        let wider_payload = wider.split('.').nth(1).unwrap();
+        let spliced = format!("{}.{}.{}", parts[0], wider_payload, parts[2]);
+        assert_eq!(v.verify(&spliced).await, Err(AuthError::BadSignature));
+
+        // One signature character changed.
+        let mut flipped = t.clone().into_bytes();
+        let i = parts[0].len() + parts[1].len() + 5;
+        flipped[i] = if flipped[i] == b'A' { b'B' } else { b'A' };
+        let flipped = String::from_utf8(flipped).unwrap();
+        assert!(v.verify(&flipped).await.is_err());
+        assert!(v.verify(&format!("{t}A")).await.is_err());
+        // Failures are not remembered; the genuine token still passes.
+        assert_eq!(v.cache_len(), 1);
+        assert!(v.verify(&t).await.is_ok());
+    }
+
+    #[tokio::test]
+    async fn cache_stays_bounded() {
+        let s = Signer::generate().unwrap();
+        let v = local(&s);
+        let now = now_secs();
+        let mut c = claims(now);
+        for i in 0..CACHE_CAP + 8 {
+            c.jti = format!("j{i}");
+            assert!(v.verify(&s.sign(&c).unwrap()).await.is_ok());
+            assert!(v.cache_len() <= CACHE_CAP);
+        }
+        assert!(v.cache_len() >= 1);
     }
 
     #[tokio::test]
