@@ -152,15 +152,74 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
 }
 
 async fn adopt_one(sh: &Arc<Shared>, row: SpawnRow, container_id: String, folder: GroupFolder) {
-    let seen = sh.store.outputs(&row.run_id).await.map_or(0, |o| o.len());
     let control = RunControl {
         kill: CancellationToken::new(),
         detach: sh.stopping.child_token(),
     };
+    adopt_with(sh, row, container_id, folder, control, true).await;
+}
+
+/// Re-attaches a run whose container runed lost sight of because Docker went away mid-run
+/// (the run still holds its folder's slot, and keeps its `control`, so a kill asked for
+/// during the outage applies as soon as it is re-attached). Waits until Docker answers
+/// again; at shutdown it gives up and leaves the run to the next start's re-adoption.
+pub(crate) async fn readopt_after_outage(
+    sh: Arc<Shared>,
+    run_id: String,
+    container_id: String,
+    control: RunControl,
+) {
+    loop {
+        tokio::select! {
+            () = sh.stopping.cancelled() => break,
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        if sh.probe_docker().await.is_ok() {
+            break;
+        }
+    }
+    let row = match sh.store.unfinished().await {
+        Ok(rows) => rows.into_iter().find(|r| r.run_id == run_id),
+        Err(e) => {
+            tracing::error!(run = run_id, error = %e, "reading the run to re-attach failed");
+            None
+        }
+    };
+    let folder = row.as_ref().and_then(|r| GroupFolder::new(&r.folder).ok());
+    match (row, folder) {
+        (Some(row), Some(folder)) if !sh.stopping.is_cancelled() => {
+            adopt_with(&sh, row, container_id, folder, control, false).await;
+        }
+        // Stopping: the row stays unfinished and the next start re-adopts it.
+        _ => {
+            let mut s = sh.sched();
+            if let Some(l) = s.live.remove(&run_id) {
+                s.queue.release(&l.folder, l.kind);
+            }
+            drop(s);
+            sh.gauges();
+            sh.wake.notify_one();
+        }
+    }
+}
+
+/// Supervises `container_id` as `row`'s run to its end. `claim`: take the folder's slot
+/// (at start); otherwise the run holds it already.
+async fn adopt_with(
+    sh: &Arc<Shared>,
+    row: SpawnRow,
+    container_id: String,
+    folder: GroupFolder,
+    control: RunControl,
+    claim: bool,
+) {
+    let seen = sh.store.outputs(&row.run_id).await.map_or(0, |o| o.len());
     let live = LiveRun::new(row.run_id.clone(), folder.clone());
     {
         let mut s = sh.sched();
-        s.queue.claim(&row.folder, Kind::Run);
+        if claim {
+            s.queue.claim(&row.folder, Kind::Run);
+        }
         s.live.insert(
             row.run_id.clone(),
             Live {

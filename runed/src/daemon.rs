@@ -587,7 +587,7 @@ async fn run_one(
     };
     let (tx, fwd) = forward(sh.clone(), run_id.clone());
     let end = match sh.runner() {
-        Ok(r) => r.run(spec, tx, control, live).await,
+        Ok(r) => r.run(spec, tx, control.clone(), live).await,
         Err(why) => {
             drop(tx);
             RunEnd::Finished(Box::new(RunReport {
@@ -625,6 +625,23 @@ async fn run_one(
                 );
                 revoke_tokens(&sh, &run_id).await;
                 sh.back_to_queue(&run_id, &folder, req).await;
+                return;
+            }
+            // The container exists but runed lost it (the wait broke and the container could
+            // not be inspected, nor removed): if Docker is away, the container most likely
+            // still runs. The run keeps its slot and state and is re-attached once Docker
+            // answers, so it finishes normally, is not run twice, and its container is removed.
+            let lost = report.state == RunState::Error && !report.terminal;
+            if lost
+                && let Some(cid) = report.container_id.clone()
+                && sh.probe_docker().await.is_err()
+            {
+                tracing::warn!(
+                    run = run_id,
+                    container = cid,
+                    "docker unavailable mid-run; re-attaching when it is back"
+                );
+                crate::adopt::readopt_after_outage(sh.clone(), run_id, cid, control).await;
                 return;
             }
             finalize(

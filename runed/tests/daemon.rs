@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::config::Env;
@@ -455,7 +456,7 @@ async fn daemon_kill_queued_and_running() {
 async fn daemon_detach_and_readopt() {
     let mut rig = Rig::new(&[]).await;
     // Re-attached while running.
-    let a = rig.run("ra", "turn-ra-1", "/sleep 3\nafter sleep").await;
+    let a = rig.run("ra", "turn-ra-1", "/sleep 6\nafter sleep").await;
     rig.wait_state(&a, "running").await;
     rig.runed.take().unwrap().shutdown().await;
     rig.start_runed().await;
@@ -767,6 +768,213 @@ async fn daemon_waits_for_docker_at_start() {
     }
     let r = rig.http.get(rig.url("/ready")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 200);
+    rig.stop().await;
+}
+
+/// A unix-socket proxy in front of `/var/run/docker.sock` that can "cut" Docker: stop
+/// accepting (the socket file disappears) and abort every forwarded connection, as a Docker
+/// restart does, and "restore" it at the same path.
+struct DockerProxy {
+    path: std::path::PathBuf,
+    on: std::sync::Mutex<
+        Option<(
+            tokio_util::sync::CancellationToken,
+            tokio::task::JoinHandle<()>,
+        )>,
+    >,
+}
+
+impl DockerProxy {
+    fn new(path: std::path::PathBuf) -> DockerProxy {
+        let p = DockerProxy {
+            path,
+            on: std::sync::Mutex::new(None),
+        };
+        p.restore();
+        p
+    }
+
+    fn restore(&self) {
+        let listener = tokio::net::UnixListener::bind(&self.path).expect("bind the proxy");
+        let cut = tokio_util::sync::CancellationToken::new();
+        let c = cut.clone();
+        let task = tokio::spawn(async move {
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    () = c.cancelled() => break,
+                    a = listener.accept() => {
+                        let Ok((mut inbound, _)) = a else { continue };
+                        conns.spawn(async move {
+                            if let Ok(mut up) =
+                                tokio::net::UnixStream::connect("/var/run/docker.sock").await
+                            {
+                                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut up).await;
+                            }
+                        });
+                    }
+                }
+            }
+            drop(listener);
+            // Aborts every forwarded connection (both ends close).
+            conns.shutdown().await;
+        });
+        *self.on.lock().unwrap() = Some((cut, task));
+    }
+
+    async fn cut(&self) {
+        let on = self.on.lock().unwrap().take();
+        if let Some((cut, task)) = on {
+            cut.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+async fn ready(rig: &Rig) -> (u16, Value) {
+    let r = rig
+        .http
+        .get(rig.url("/ready"))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .unwrap();
+    let s = r.status().as_u16();
+    (s, r.json().await.unwrap_or(Value::Null))
+}
+
+/// Docker goes away mid-life (a daemon restart) and comes back. What a user sees: `/ready`
+/// turns 503 naming Docker; runs posted meanwhile stay `queued` and run once it is back.
+/// The run that was in flight keeps `running` through the outage (runed lost its wait and
+/// output streams, but not the container, which goes on and here answers while Docker is
+/// away; it then waits to be told to close, which needs Docker); once Docker answers it is
+/// re-attached like at a restart: its output is read back from the container's logs, it is
+/// closed and ends `exited`/ok, once (one spawn row, one answer), and its container is
+/// removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_survives_docker_going_away() {
+    let sockdir = tempfile::tempdir().unwrap();
+    let sock = sockdir.path().join("docker.sock");
+    let proxy = DockerProxy::new(sock.clone());
+    let host = format!("unix://{}", sock.display());
+    let rig = Rig::new(&[("DOCKER_HOST", &host)]).await;
+    let first = rig.run("dg1", "turn-dg-1", "before").await;
+    let v = rig.wait(&first).await;
+    assert_eq!(v["outcome"], "ok", "through the proxy: {v}");
+    assert_eq!(ready(&rig).await.0, 200);
+
+    let long = rig.run("dg2", "turn-dg-2", "/sleep 6\nafter sleep").await;
+    rig.wait_state(&long, "running").await;
+    let cid: String = rig
+        .db()
+        .query_row(
+            "SELECT container_id FROM spawns WHERE run_id = ?1",
+            [&long],
+            |r| r.get(0),
+        )
+        .unwrap();
+    proxy.cut().await;
+
+    // /ready says why, soon.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let v = loop {
+        let (s, v) = ready(&rig).await;
+        if s == 503 {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "/ready still {s}: {v}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(v["error"], "not_ready", "{v}");
+    assert!(
+        v["message"].as_str().unwrap_or_default().contains("docker"),
+        "/ready says why: {v}"
+    );
+
+    // Runs posted while Docker is away stay queued; the in-flight one stays running while
+    // its container finishes (seen through the real socket, not runed's).
+    let q1 = rig.run("dg3", "turn-dg-3", "three").await;
+    let q2 = rig.run("dg4", "turn-dg-4", "four").await;
+    let docker = bollard::Docker::connect_with_unix(
+        "/var/run/docker.sock",
+        30,
+        bollard::API_DEFAULT_VERSION,
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut polls = 0;
+    loop {
+        for r in [&q1, &q2] {
+            let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{r}")).await;
+            assert_eq!(v["state"], "queued", "while Docker is away: {v}");
+        }
+        let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{long}")).await;
+        assert_eq!(v["state"], "running", "the in-flight run, Docker away: {v}");
+        polls += 1;
+        // The agent's answer is written while Docker is away from runed.
+        let logs: Vec<_> = docker
+            .logs(
+                &cid,
+                Some(
+                    bollard::query_parameters::LogsOptionsBuilder::new()
+                        .stdout(true)
+                        .build(),
+                ),
+            )
+            .collect()
+            .await;
+        let answered = logs
+            .iter()
+            .flatten()
+            .any(|l| String::from_utf8_lossy(&l.clone().into_bytes()).contains("after sleep"));
+        if answered && polls >= 10 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the long run's container never answered"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(ready(&rig).await.0, 503);
+
+    proxy.restore();
+    for r in [&q1, &q2] {
+        let v = rig.wait(r).await;
+        assert_eq!(
+            (v["state"].as_str(), v["outcome"].as_str()),
+            (Some("exited"), Some("ok")),
+            "{v}"
+        );
+    }
+    let v = rig.wait(&long).await;
+    assert_eq!(
+        (v["state"].as_str(), v["outcome"].as_str()),
+        (Some("exited"), Some("ok")),
+        "{v}"
+    );
+    let out = results(&v);
+    assert_eq!(
+        out.iter().filter(|r| r.contains("after sleep")).count(),
+        1,
+        "answered once: {out:?}"
+    );
+    let n: i64 = rig
+        .db()
+        .query_row(
+            "SELECT count(*) FROM spawns WHERE turn_id = 'turn-dg-2'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(n, 1, "not run twice");
+    assert!(
+        docker.inspect_container(&cid, None).await.is_err(),
+        "its container is removed after recovery"
+    );
+    assert_eq!(ready(&rig).await.0, 200);
+    assert_eq!(rig.containers().await, 0, "containers gone");
     rig.stop().await;
 }
 
