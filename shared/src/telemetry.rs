@@ -16,6 +16,8 @@ pub fn init_with(default_filter: &str) -> Result<(), crate::config::ConfigError>
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colour codes only for a person at a terminal, never in files or container logs.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     let result = match format.as_str() {
         "json" => builder.json().flatten_event(true).try_init(),
