@@ -71,6 +71,16 @@ pub enum RunError {
     NotLive(String),
 }
 
+impl From<&RunError> for Ending {
+    /// A run that failed before or around its container: terminal when a retry cannot help.
+    fn from(e: &RunError) -> Self {
+        Ending::Failed {
+            error: e.to_string(),
+            terminal: e.is_terminal(),
+        }
+    }
+}
+
 impl RunError {
     /// Whether retrying the same run cannot help: a missing image, a request Docker refuses
     /// as invalid (400), a refused mount or env request. Transient Docker failures (5xx, a
@@ -379,51 +389,18 @@ impl Runner {
         let prepared = match self.prepare(&spec).await {
             Ok(p) => p,
             Err(e) => {
-                let terminal = e.is_terminal();
-                return self
-                    .finish(
-                        st,
-                        Ending::Failed {
-                            error: e.to_string(),
-                            terminal,
-                        },
-                        &live,
-                        &spec.run_id,
-                    )
-                    .await;
+                return self.finish(st, Ending::from(&e), &live, &spec.run_id).await;
             }
         };
         if let Err(e) = self.start_sidecars(&spec, &prepared).await {
-            let terminal = e.is_terminal();
-            return self
-                .finish(
-                    st,
-                    Ending::Failed {
-                        error: e.to_string(),
-                        terminal,
-                    },
-                    &live,
-                    &spec.run_id,
-                )
-                .await;
+            return self.finish(st, Ending::from(&e), &live, &spec.run_id).await;
         }
         let deadline = Instant::now() + ceiling;
         let (id, output) = match self.launch(&spec, &prepared, ceiling, &live).await {
             Ok(v) => v,
             Err(e) => {
-                let terminal = e.is_terminal();
                 st.container_id = live.container_id();
-                return self
-                    .finish(
-                        st,
-                        Ending::Failed {
-                            error: e.to_string(),
-                            terminal,
-                        },
-                        &live,
-                        &spec.run_id,
-                    )
-                    .await;
+                return self.finish(st, Ending::from(&e), &live, &spec.run_id).await;
             }
         };
         st.container_id = Some(id.clone());
