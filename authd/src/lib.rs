@@ -27,6 +27,7 @@ use tokio::sync::oneshot;
 use tokio::task::{AbortHandle, JoinHandle};
 
 pub mod config;
+pub mod jti;
 pub mod keys;
 pub mod mint;
 mod server;
@@ -36,7 +37,7 @@ pub use config::Config;
 
 use keys::{KeyRing, Retiring};
 use server::{AppState, Counters};
-use store::{AuditRow, Store, StoreError};
+use store::{AuditRow, IssuedScan, Store, StoreError};
 
 /// authd's OpenAPI document.
 pub const OPENAPI: &str = include_str!("../openapi.json");
@@ -270,7 +271,12 @@ pub async fn start(
         verifier.mark_revoked(&e.jti, e.exp);
     }
     store
-        .prune(now_secs(), config.clock_skew, config.audit_retention)
+        .prune(
+            now_secs(),
+            config.clock_skew,
+            config.audit_retention,
+            IssuedScan::All,
+        )
         .await?;
     tracing::info!(
         kid = %ring.active.kid(),
@@ -313,7 +319,12 @@ pub async fn start(
             };
             if let Err(e) = app
                 .store
-                .prune(now_secs(), app.cfg.clock_skew, app.cfg.audit_retention)
+                .prune(
+                    now_secs(),
+                    app.cfg.clock_skew,
+                    app.cfg.audit_retention,
+                    IssuedScan::OlderThan(app.cfg.rotation_window()),
+                )
                 .await
             {
                 tracing::warn!(error = %e, "pruning authd.db failed");

@@ -9,7 +9,6 @@ use axum::Router;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{delete, get, post};
-use base64::Engine as _;
 use hako_shared::GroupFolder;
 use hako_shared::auth::wire::{
     AuditList, MintRequest, MintResponse, RevokeResponse, RevokedList, RotateResponse,
@@ -94,11 +93,9 @@ fn read_keys(app: &AppState) -> std::sync::RwLockReadGuard<'_, KeyRing> {
     app.keys.read().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A fresh token id: 128 random bits, base64url.
+/// A fresh token id (time-ordered, see [`crate::jti`]).
 pub(crate) fn new_jti() -> Result<String, ApiError> {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b).map_err(ApiError::internal)?;
-    Ok(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b))
+    crate::jti::new(now_ms()).map_err(ApiError::internal)
 }
 
 fn audit_row(
@@ -147,9 +144,9 @@ impl AppState {
         &self,
         headers: &HeaderMap,
         action: &'static str,
-    ) -> Result<Claims, ApiError> {
+    ) -> Result<Arc<Claims>, ApiError> {
         match Principal::from_headers(&self.verifier, headers).await {
-            Ok(Principal::Token(c)) => Ok(*c),
+            Ok(Principal::Token(c)) => Ok(c),
             // authd's own verifier is never open; treat the impossible case as a denial.
             Ok(Principal::Open) => Err(self
                 .deny(

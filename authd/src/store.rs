@@ -17,10 +17,11 @@ use rusqlite::{OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
 
 /// authd's schema.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "keys, issued tokens, revocations, audit log",
-    sql: r#"
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "keys, issued tokens, revocations, audit log",
+        sql: r#"
 CREATE TABLE keys (
     kid        TEXT PRIMARY KEY,
     secret     BLOB NOT NULL,
@@ -58,7 +59,34 @@ CREATE TABLE audit_log (
 );
 CREATE INDEX audit_log_at ON audit_log (at);
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        name: "issued_tokens keyed by jti alone; no time indexes",
+        // jtis are time-ordered (`crate::jti`), so keying the table by jti makes every mint an
+        // append to one B-tree instead of a row plus a random entry in a separate jti index.
+        // A mint writes three B-trees (token, parent index, audit row) instead of six.
+        sql: r#"
+CREATE TABLE issued_tokens_v2 (
+    jti        TEXT PRIMARY KEY,
+    sub        TEXT NOT NULL,
+    typ        TEXT NOT NULL,
+    parent_jti TEXT,
+    folder     TEXT,
+    exp        INTEGER NOT NULL,
+    issued_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+INSERT INTO issued_tokens_v2 (jti, sub, typ, parent_jti, folder, exp, issued_at)
+    SELECT jti, sub, typ, parent_jti, folder, exp, issued_at FROM issued_tokens;
+DROP TABLE issued_tokens;
+ALTER TABLE issued_tokens_v2 RENAME TO issued_tokens;
+CREATE INDEX issued_tokens_parent ON issued_tokens (parent_jti);
+-- Pruning walks the time order that jtis and audit ids already have (`Store::prune`), so
+-- these two indexes cost every mint a B-tree insert for nothing.
+DROP INDEX audit_log_at;
+"#,
+    },
+];
 
 /// Deepest chain of downscopes [`Store::ancestors`] walks.
 pub const MAX_CHAIN: i64 = 64;
@@ -415,27 +443,49 @@ impl Store {
 
     /// Deletes what no longer matters: expired token rows and revocations, keys past their
     /// drop time, audit rows older than `audit_retention`.
+    ///
+    /// There is no index on expiry or on audit time: each mint would pay for one. Both tables
+    /// are in time order already (jtis begin with their issue time; audit ids grow), so a
+    /// prune walks from the oldest row and stops at the first that must stay.
     pub async fn prune(
         &self,
         now: i64,
         skew: Duration,
         audit_retention: Duration,
+        scan: IssuedScan,
     ) -> Result<(), StoreError> {
         let skew = skew.as_secs() as i64;
+        let expired_before = now - skew - 60;
         let audit_cutoff_ms = (now - audit_retention.as_secs() as i64).saturating_mul(1000);
         self.db
             .call(move |c| {
                 let tx = c.transaction()?;
-                tx.execute(
-                    "DELETE FROM issued_tokens WHERE exp < ?1",
-                    [now - skew - 60],
-                )?;
-                tx.execute("DELETE FROM revoked WHERE exp < ?1", [now - skew - 60])?;
+                match scan {
+                    IssuedScan::All => {
+                        tx.execute("DELETE FROM issued_tokens WHERE exp < ?1", [expired_before])?
+                    }
+                    IssuedScan::OlderThan(life) => {
+                        let issued_before = now
+                            .saturating_sub(life.as_secs() as i64)
+                            .saturating_mul(1000);
+                        tx.execute(
+                            "DELETE FROM issued_tokens WHERE jti < ?1 AND exp < ?2",
+                            params![crate::jti::floor(issued_before), expired_before],
+                        )?
+                    }
+                };
+                tx.execute("DELETE FROM revoked WHERE exp < ?1", [expired_before])?;
                 tx.execute(
                     "DELETE FROM keys WHERE drop_after IS NOT NULL AND drop_after <= ?1",
                     [now],
                 )?;
-                tx.execute("DELETE FROM audit_log WHERE at < ?1", [audit_cutoff_ms])?;
+                // Up to the first row young enough to keep (or all, if none is).
+                tx.execute(
+                    "DELETE FROM audit_log WHERE id < COALESCE(
+                         (SELECT id FROM audit_log WHERE at >= ?1 ORDER BY id LIMIT 1),
+                         (SELECT COALESCE(MAX(id), 0) + 1 FROM audit_log))",
+                    [audit_cutoff_ms],
+                )?;
                 tx.commit()?;
                 Ok(())
             })
@@ -443,12 +493,26 @@ impl Store {
     }
 }
 
+/// Which `issued_tokens` rows a prune examines.
+#[derive(Debug, Clone, Copy)]
+pub enum IssuedScan {
+    /// Every row. Used once at start: rows written before jtis were time-ordered can sort
+    /// anywhere, and the configured lifetimes may have been longer before the restart.
+    All,
+    /// Rows issued more than this long ago (the longest token life): nothing younger can
+    /// have expired, so the walk stops there.
+    OlderThan(Duration),
+}
+
+const INSERT_AUDIT: &str = "INSERT INTO audit_log (at, actor, actor_jti, action, outcome, detail)
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
+
 fn insert_audit(c: &rusqlite::Connection, a: &AuditRow) -> rusqlite::Result<()> {
-    c.prepare_cached(
-        "INSERT INTO audit_log (at, actor, actor_jti, action, outcome, detail)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )?
-    .execute(params![
+    audit_params(&mut c.prepare_cached(INSERT_AUDIT)?, a)
+}
+
+fn audit_params(st: &mut rusqlite::CachedStatement<'_>, a: &AuditRow) -> rusqlite::Result<()> {
+    st.execute(params![
         a.at_ms,
         a.actor,
         a.actor_jti,
@@ -478,6 +542,7 @@ fn commit_batch(
         let mut revoke = tx.prepare_cached(
             "INSERT OR IGNORE INTO revoked (jti, exp, revoked_at) VALUES (?1, ?2, ?3)",
         )?;
+        let mut audit = tx.prepare_cached(INSERT_AUDIT)?;
         for job in jobs {
             let mut outcome = Committed::Ok;
             for row in job {
@@ -499,7 +564,7 @@ fn commit_batch(
                             outcome = Committed::ParentRevoked;
                         }
                     }
-                    Row::Audit(a) => insert_audit(&tx, a)?,
+                    Row::Audit(a) => audit_params(&mut audit, a)?,
                 }
             }
             out.push(outcome);
@@ -542,5 +607,191 @@ async fn write_loop(db: Db, mut rx: mpsc::Receiver<Job>, batch_sizes: Histogram)
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hako_shared::metrics::Metrics;
+
+    fn sizes() -> Histogram {
+        Metrics::default().histogram("t", "t", &[], &[1.0])
+    }
+
+    fn issued(jti: &str, parent: Option<&str>) -> IssuedRow {
+        IssuedRow {
+            jti: jti.into(),
+            sub: "runed".into(),
+            typ: "spawn".into(),
+            parent_jti: parent.map(Into::into),
+            folder: Some("acme".into()),
+            exp: i64::MAX / 2,
+            issued_at: 1,
+        }
+    }
+
+    /// A database written by the first schema keeps its tokens, and their revocation trees,
+    /// through the move of `issued_tokens` to a jti-keyed table.
+    #[tokio::test]
+    async fn v1_tokens_survive_the_migration() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("authd.db");
+        {
+            const V1: &[Migration] = MIGRATIONS.split_at(1).0;
+            let db = Db::open(&path, V1).await.unwrap();
+            db.call(|c| {
+                for (jti, parent) in [("p", None), ("c1", Some("p")), ("c2", Some("c1"))] {
+                    c.execute(
+                        "INSERT INTO issued_tokens (jti, sub, typ, parent_jti, folder, exp, issued_at)
+                         VALUES (?1, 'runed', 'spawn', ?2, 'acme', ?3, 1)",
+                        params![jti, parent, i64::MAX / 2],
+                    )?;
+                }
+                Ok::<_, DbError>(())
+            })
+            .await
+            .unwrap();
+        }
+        let store = Store::open(&path, sizes()).await.unwrap();
+        assert_eq!(
+            store.issued("c1".into()).await.unwrap(),
+            Some(issued("c1", Some("p")))
+        );
+        assert_eq!(store.ancestors("c2".into()).await.unwrap(), ["c1", "p"]);
+        // New rows go in beside the old ones, and a revocation still walks the whole tree.
+        store
+            .write(vec![Row::Issued(issued("c3", Some("c2")))])
+            .await
+            .unwrap();
+        let audit = AuditRow {
+            at_ms: 1,
+            actor: "t".into(),
+            actor_jti: None,
+            action: "revoke",
+            outcome: "ok".into(),
+            detail: String::new(),
+        };
+        let mut gone: Vec<String> = store
+            .revoke_tree("p".into(), 2, audit)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.jti)
+            .collect();
+        gone.sort();
+        assert_eq!(gone, ["c1", "c2", "c3", "p"]);
+        let without_rowid: String = store
+            .db
+            .call(|c| {
+                c.query_row(
+                    "SELECT sql FROM sqlite_master WHERE name = 'issued_tokens'",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(DbError::from)
+            })
+            .await
+            .unwrap();
+        assert!(without_rowid.contains("WITHOUT ROWID"), "{without_rowid}");
+    }
+
+    /// Prune removes expired tokens, revocations and old audit rows and keeps the rest,
+    /// walking the time order of jtis and audit ids instead of indexes.
+    #[tokio::test]
+    async fn prune_walks_time_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("authd.db"), sizes())
+            .await
+            .unwrap();
+        let now = 1_763_900_000i64;
+        let hour = 3600;
+        let row = |jti: String, issued_at: i64, exp: i64| IssuedRow {
+            jti,
+            issued_at,
+            exp,
+            ..issued("x", None)
+        };
+        let jti_at = |secs: i64| crate::jti::new(secs * 1000).unwrap();
+        let old_expired = jti_at(now - 2 * hour);
+        // Issued long ago under a longer configured life: still valid, must stay.
+        let old_valid = jti_at(now - 2 * hour);
+        let young_expired = jti_at(now - 600);
+        let young_valid = jti_at(now - 60);
+        // A jti from before time order: random, sorts anywhere.
+        let legacy = "zzzzzzzzzzzzzzzzzzzzzz".to_owned();
+        let audit = |at_s: i64| {
+            Row::Audit(AuditRow {
+                at_ms: at_s * 1000,
+                actor: "t".into(),
+                actor_jti: None,
+                action: "mint",
+                outcome: "ok".into(),
+                detail: String::new(),
+            })
+        };
+        store
+            .write(vec![
+                Row::Issued(row(old_expired.clone(), now - 2 * hour, now - hour)),
+                Row::Issued(row(old_valid.clone(), now - 2 * hour, now + hour)),
+                Row::Issued(row(young_expired.clone(), now - 600, now - 300)),
+                Row::Issued(row(young_valid.clone(), now - 60, now + 60)),
+                Row::Issued(row(legacy.clone(), now - 2 * hour, now - hour)),
+                audit(now - 3 * 86_400),
+                audit(now - 2 * 86_400),
+                audit(now - 60),
+            ])
+            .await
+            .unwrap();
+        let left = |store: Store| async move {
+            store
+                .db
+                .call(|c| {
+                    let mut st = c.prepare("SELECT jti FROM issued_tokens ORDER BY jti")?;
+                    let jtis = st
+                        .query_map([], |r| r.get::<_, String>(0))?
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let audits: i64 =
+                        c.query_row("SELECT count(*) FROM audit_log", [], |r| r.get(0))?;
+                    Ok::<_, DbError>((jtis, audits))
+                })
+                .await
+                .unwrap()
+        };
+        let skew = Duration::from_secs(30);
+        let day = Duration::from_secs(86_400);
+        // The periodic prune: longest life one hour. Only the old expired row goes (the
+        // young expired one is left for a later walk; the legacy one sorts past the floor).
+        store
+            .prune(
+                now,
+                skew,
+                day,
+                IssuedScan::OlderThan(Duration::from_secs(3600)),
+            )
+            .await
+            .unwrap();
+        let (jtis, audits) = left(store.clone()).await;
+        let mut want = vec![
+            old_valid.clone(),
+            young_expired.clone(),
+            young_valid.clone(),
+            legacy.clone(),
+        ];
+        want.sort();
+        assert_eq!(jtis, want);
+        assert_eq!(audits, 1, "audit rows older than the retention go");
+        // The start-up prune looks at every row.
+        store.prune(now, skew, day, IssuedScan::All).await.unwrap();
+        let (jtis, _) = left(store.clone()).await;
+        let mut want = vec![old_valid, young_valid];
+        want.sort();
+        assert_eq!(jtis, want);
+        // An audit log with nothing young enough to keep is emptied.
+        store
+            .prune(now + 2 * 86_400, skew, day, IssuedScan::All)
+            .await
+            .unwrap();
+        assert_eq!(left(store).await.1, 0);
     }
 }

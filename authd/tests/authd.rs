@@ -267,7 +267,7 @@ async fn jwks_round_trip() {
     assert_eq!(c.sub, "runed");
     // ...and by the daemons' verifier, which fetches the JWKS itself.
     let v = a.verifier(|_| {});
-    assert_eq!(v.verify(&token).await.expect("verifier accepts"), c);
+    assert_eq!(*v.verify(&token).await.expect("verifier accepts"), c);
     assert_eq!(v.kids(), vec![jwk.kid.clone()]);
 }
 

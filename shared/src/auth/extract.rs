@@ -5,6 +5,8 @@
 //! is answered with the JSON envelope before the handler runs. Scope and folder checks are
 //! then one call each.
 
+use std::sync::Arc;
+
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
@@ -20,7 +22,7 @@ pub enum Principal {
     /// Open dev mode: no authd, every check passes.
     Open,
     /// A verified token.
-    Token(Box<Claims>),
+    Token(Arc<Claims>),
 }
 
 /// The token of an `Authorization: Bearer <token>` header.
@@ -55,7 +57,7 @@ impl Principal {
             return Ok(Principal::Open);
         }
         let token = bearer(headers)?;
-        Ok(Principal::Token(Box::new(verifier.verify(token).await?)))
+        Ok(Principal::Token(verifier.verify(token).await?))
     }
 
     /// The claims, unless open mode.

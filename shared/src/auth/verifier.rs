@@ -290,8 +290,9 @@ impl Verifier {
 
     /// Verifies `token` and returns its claims: EdDSA signature by a known key, issuer,
     /// `exp`/`nbf`/`iat` within leeway, not revoked. Fails in open mode (there are no keys);
-    /// use [`super::Principal`] to let open mode pass.
-    pub async fn verify(&self, token: &str) -> Result<Claims, AuthError> {
+    /// use [`super::Principal`] to let open mode pass. The claims are shared with the
+    /// verified-token cache, so a repeat token costs no copy.
+    pub async fn verify(&self, token: &str) -> Result<Arc<Claims>, AuthError> {
         self.ensure_tasks();
         if self.is_open() {
             return Err(AuthError::Unavailable(
@@ -302,11 +303,11 @@ impl Verifier {
     }
 
     /// [`Verifier::verify`] as of `now` (Unix seconds).
-    async fn verify_at(&self, token: &str, now: i64) -> Result<Claims, AuthError> {
+    async fn verify_at(&self, token: &str, now: i64) -> Result<Arc<Claims>, AuthError> {
         let digest = digest(token);
         if let Some(claims) = self.cached(&digest, now) {
             self.check_live(&claims, now)?;
-            return Ok(Claims::clone(&claims));
+            return Ok(claims);
         }
         let parsed = jws::parse(token)?;
         let key = self.key_for(parsed.kid(), now).await?;
@@ -316,7 +317,7 @@ impl Verifier {
         self.check_live(&claims, now)?;
         let claims = Arc::new(claims);
         self.remember(digest, Arc::clone(&claims), parsed.kid(), key);
-        Ok(Arc::unwrap_or_clone(claims))
+        Ok(claims)
     }
 
     /// The claims of a token verified before, if its signing key is still trusted under the
@@ -512,8 +513,14 @@ impl Verifier {
         i64::try_from(self.inner.cfg.leeway.as_secs()).unwrap_or(i64::MAX / 4)
     }
 
-    /// Trusts `key` under `kid`, until `drop_at` (Unix seconds) when given.
+    /// Trusts `key` under `kid`, until `drop_at` (Unix seconds) when given. A small-order
+    /// (weak) key is refused and logged.
     pub fn insert_key(&self, kid: &str, key: VerifyingKey, drop_at: Option<i64>) {
+        // A small-order key would verify forgeries; signature checks rely on never trusting one.
+        if key.is_weak() {
+            tracing::warn!(kid, "refusing a small-order (weak) verification key");
+            return;
+        }
         let old = write(&self.inner.keys).insert(kid.to_owned(), KeyEntry { key, drop_at });
         // Another key under a known kid: tokens verified by the old one must not pass on a
         // cache hit (hits also compare the key; clearing frees the dead entries).
