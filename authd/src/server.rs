@@ -98,6 +98,26 @@ pub(crate) fn new_jti() -> Result<String, ApiError> {
     crate::jti::new(now_ms()).map_err(ApiError::internal)
 }
 
+/// The audit detail of a mint: what the child holds, never the token.
+fn mint_detail(child: &Claims) -> String {
+    use std::fmt::Write as _;
+    let mut d = String::with_capacity(128);
+    // Writing to a String cannot fail.
+    let _ = write!(d, "jti={} typ={} scope=", child.jti, child.typ);
+    for (i, s) in child.scope.iter().enumerate() {
+        if i > 0 {
+            d.push(' ');
+        }
+        d.push_str(s);
+    }
+    let folder = child.folder.as_deref().unwrap_or("*");
+    let _ = write!(d, " folder={folder} exp={}", child.exp);
+    if let Some(r) = &child.run_id {
+        let _ = write!(d, " run_id={r}");
+    }
+    d
+}
+
 fn audit_row(
     actor: &str,
     actor_jti: Option<&str>,
@@ -328,19 +348,7 @@ async fn mint_token(
     };
     let signer = read_keys(&app).active.clone();
     let token = signer.sign(&child).map_err(ApiError::internal)?;
-    let detail = format!(
-        "jti={} typ={} scope={} folder={} exp={}{}",
-        child.jti,
-        child.typ,
-        child.scope.join(" "),
-        child.folder.as_deref().unwrap_or("*"),
-        child.exp,
-        child
-            .run_id
-            .as_deref()
-            .map(|r| format!(" run_id={r}"))
-            .unwrap_or_default(),
-    );
+    let detail = mint_detail(&child);
     let rows = vec![
         Row::Issued(IssuedRow {
             jti: child.jti.clone(),

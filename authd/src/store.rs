@@ -504,73 +504,163 @@ pub enum IssuedScan {
     OlderThan(Duration),
 }
 
-const INSERT_AUDIT: &str = "INSERT INTO audit_log (at, actor, actor_jti, action, outcome, detail)
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6)";
-
 fn insert_audit(c: &rusqlite::Connection, a: &AuditRow) -> rusqlite::Result<()> {
-    audit_params(&mut c.prepare_cached(INSERT_AUDIT)?, a)
+    AUDIT.write(c, &[a], bind_audit)
 }
 
-fn audit_params(st: &mut rusqlite::CachedStatement<'_>, a: &AuditRow) -> rusqlite::Result<()> {
-    st.execute(params![
-        a.at_ms,
-        a.actor,
-        a.actor_jti,
-        a.action,
-        a.outcome,
-        a.detail
-    ])?;
-    Ok(())
+/// Rows one multi-row `INSERT` writes. A statement's fixed cost (cursors opened and closed,
+/// the program started and halted) is paid once per this many rows; smaller remainders go
+/// one row per statement, so only two statements per table are ever prepared.
+const ROWS_PER_INSERT: usize = 16;
+
+/// A table the group commit appends to, as a multi-row `INSERT`.
+struct Append {
+    head: &'static str,
+    cols: usize,
 }
 
-/// Writes one batch; returns each job's outcome in order.
+const ISSUED: Append = Append {
+    head: "INSERT INTO issued_tokens (jti, sub, typ, parent_jti, folder, exp, issued_at) VALUES ",
+    cols: 7,
+};
+const AUDIT: Append = Append {
+    head: "INSERT INTO audit_log (at, actor, actor_jti, action, outcome, detail) VALUES ",
+    cols: 6,
+};
+
+impl Append {
+    /// The statement's text for `rows` rows.
+    fn sql(&self, rows: usize) -> String {
+        let one = format!("({})", vec!["?"; self.cols].join(","));
+        format!("{}{}", self.head, vec![one; rows].join(","))
+    }
+
+    /// Inserts every row, binding each through `bind(statement, first parameter, row)`.
+    fn write<R>(
+        &self,
+        c: &rusqlite::Connection,
+        rows: &[&R],
+        bind: impl Fn(&mut rusqlite::CachedStatement<'_>, usize, &R) -> rusqlite::Result<()>,
+    ) -> rusqlite::Result<()> {
+        let mut chunks = rows.chunks_exact(ROWS_PER_INSERT);
+        if chunks.len() > 0 {
+            let mut st = c.prepare_cached(&self.sql(ROWS_PER_INSERT))?;
+            for chunk in &mut chunks {
+                for (i, r) in chunk.iter().enumerate() {
+                    bind(&mut st, 1 + i * self.cols, r)?;
+                }
+                st.raw_execute()?;
+            }
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut st = c.prepare_cached(&self.sql(1))?;
+            for r in rest {
+                bind(&mut st, 1, r)?;
+                st.raw_execute()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bind_issued(
+    st: &mut rusqlite::CachedStatement<'_>,
+    at: usize,
+    r: &IssuedRow,
+) -> rusqlite::Result<()> {
+    st.raw_bind_parameter(at, &r.jti)?;
+    st.raw_bind_parameter(at + 1, &r.sub)?;
+    st.raw_bind_parameter(at + 2, &r.typ)?;
+    st.raw_bind_parameter(at + 3, &r.parent_jti)?;
+    st.raw_bind_parameter(at + 4, &r.folder)?;
+    st.raw_bind_parameter(at + 5, r.exp)?;
+    st.raw_bind_parameter(at + 6, r.issued_at)
+}
+
+fn bind_audit(
+    st: &mut rusqlite::CachedStatement<'_>,
+    at: usize,
+    a: &AuditRow,
+) -> rusqlite::Result<()> {
+    st.raw_bind_parameter(at, a.at_ms)?;
+    st.raw_bind_parameter(at + 1, &a.actor)?;
+    st.raw_bind_parameter(at + 2, &a.actor_jti)?;
+    st.raw_bind_parameter(at + 3, a.action)?;
+    st.raw_bind_parameter(at + 4, &a.outcome)?;
+    st.raw_bind_parameter(at + 5, &a.detail)
+}
+
+/// Writes one batch in one transaction; returns each job's outcome in order.
 fn commit_batch(
     c: &mut rusqlite::Connection,
     jobs: &[Vec<Row>],
 ) -> rusqlite::Result<Vec<Committed>> {
-    let tx = c.transaction()?;
-    let mut out = Vec::with_capacity(jobs.len());
-    {
-        let mut issued = tx.prepare_cached(
-            "INSERT INTO issued_tokens (jti, sub, typ, parent_jti, folder, exp, issued_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        )?;
-        // Checked inside the same serial order as revocations: either the revocation's tree
-        // walk ran first (then the parent is in `revoked` here) or this insert did (then the
-        // tree walk finds the child). No child of a revoked token can slip between the two.
-        let mut parent_revoked = tx.prepare_cached("SELECT 1 FROM revoked WHERE jti = ?1")?;
-        let mut revoke = tx.prepare_cached(
-            "INSERT OR IGNORE INTO revoked (jti, exp, revoked_at) VALUES (?1, ?2, ?3)",
-        )?;
-        let mut audit = tx.prepare_cached(INSERT_AUDIT)?;
-        for job in jobs {
-            let mut outcome = Committed::Ok;
-            for row in job {
-                match row {
-                    Row::Issued(r) => {
-                        issued.execute(params![
-                            r.jti,
-                            r.sub,
-                            r.typ,
-                            r.parent_jti,
-                            r.folder,
-                            r.exp,
-                            r.issued_at
-                        ])?;
-                        if let Some(p) = &r.parent_jti
-                            && parent_revoked.exists([p])?
-                        {
-                            revoke.execute(params![r.jti, r.exp, r.issued_at])?;
-                            outcome = Committed::ParentRevoked;
-                        }
-                    }
-                    Row::Audit(a) => audit_params(&mut audit, a)?,
+    // Cached statements rather than `Connection::transaction`, which parses BEGIN and COMMIT
+    // again for every batch.
+    c.prepare_cached("BEGIN")?.execute([])?;
+    let result = write_batch(c, jobs).and_then(|out| {
+        c.prepare_cached("COMMIT")?.execute([])?;
+        Ok(out)
+    });
+    if result.is_err() && !c.is_autocommit() {
+        // The error is what the caller reports; a failed rollback leaves nothing to add.
+        let _ = c.execute_batch("ROLLBACK");
+    }
+    result
+}
+
+fn write_batch(c: &rusqlite::Connection, jobs: &[Vec<Row>]) -> rusqlite::Result<Vec<Committed>> {
+    let mut out = vec![Committed::Ok; jobs.len()];
+    let mut issued: Vec<&IssuedRow> = Vec::with_capacity(jobs.len());
+    let mut owner: Vec<usize> = Vec::with_capacity(jobs.len());
+    let mut audit: Vec<&AuditRow> = Vec::with_capacity(jobs.len());
+    for (j, job) in jobs.iter().enumerate() {
+        for row in job {
+            match row {
+                Row::Issued(r) => {
+                    issued.push(r);
+                    owner.push(j);
                 }
+                Row::Audit(a) => audit.push(a),
             }
-            out.push(outcome);
         }
     }
-    tx.commit()?;
+    ISSUED.write(c, &issued, bind_issued)?;
+    // Checked inside the same serial order as revocations: either the revocation's tree walk
+    // ran first (then the parent is in `revoked` here) or this batch did (then the tree walk
+    // finds the children). No child of a revoked token can slip between the two. A batch has
+    // few distinct parents (runed's service token mints most spawn tokens), so each is
+    // looked up once.
+    let mut parents: Vec<&str> = issued
+        .iter()
+        .filter_map(|r| r.parent_jti.as_deref())
+        .collect();
+    parents.sort_unstable();
+    parents.dedup();
+    let mut is_revoked = c.prepare_cached("SELECT 1 FROM revoked WHERE jti = ?1")?;
+    let mut revoked_parents = Vec::new();
+    for p in parents {
+        if is_revoked.exists([p])? {
+            revoked_parents.push(p);
+        }
+    }
+    if !revoked_parents.is_empty() {
+        let mut revoke = c.prepare_cached(
+            "INSERT OR IGNORE INTO revoked (jti, exp, revoked_at) VALUES (?1, ?2, ?3)",
+        )?;
+        for (r, &j) in issued.iter().zip(&owner) {
+            if r.parent_jti
+                .as_deref()
+                .is_some_and(|p| revoked_parents.contains(&p))
+            {
+                revoke.execute(params![r.jti, r.exp, r.issued_at])?;
+                out[j] = Committed::ParentRevoked;
+            }
+        }
+    }
+    // Audit ids keep the order the requests were queued in.
+    AUDIT.write(c, &audit, bind_audit)?;
     Ok(out)
 }
 
@@ -629,6 +719,113 @@ mod tests {
             exp: i64::MAX / 2,
             issued_at: 1,
         }
+    }
+
+    /// One group commit of many mints (full multi-row statements and a remainder) records
+    /// every token and audit row, in queue order, and revokes exactly the children of a
+    /// parent that was revoked before the batch.
+    #[tokio::test]
+    async fn a_large_batch_keeps_every_row_and_catches_revoked_parents() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("authd.db"), sizes())
+            .await
+            .unwrap();
+        store
+            .db
+            .call(|c| {
+                c.execute(
+                    "INSERT INTO revoked (jti, exp, revoked_at) VALUES ('gone', ?1, 1)",
+                    [i64::MAX / 2],
+                )
+                .map_err(DbError::from)
+            })
+            .await
+            .unwrap();
+        let n = 2 * ROWS_PER_INSERT + 5;
+        let jobs: Vec<Vec<Row>> = (0..n)
+            .map(|i| {
+                let parent = if i % 7 == 3 { "gone" } else { "live" };
+                vec![
+                    Row::Issued(issued(&format!("t{i:03}"), Some(parent))),
+                    Row::Audit(AuditRow {
+                        at_ms: i as i64,
+                        actor: "runed".into(),
+                        actor_jti: Some(parent.into()),
+                        action: "mint",
+                        outcome: "ok".into(),
+                        detail: format!("jti=t{i:03}"),
+                    }),
+                ]
+            })
+            .collect();
+        let outcomes = store
+            .db
+            .call(move |c| commit_batch(c, &jobs).map_err(DbError::from))
+            .await
+            .unwrap();
+        for (i, o) in outcomes.iter().enumerate() {
+            let want = if i % 7 == 3 {
+                Committed::ParentRevoked
+            } else {
+                Committed::Ok
+            };
+            assert_eq!(*o, want, "job {i}");
+        }
+        let (tokens, details, revoked) = store
+            .db
+            .call(|c| {
+                let tokens: i64 =
+                    c.query_row("SELECT count(*) FROM issued_tokens", [], |r| r.get(0))?;
+                let mut st = c.prepare("SELECT detail FROM audit_log ORDER BY id")?;
+                let details = st
+                    .query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                let mut st =
+                    c.prepare("SELECT jti FROM revoked WHERE jti != 'gone' ORDER BY jti")?;
+                let revoked = st
+                    .query_map([], |r| r.get::<_, String>(0))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok::<_, DbError>((tokens, details, revoked))
+            })
+            .await
+            .unwrap();
+        assert_eq!(tokens, n as i64);
+        let want: Vec<String> = (0..n).map(|i| format!("jti=t{i:03}")).collect();
+        assert_eq!(details, want);
+        let want: Vec<String> = (0..n)
+            .filter(|i| i % 7 == 3)
+            .map(|i| format!("t{i:03}"))
+            .collect();
+        assert_eq!(revoked, want);
+        assert_eq!(
+            store.issued("t010".into()).await.unwrap(),
+            Some(issued("t010", Some("gone")))
+        );
+    }
+
+    /// A batch that fails part-way leaves nothing behind, and the next batch commits.
+    #[tokio::test]
+    async fn a_failed_batch_rolls_back_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("authd.db"), sizes())
+            .await
+            .unwrap();
+        // The second job repeats the first one's jti: the primary key refuses it.
+        let jobs = vec![
+            vec![Row::Issued(issued("dup", None))],
+            vec![Row::Issued(issued("dup", None))],
+        ];
+        let err = store
+            .db
+            .call(move |c| commit_batch(c, &jobs).map_err(DbError::from))
+            .await;
+        assert!(err.is_err());
+        assert_eq!(store.issued("dup".into()).await.unwrap(), None);
+        store
+            .write(vec![Row::Issued(issued("next", None))])
+            .await
+            .unwrap();
+        assert!(store.issued("next".into()).await.unwrap().is_some());
     }
 
     /// A database written by the first schema keeps its tokens, and their revocation trees,

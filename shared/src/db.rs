@@ -94,6 +94,8 @@ fn create_private(_: &Path) -> Result<(), DbError> {
 
 fn configure(conn: &Connection) -> Result<(), rusqlite::Error> {
     conn.busy_timeout(Duration::from_secs(5))?;
+    // Room for every statement a daemon runs, so hot ones are never evicted and re-parsed.
+    conn.set_prepared_statement_cache_capacity(64);
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;

@@ -7,7 +7,6 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -111,16 +110,37 @@ where
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(v)) => Ok(ApiJson(v)),
-            Err(rej) => Err(json_rejection(rej)),
+        // The common case, `Content-Type: application/json` and a well-formed body, is parsed
+        // once with plain serde_json. Anything else goes through axum's extractor, whose
+        // messages name the offending field; both accept exactly the same bodies.
+        if !plain_json(req.headers()) {
+            return match Json::<T>::from_request(req, state).await {
+                Ok(Json(v)) => Ok(ApiJson(v)),
+                Err(rej) => Err(rejection(rej.status(), rej.body_text())),
+            };
+        }
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|rej| rejection(rej.status(), rej.body_text()))?;
+        match serde_json::from_slice(&bytes) {
+            Ok(v) => Ok(ApiJson(v)),
+            Err(_) => match Json::<T>::from_bytes(&bytes) {
+                Ok(Json(v)) => Ok(ApiJson(v)),
+                Err(rej) => Err(rejection(rej.status(), rej.body_text())),
+            },
         }
     }
 }
 
-fn json_rejection(rej: JsonRejection) -> ApiError {
-    let status = rej.status();
-    let text = rej.body_text();
+/// `Content-Type` is exactly `application/json` (no parameters).
+fn plain_json(headers: &axum::http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"application/json"))
+}
+
+/// A refused body as the envelope, by the status axum's extractor chose.
+fn rejection(status: StatusCode, text: String) -> ApiError {
     match status {
         StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(status, "body_too_large", text),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
@@ -338,6 +358,10 @@ mod tests {
                 post(|ApiJson(v): ApiJson<serde_json::Value>| async move { Json(v) }),
             )
             .route(
+                "/typed",
+                post(|ApiJson(v): ApiJson<Typed>| async move { Json(v.n) }),
+            )
+            .route(
                 "/panic",
                 get(|| async {
                     if true {
@@ -366,6 +390,44 @@ mod tests {
             .header("content-type", "application/json")
             .body(body.into())
             .unwrap()
+    }
+
+    #[derive(serde::Deserialize)]
+    struct Typed {
+        n: u32,
+    }
+
+    /// `application/json` bodies take a fast path; any other JSON type takes axum's. Both
+    /// accept the same bodies and refuse the rest with the same envelope and message, which
+    /// names the field at fault.
+    #[tokio::test]
+    async fn both_json_paths_answer_alike() {
+        let send = |ct: &'static str, body: &'static str| {
+            Request::post("/typed")
+                .header("content-type", ct)
+                .body(Body::from(body))
+                .unwrap()
+        };
+        for body in [
+            r#"{"n": 7}"#,
+            r#"{"n": "7"}"#,
+            r#"{"n": -1}"#,
+            r#"{}"#,
+            r#"{"n": 7} x"#,
+            r#"{"n": 7"#,
+            "",
+            "[1]",
+        ] {
+            let fast = call(send("application/json", body)).await;
+            let slow = call(send("application/json; charset=utf-8", body)).await;
+            assert_eq!(fast, slow, "{body}");
+        }
+        let (s, v) = call(send("Application/JSON", r#"{"n": 7}"#)).await;
+        assert_eq!((s, v), (StatusCode::OK, serde_json::json!(7)));
+        let (s, v) = call(send("application/json", r#"{"n": "7"}"#)).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST);
+        assert_eq!(v["error"], "invalid_json");
+        assert!(v["message"].as_str().unwrap().contains('n'), "{v}");
     }
 
     #[tokio::test]

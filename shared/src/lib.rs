@@ -25,3 +25,9 @@ pub mod telemetry;
 pub mod time;
 
 pub use folder::GroupFolder;
+
+/// The daemons' allocator (feature `mimalloc`): one definition, so every binary that links a
+/// daemon's library (its `main`, its tests, its benches) allocates the same way.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

@@ -145,7 +145,7 @@ pub struct Signer {
     key: SigningKey,
     /// The same key in aws-lc, which signs 2-2.5x faster than dalek (authd's mint budget is
     /// dominated by the signature). `None` only if aws-lc refused the seed; dalek signs then.
-    #[cfg(feature = "fast-sign")]
+    #[cfg(feature = "aws-lc")]
     fast: Option<aws_lc_rs::signature::Ed25519KeyPair>,
     kid: String,
     /// `base64url(header) + "."`, computed once: the header never changes for a key.
@@ -189,7 +189,7 @@ impl Signer {
         let mut prefix = B64.encode(header_json);
         prefix.push('.');
         Self {
-            #[cfg(feature = "fast-sign")]
+            #[cfg(feature = "aws-lc")]
             fast: aws_lc_rs::signature::Ed25519KeyPair::from_seed_unchecked(secret).ok(),
             key,
             kid,
@@ -199,7 +199,7 @@ impl Signer {
 
     /// The Ed25519 signature of `msg`.
     fn signature(&self, msg: &[u8]) -> [u8; 64] {
-        #[cfg(feature = "fast-sign")]
+        #[cfg(feature = "aws-lc")]
         if let Some(fast) = &self.fast
             && let Ok(sig) = <[u8; 64]>::try_from(fast.sign(msg).as_ref())
         {
@@ -316,13 +316,19 @@ impl Parsed<'_> {
     /// recomputed point, and the canonical encodings of small-order points are eight fixed
     /// strings, so comparing bytes refuses the same signatures (as libsodium does). Small-order
     /// keys never get this far: [`Jwk::to_key`] and the verifier's key set refuse them.
+    ///
+    /// With the `aws-lc` feature the equation is checked by aws-lc, about a third faster than
+    /// dalek here; both check the same cofactorless equation, demand a canonical `s` and
+    /// compare `R` as bytes, so they accept the same signatures (a test holds them to it).
     pub fn verify(&self, key: &VerifyingKey) -> Result<(), JwsError> {
-        use ed25519_dalek::Verifier as _;
         if key.is_weak() || small_order_encodings().contains(self.signature.r_bytes()) {
             return Err(JwsError::Signature);
         }
-        key.verify(self.signing_input.as_bytes(), &self.signature)
-            .map_err(|_| JwsError::Signature)
+        #[cfg(feature = "aws-lc")]
+        let ok = equation_aws_lc(key, self.signing_input.as_bytes(), &self.signature);
+        #[cfg(not(feature = "aws-lc"))]
+        let ok = equation_dalek(key, self.signing_input.as_bytes(), &self.signature);
+        if ok { Ok(()) } else { Err(JwsError::Signature) }
     }
 
     /// Decodes the payload. Call only after [`Parsed::verify`] succeeded.
@@ -332,6 +338,22 @@ impl Parsed<'_> {
             .map_err(|_| JwsError::Base64("payload"))?;
         serde_json::from_slice(&bytes).map_err(|e| JwsError::Payload(e.to_string()))
     }
+}
+
+/// Ed25519's verification equation (cofactorless, canonical `s`, `R` compared as bytes).
+#[cfg_attr(feature = "aws-lc", allow(dead_code))]
+fn equation_dalek(key: &VerifyingKey, msg: &[u8], sig: &Signature) -> bool {
+    use ed25519_dalek::Verifier as _;
+    key.verify(msg, sig).is_ok()
+}
+
+/// The same equation, checked by aws-lc.
+#[cfg(feature = "aws-lc")]
+fn equation_aws_lc(key: &VerifyingKey, msg: &[u8], sig: &Signature) -> bool {
+    use aws_lc_rs::signature::{ED25519, UnparsedPublicKey};
+    UnparsedPublicKey::new(&ED25519, key.as_bytes())
+        .verify(msg, &sig.to_bytes())
+        .is_ok()
 }
 
 /// The canonical encodings of the eight points of small order.
@@ -376,7 +398,7 @@ mod tests {
 
     /// Ed25519 is deterministic: the aws-lc signer must produce dalek's exact bytes, or
     /// tokens from authd would not be what every verifier expects.
-    #[cfg(feature = "fast-sign")]
+    #[cfg(feature = "aws-lc")]
     #[test]
     fn fast_signatures_equal_dalek_signatures() {
         for i in 0..64u8 {
@@ -429,6 +451,61 @@ mod tests {
                 assert_eq!(forged.verify(&key), Err(JwsError::Signature));
                 assert!(!strict(&forged));
             }
+        }
+    }
+
+    /// aws-lc and dalek must accept exactly the same signatures: every verifier answers the
+    /// same whichever backend its daemon was built with.
+    #[cfg(feature = "aws-lc")]
+    #[test]
+    fn aws_lc_and_dalek_accept_the_same_signatures() {
+        // The group order L, little-endian: s + L is the non-canonical twin of s.
+        const L: [u8; 32] = [
+            0xed, 0xd3, 0xf5, 0x5c, 0x1a, 0x63, 0x12, 0x58, 0xd6, 0x9c, 0xf7, 0xa2, 0xde, 0xf9,
+            0xde, 0x14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10,
+        ];
+        let add_l = |s: &[u8]| {
+            let mut out = [0u8; 32];
+            let mut carry = 0u16;
+            for i in 0..32 {
+                let v = u16::from(s[i]) + u16::from(L[i]) + carry;
+                out[i] = v as u8;
+                carry = v >> 8;
+            }
+            out
+        };
+        let agree = |key: &VerifyingKey, msg: &[u8], sig: [u8; 64]| {
+            let sig = Signature::from_bytes(&sig);
+            let (d, a) = (
+                equation_dalek(key, msg, &sig),
+                equation_aws_lc(key, msg, &sig),
+            );
+            assert_eq!(d, a, "dalek {d}, aws-lc {a} on {:?}", sig.to_bytes());
+            d
+        };
+        for i in 0..64usize {
+            let s = Signer::generate().unwrap();
+            let key = s.verifying_key();
+            let msg = vec![i as u8; i * 7];
+            let good = s.signature(&msg);
+            assert!(agree(&key, &msg, good));
+            // A flipped bit anywhere in R or s, and a tampered message.
+            let mut bad = good;
+            bad[i] ^= 1 << (i % 8);
+            assert!(!agree(&key, &msg, bad));
+            let mut tampered = msg.clone();
+            tampered.push(1);
+            assert!(!agree(&key, &tampered, good));
+            // s + L verifies the same equation, but is not canonical: both refuse it.
+            let mut twin = good;
+            twin[32..].copy_from_slice(&add_l(&good[32..]));
+            assert!(!agree(&key, &msg, twin));
+            // Another key.
+            assert!(!agree(
+                &Signer::generate().unwrap().verifying_key(),
+                &msg,
+                good
+            ));
         }
     }
 
