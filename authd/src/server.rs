@@ -222,7 +222,7 @@ async fn revoked(State(app): State<App>) -> Result<Json<RevokedList>, ApiError> 
         .store
         .revoked(now_secs())
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(ApiError::from)?;
     Ok(Json(RevokedList { revoked }))
 }
 
@@ -291,7 +291,7 @@ async fn service_token(
             format!("jti={} exp={}", claims.jti, claims.exp),
         )),
     ];
-    app.store.write(rows).await.map_err(ApiError::internal)?;
+    app.store.write(rows).await?;
     app.counters.issued_service.inc();
     Ok(Json(ServiceTokenResponse {
         token,
@@ -367,7 +367,7 @@ async fn mint_token(
             detail,
         )),
     ];
-    match app.store.write(rows).await.map_err(ApiError::internal)? {
+    match app.store.write(rows).await? {
         Committed::Ok => {}
         Committed::ParentRevoked => {
             // The parent was revoked while this child was being minted; the child was revoked
@@ -406,7 +406,7 @@ async fn revoke(
         .store
         .issued(jti.clone())
         .await
-        .map_err(ApiError::internal)?
+        .map_err(ApiError::from)?
     else {
         return Err(ApiError::not_found("no such token, or it has expired"));
     };
@@ -424,7 +424,7 @@ async fn revoke(
             .store
             .ancestors(row.jti.clone())
             .await
-            .map_err(ApiError::internal)?
+            .map_err(ApiError::from)?
             .contains(&caller.jti);
     }
     if !allowed {
@@ -455,7 +455,7 @@ async fn revoke(
         .store
         .revoke_tree(jti.clone(), now, audit)
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(ApiError::from)?;
     for e in &revoked {
         app.verifier.mark_revoked(&e.jti, e.exp);
     }
@@ -498,7 +498,7 @@ async fn rotate(
             audit,
         )
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(ApiError::from)?;
     // Trust the new key before signing with it, and bound the old one's trust.
     app.verifier
         .insert_key(new.kid(), new.verifying_key(), None);
@@ -557,7 +557,7 @@ async fn audit(
         .store
         .audit(limit, before)
         .await
-        .map_err(ApiError::internal)?;
+        .map_err(ApiError::from)?;
     Ok(Json(list))
 }
 

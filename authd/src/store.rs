@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use hako_shared::auth::wire::{AuditEntry, AuditList, RevokedEntry};
-use hako_shared::db::{Db, DbError, Migration};
+use hako_shared::db::{CALL_TIMEOUT, Db, DbError, Migration};
 use hako_shared::metrics::Histogram;
 use rusqlite::{OptionalExtension, params};
 use tokio::sync::{mpsc, oneshot};
@@ -105,6 +105,16 @@ pub enum StoreError {
     /// Stored data is not what authd wrote.
     #[error("corrupt store: {0}")]
     Corrupt(String),
+}
+
+impl From<StoreError> for hako_shared::http::ApiError {
+    /// The one mapping of store failures to the envelope: unavailable or stalled is 503.
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Db(e) => e.into(),
+            e => hako_shared::http::ApiError::internal(e),
+        }
+    }
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -202,15 +212,21 @@ impl Store {
     }
 
     /// Queues `rows` for the next group commit and waits until it is durable.
+    /// Waits at most [`CALL_TIMEOUT`]; rows still queued then are written later.
     pub async fn write(&self, rows: Vec<Row>) -> Result<Committed, StoreError> {
         let (tx, rx) = oneshot::channel();
-        self.writer
-            .send((rows, tx))
+        let wait = async {
+            self.writer
+                .send((rows, tx))
+                .await
+                .map_err(|_| StoreError::Db(DbError::Closed))?;
+            rx.await
+                .map_err(|_| StoreError::Db(DbError::Closed))?
+                .map_err(StoreError::Commit)
+        };
+        tokio::time::timeout(CALL_TIMEOUT, wait)
             .await
-            .map_err(|_| StoreError::Db(DbError::Closed))?;
-        rx.await
-            .map_err(|_| StoreError::Db(DbError::Closed))?
-            .map_err(StoreError::Commit)
+            .unwrap_or(Err(StoreError::Db(DbError::Timeout(CALL_TIMEOUT))))
     }
 
     /// Keys that still verify at `now` (the active one has `drop_after: None`). Keys past

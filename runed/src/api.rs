@@ -50,8 +50,8 @@ pub(crate) fn routes(sh: Arc<Shared>) -> Router {
         .with_state(AppState(sh))
 }
 
-fn db_err(e: impl std::fmt::Display) -> ApiError {
-    ApiError::internal(e)
+fn db_err(e: hako_shared::db::DbError) -> ApiError {
+    e.into()
 }
 
 fn valid_id(s: &str) -> bool {
@@ -166,7 +166,7 @@ async fn create_run(
         error: None,
         truncated: false,
         container_id: None,
-        request: Some(serde_json::to_string(&stored).map_err(db_err)?),
+        request: Some(serde_json::to_string(&stored).map_err(ApiError::internal)?),
         had_secrets: !req.secrets.0.is_empty(),
         created_at: unix_millis(SystemTime::now()),
         started_at: None,
@@ -554,7 +554,7 @@ async fn create_hold(
             serde_json::to_string(&HoldInfo {
                 ttl_ms: ttl.as_millis() as u64,
             })
-            .map_err(db_err)?,
+            .map_err(ApiError::internal)?,
         ),
         had_secrets: false,
         created_at: unix_millis(SystemTime::now()),

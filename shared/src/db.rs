@@ -54,6 +54,27 @@ pub enum DbError {
     /// The database thread is gone.
     #[error("database thread stopped")]
     Closed,
+    /// The database thread did not answer in time (a stalled disk, a runaway query).
+    #[error("the database did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// How long [`Db::call`] waits for the database thread. A job that misses it still runs
+/// later: only its caller stops waiting, so a write may land after its request failed.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[cfg(feature = "server")]
+impl From<DbError> for crate::http::ApiError {
+    /// A database that is gone or stalled is 503 (retry later); any other failure is 500.
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::Closed | DbError::Timeout(_) => {
+                tracing::error!(error = %e, "database unavailable");
+                crate::http::ApiError::unavailable("the database is not answering; retry later")
+            }
+            e => crate::http::ApiError::internal(e),
+        }
+    }
 }
 
 /// Opens (creating if needed, mode 0600) and configures a connection, then migrates it.
@@ -186,9 +207,23 @@ impl Db {
         &self.path
     }
 
-    /// Runs `f` on the database thread and returns its result.
+    /// Runs `f` on the database thread and returns its result, waiting at most
+    /// [`CALL_TIMEOUT`].
     pub async fn call<T, E>(
         &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<DbError> + Send + 'static,
+    {
+        self.call_within(CALL_TIMEOUT, f).await
+    }
+
+    /// [`Db::call`] with its own limit on the wait.
+    pub async fn call_within<T, E>(
+        &self,
+        limit: Duration,
         f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E>
     where
@@ -199,11 +234,16 @@ impl Db {
         let job: Job = Box::new(move |conn| {
             let _ = tx.send(f(conn));
         });
-        self.tx
-            .send(job)
+        let wait = async {
+            self.tx
+                .send(job)
+                .await
+                .map_err(|_| E::from(DbError::Closed))?;
+            rx.await.map_err(|_| E::from(DbError::Closed))?
+        };
+        tokio::time::timeout(limit, wait)
             .await
-            .map_err(|_| E::from(DbError::Closed))?;
-        rx.await.map_err(|_| E::from(DbError::Closed))?
+            .unwrap_or_else(|_| Err(E::from(DbError::Timeout(limit))))
     }
 
     /// Whether the database answers a trivial query.
@@ -334,5 +374,35 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(id, 1);
+    }
+
+    /// A stalled database thread costs its callers a bounded wait and a clear error (503 over
+    /// HTTP), not a hung request; the late job still runs, and the handle works afterwards.
+    #[tokio::test]
+    async fn a_stalled_database_times_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Db::open(dir.path().join("x.db"), V1).await.unwrap();
+        let stall = db.call_within(Duration::from_millis(50), |c| {
+            std::thread::sleep(Duration::from_millis(400));
+            c.execute("INSERT INTO t (v) VALUES ('late')", [])?;
+            Ok::<_, DbError>(())
+        });
+        let err = stall.await.unwrap_err();
+        assert!(matches!(err, DbError::Timeout(d) if d == Duration::from_millis(50)));
+        assert!(err.to_string().contains("did not answer"), "{err}");
+        #[cfg(feature = "server")]
+        {
+            let api: crate::http::ApiError = err.into();
+            assert_eq!(api.status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+            assert_eq!(api.body.error, "unavailable");
+        }
+        let n: i64 = db
+            .call(|c| {
+                c.query_row("SELECT count(*) FROM t WHERE v = 'late'", [], |r| r.get(0))
+                    .map_err(DbError::from)
+            })
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
     }
 }
