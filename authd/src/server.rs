@@ -218,11 +218,7 @@ async fn jwks(State(app): State<App>) -> Json<Jwks> {
 }
 
 async fn revoked(State(app): State<App>) -> Result<Json<RevokedList>, ApiError> {
-    let revoked = app
-        .store
-        .revoked(now_secs())
-        .await
-        .map_err(ApiError::from)?;
+    let revoked = app.store.revoked(now_secs()).await?;
     Ok(Json(RevokedList { revoked }))
 }
 
@@ -402,12 +398,7 @@ async fn revoke(
             "jti must be 1-128 characters",
         ));
     }
-    let Some(row) = app
-        .store
-        .issued(jti.clone())
-        .await
-        .map_err(ApiError::from)?
-    else {
+    let Some(row) = app.store.issued(jti.clone()).await? else {
         return Err(ApiError::not_found("no such token, or it has expired"));
     };
     // Who may revoke: anyone holding tokens:revoke; the token itself; a token it descends
@@ -423,8 +414,7 @@ async fn revoke(
         allowed = app
             .store
             .ancestors(row.jti.clone())
-            .await
-            .map_err(ApiError::from)?
+            .await?
             .contains(&caller.jti);
     }
     if !allowed {
@@ -451,11 +441,7 @@ async fn revoke(
         "ok",
         format!("jti={jti}"),
     );
-    let revoked = app
-        .store
-        .revoke_tree(jti.clone(), now, audit)
-        .await
-        .map_err(ApiError::from)?;
+    let revoked = app.store.revoke_tree(jti.clone(), now, audit).await?;
     for e in &revoked {
         app.verifier.mark_revoked(&e.jti, e.exp);
     }
@@ -497,8 +483,7 @@ async fn rotate(
             drop_after,
             audit,
         )
-        .await
-        .map_err(ApiError::from)?;
+        .await?;
     // Trust the new key before signing with it, and bound the old one's trust.
     app.verifier
         .insert_key(new.kid(), new.verifying_key(), None);
@@ -553,11 +538,7 @@ async fn audit(
             _ => return Err(bad("unknown query parameter; use limit and before")),
         }
     }
-    let list = app
-        .store
-        .audit(limit, before)
-        .await
-        .map_err(ApiError::from)?;
+    let list = app.store.audit(limit, before).await?;
     Ok(Json(list))
 }
 

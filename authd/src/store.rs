@@ -9,6 +9,7 @@
 //! by many requests instead of costing one each; with one request in flight nothing waits for
 //! a timer.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use hako_shared::auth::wire::{AuditEntry, AuditList, RevokedEntry};
@@ -530,28 +531,41 @@ fn insert_audit(c: &rusqlite::Connection, a: &AuditRow) -> rusqlite::Result<()> 
 /// one row per statement, so only two statements per table are ever prepared.
 const ROWS_PER_INSERT: usize = 16;
 
-/// A table the group commit appends to, as a multi-row `INSERT`.
+/// A table the group commit appends to, as a multi-row `INSERT`. The statement texts are
+/// built once, not per batch.
 struct Append {
-    head: &'static str,
     cols: usize,
+    /// The statement for one row.
+    one: LazyLock<String>,
+    /// The statement for [`ROWS_PER_INSERT`] rows.
+    many: LazyLock<String>,
 }
 
-const ISSUED: Append = Append {
-    head: "INSERT INTO issued_tokens (jti, sub, typ, parent_jti, folder, exp, issued_at) VALUES ",
-    cols: 7,
+const ISSUED_HEAD: &str =
+    "INSERT INTO issued_tokens (jti, sub, typ, parent_jti, folder, exp, issued_at) VALUES ";
+const ISSUED_COLS: usize = 7;
+static ISSUED: Append = Append {
+    cols: ISSUED_COLS,
+    one: LazyLock::new(|| values(ISSUED_HEAD, ISSUED_COLS, 1)),
+    many: LazyLock::new(|| values(ISSUED_HEAD, ISSUED_COLS, ROWS_PER_INSERT)),
 };
-const AUDIT: Append = Append {
-    head: "INSERT INTO audit_log (at, actor, actor_jti, action, outcome, detail) VALUES ",
-    cols: 6,
+
+const AUDIT_HEAD: &str =
+    "INSERT INTO audit_log (at, actor, actor_jti, action, outcome, detail) VALUES ";
+const AUDIT_COLS: usize = 6;
+static AUDIT: Append = Append {
+    cols: AUDIT_COLS,
+    one: LazyLock::new(|| values(AUDIT_HEAD, AUDIT_COLS, 1)),
+    many: LazyLock::new(|| values(AUDIT_HEAD, AUDIT_COLS, ROWS_PER_INSERT)),
 };
+
+/// `head` followed by `rows` groups of `cols` placeholders.
+fn values(head: &str, cols: usize, rows: usize) -> String {
+    let one = format!("({})", vec!["?"; cols].join(","));
+    format!("{head}{}", vec![one; rows].join(","))
+}
 
 impl Append {
-    /// The statement's text for `rows` rows.
-    fn sql(&self, rows: usize) -> String {
-        let one = format!("({})", vec!["?"; self.cols].join(","));
-        format!("{}{}", self.head, vec![one; rows].join(","))
-    }
-
     /// Inserts every row, binding each through `bind(statement, first parameter, row)`.
     fn write<R>(
         &self,
@@ -561,7 +575,7 @@ impl Append {
     ) -> rusqlite::Result<()> {
         let mut chunks = rows.chunks_exact(ROWS_PER_INSERT);
         if chunks.len() > 0 {
-            let mut st = c.prepare_cached(&self.sql(ROWS_PER_INSERT))?;
+            let mut st = c.prepare_cached(&self.many)?;
             for chunk in &mut chunks {
                 for (i, r) in chunk.iter().enumerate() {
                     bind(&mut st, 1 + i * self.cols, r)?;
@@ -571,7 +585,7 @@ impl Append {
         }
         let rest = chunks.remainder();
         if !rest.is_empty() {
-            let mut st = c.prepare_cached(&self.sql(1))?;
+            let mut st = c.prepare_cached(&self.one)?;
             for r in rest {
                 bind(&mut st, 1, r)?;
                 st.raw_execute()?;

@@ -50,10 +50,6 @@ pub(crate) fn routes(sh: Arc<Shared>) -> Router {
         .with_state(AppState(sh))
 }
 
-fn db_err(e: hako_shared::db::DbError) -> ApiError {
-    e.into()
-}
-
 fn valid_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
@@ -91,14 +87,14 @@ async fn visible(sh: &Shared, who: &Principal, run_id: &str) -> Result<SpawnRow,
     if !valid_id(run_id) {
         return Err(missing());
     }
-    match sh.store.get(run_id).await.map_err(db_err)? {
+    match sh.store.get(run_id).await? {
         Some(r) if who.covers_folder(&r.folder) => Ok(r),
         _ => Err(missing()),
     }
 }
 
 async fn status(sh: &Shared, r: SpawnRow) -> Result<RunStatus, ApiError> {
-    let outputs = sh.store.outputs(&r.run_id).await.map_err(db_err)?;
+    let outputs = sh.store.outputs(&r.run_id).await?;
     let t = |ms: i64| rfc3339(from_unix_millis(ms));
     Ok(RunStatus {
         run_id: r.run_id,
@@ -172,7 +168,7 @@ async fn create_run(
         started_at: None,
         ended_at: None,
     };
-    match sh.store.insert(row).await.map_err(db_err)? {
+    match sh.store.insert(row).await? {
         Inserted::Existing(r) => {
             if r.folder != folder {
                 return Err(ApiError::new(
@@ -274,7 +270,7 @@ async fn events(
     who.require(scopes::RUNS_READ)?;
     let rx = sh.events.subscribe();
     let row = visible(&sh, &who, &run_id).await?;
-    let outputs = sh.store.outputs(&run_id).await.map_err(db_err)?;
+    let outputs = sh.store.outputs(&run_id).await?;
     // The snapshot first: the current state and the blocks so far.
     let mut first: Vec<Event> = vec![Event::State {
         run_id: run_id.clone(),
@@ -435,8 +431,7 @@ async fn kill_and_wait(sh: &Arc<Shared>, row: &SpawnRow) -> Result<SpawnRow, Api
         let r = sh
             .store
             .get(&row.run_id)
-            .await
-            .map_err(db_err)?
+            .await?
             .ok_or_else(|| ApiError::not_found("run vanished"))?;
         if r.state.is_terminal() {
             return Ok(r);
@@ -498,7 +493,7 @@ async fn stop_folder(
         .collect();
     let mut killed = Vec::new();
     for id in ids {
-        if let Some(row) = sh.store.get(&id).await.map_err(db_err)? {
+        if let Some(row) = sh.store.get(&id).await? {
             kill_and_wait(&sh, &row).await?;
             killed.push(id);
         }
@@ -561,7 +556,7 @@ async fn create_hold(
         started_at: None,
         ended_at: None,
     };
-    sh.store.insert(row).await.map_err(db_err)?;
+    sh.store.insert(row).await?;
     sh.enqueue(
         &run_id,
         &folder,
@@ -611,11 +606,7 @@ async fn sessions(
         (None, bound) => bound.map(str::to_owned),
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let rows = sh
-        .store
-        .sessions(folder, q.before, limit)
-        .await
-        .map_err(db_err)?;
+    let rows = sh.store.sessions(folder, q.before, limit).await?;
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|r| r.id))
         .flatten();
@@ -636,7 +627,7 @@ async fn audit(
         ));
     }
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let rows = sh.store.audit_rows(q.before, limit).await.map_err(db_err)?;
+    let rows = sh.store.audit_rows(q.before, limit).await?;
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|r| r.id))
         .flatten();
