@@ -1498,3 +1498,132 @@ async fn open_dev_mode_when_authd_url_is_unset() {
     assert!(!v.is_open());
     assert!(Principal::from_headers(&v, &headers).await.is_err());
 }
+
+/// The real `authd` binary on `data`, on a free loopback port; killed when dropped.
+struct AuthdProcess {
+    child: std::process::Child,
+    url: String,
+}
+
+impl AuthdProcess {
+    async fn spawn(data: &Path) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .expect("free port")
+            .local_addr()
+            .expect("addr")
+            .port();
+        // Its log goes to a file beside the data dir, shown if it does not come up.
+        let log = data.with_file_name(format!("authd-{port}.log"));
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_authd"))
+            .env_clear()
+            .env("DATA_DIR", data)
+            .env("LISTEN_ADDR", format!("127.0.0.1:{port}"))
+            .env("AUTHD_SERVICE_KEYS", format!("runed={RUNED_KEY}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("authd starts");
+        let url = format!("http://127.0.0.1:{port}");
+        let http = reqwest::Client::new();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = http.get(format!("{url}/ready")).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "authd did not come up on {url}: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        Self { child, url }
+    }
+}
+
+impl Drop for AuthdProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// SIGKILL in the middle of a stream of mints: every token a client was handed is on disk
+/// (its `issued_tokens` row and its audit row), the database is intact, and the restarted
+/// authd still trusts the old keys and the old service token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_under_load_loses_no_token_that_was_handed_out() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let mut first = AuthdProcess::spawn(&data).await;
+    let client = AuthdClient::new(&first.url).expect("client");
+    let runed = client
+        .service_token("runed", RUNED_KEY)
+        .await
+        .expect("service token")
+        .token;
+
+    // Eight clients mint as fast as they can, each recording the jtis it was answered with.
+    let handed_out: Arc<Mutex<Vec<String>>> = Arc::default();
+    let mut load = Vec::new();
+    for i in 0..8 {
+        let (client, runed, handed_out) = (client.clone(), runed.clone(), handed_out.clone());
+        load.push(tokio::spawn(async move {
+            let req = spawn_req("acme/support", &format!("run-{i}"), &["pypi.org"]);
+            while let Ok(m) = client.mint(&runed, &req).await {
+                handed_out.lock().expect("lock").push(m.jti);
+            }
+        }));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while handed_out.lock().expect("lock").len() < 300 {
+        assert!(Instant::now() < deadline, "authd minted too slowly");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    first.child.kill().expect("SIGKILL");
+    first.child.wait().expect("reaped");
+    for t in load {
+        tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .expect("clients see the connection drop")
+            .expect("client task");
+    }
+    let handed_out = std::mem::take(&mut *handed_out.lock().expect("lock"));
+    assert!(handed_out.len() >= 300);
+
+    // Read the files as the killed process left them (SQLite recovers from the WAL).
+    {
+        let db = rusqlite::Connection::open(data.join("authd.db")).expect("open authd.db");
+        let check: String = db
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .expect("integrity_check");
+        assert_eq!(check, "ok");
+        let mut issued = db
+            .prepare("SELECT count(*) FROM issued_tokens WHERE jti = ?1")
+            .expect("prepare");
+        let mut audited = db
+            .prepare(
+                "SELECT count(*) FROM audit_log WHERE action = 'mint' AND outcome = 'ok' \
+                 AND detail LIKE 'jti=' || ?1 || ' %'",
+            )
+            .expect("prepare");
+        for jti in &handed_out {
+            let n: i64 = issued.query_row([jti], |r| r.get(0)).expect("query");
+            assert_eq!(n, 1, "token {jti} was handed out but its row is lost");
+            let n: i64 = audited.query_row([jti], |r| r.get(0)).expect("query");
+            assert_eq!(n, 1, "token {jti} was handed out but its audit row is lost");
+        }
+    }
+
+    let second = AuthdProcess::spawn(&data).await;
+    let client = AuthdClient::new(&second.url).expect("client");
+    let child = client
+        .mint(&runed, &spawn_req("acme/support", "run-after", &[]))
+        .await
+        .expect("the old service token mints after the crash");
+    let v = Verifier::new(VerifierConfig::remote(&second.url)).expect("verifier");
+    assert!(v.verify(&child.token).await.is_ok());
+    assert!(v.verify(&runed).await.is_ok(), "same keys after the crash");
+}
