@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 /// Arguments of `hako chat`.
 #[derive(Debug, clap::Args)]
 pub struct ChatArgs {
-    /// The group folder the agent works in (created under `$DATA_DIR/groups/`).
+    /// The group folder the agent works in (its storage is under `$DATA_DIR/folders/`).
     #[arg(default_value = "demo")]
     pub folder: String,
     /// Send this one message instead of reading lines from stdin.

@@ -49,7 +49,7 @@ async fn each_line_is_one_turn_and_the_session_carries_over() {
     assert!(lines[2].contains(r#""sessionId":"s-42""#), "{stdout}");
     assert!(lines[2].contains(r#""folder":"team/dev""#), "{stdout}");
     // Three turns, three containers, three run logs.
-    let logs = std::fs::read_dir(data.path().join("groups/team/dev/logs"))
+    let logs = std::fs::read_dir(data.path().join("folders/team.dev/logs"))
         .expect("logs dir")
         .count();
     assert_eq!(logs, 3);

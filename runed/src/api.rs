@@ -126,7 +126,10 @@ async fn create_run(
             "turn_id: 1-128 characters of letters, digits, '-', '_', '.', ':', '@'",
         ));
     }
-    let elevated = req.group.elevated();
+    req.group
+        .validate()
+        .map_err(|e| ApiError::bad_request("invalid_group", format!("group.{e}")))?;
+    let elevated = req.group.beyond(&sh.cfg.runner.limits);
     if !elevated.is_empty() && !who.is_unbound() {
         audit_row(
             &sh,
@@ -142,7 +145,7 @@ async fn create_run(
             StatusCode::FORBIDDEN,
             "forbidden_group_setting",
             format!(
-                "a folder-bound caller cannot set {}; only an unbound service token can",
+                "a folder-bound caller can only tighten the install's limits and cannot set {}; only an unbound service token can",
                 elevated.join(", ")
             ),
         ));

@@ -359,6 +359,87 @@ async fn daemon_tokens_and_bodies_are_checked_at_the_edge() {
             "{v}"
         );
     }
+    // The reproduced attack: a folder-bound caller asking for no limits at all, or absurd
+    // ones. Values that are never meant are refused for everyone, naming the field; limits
+    // above the install's defaults are a privilege.
+    for (group, code, field) in [
+        (json!({"memory": "0", "cpus": 0, "pids": 0}), 400, "memory"),
+        (
+            json!({"memory": "4096g", "cpus": 1e-12, "pids": -1}),
+            400,
+            "memory",
+        ),
+        (json!({"cpus": 1e-12}), 400, "cpus"),
+        (json!({"pids": -1}), 400, "pids"),
+        (json!({"memory": "2g"}), 403, "memory"),
+        (json!({"cpus": 3}), 403, "cpus"),
+        (json!({"pids": 100000}), 403, "pids"),
+        (
+            json!({"egress_allowlist": ["x.example"]}),
+            403,
+            "egress_allowlist",
+        ),
+    ] {
+        let (s, v) = rig
+            .post(
+                &a,
+                "/v1/runs",
+                json!({"folder": "a", "turn_id": "turn-edge-4", "group": group}),
+            )
+            .await;
+        assert_eq!(s, code, "{group}: {v}");
+        assert!(
+            v["message"].as_str().unwrap().contains(field),
+            "{group}: {v}"
+        );
+    }
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            "/v1/runs",
+            json!({"folder": "a", "turn_id": "turn-edge-5", "group": {"pids": 0}}),
+        )
+        .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (400, Some("invalid_group")),
+        "unbound too: {v}"
+    );
+    // Tighter limits are the folder's own business, and reach Docker as asked.
+    let (s, v) = rig
+        .post(
+            &a,
+            "/v1/runs",
+            json!({"folder": "a", "turn_id": "turn-edge-6",
+                   "messages": [{"role": "user", "content": "/sleep 30"}],
+                   "group": {"memory": "256m", "cpus": 0.5, "pids": 64}}),
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    let tight = v["run_id"].as_str().unwrap().to_owned();
+    rig.wait(&run).await;
+    rig.wait_state(&tight, "running").await;
+    let agents = rig.runner().list_agents().await.unwrap();
+    let c = agents
+        .iter()
+        .find(|c| c.run_id() == Some(tight.as_str()))
+        .expect("the tight run's container");
+    let host = rig
+        .runner()
+        .docker()
+        .inspect_container(&c.id, None)
+        .await
+        .unwrap()
+        .host_config
+        .unwrap();
+    assert_eq!(
+        (host.memory, host.nano_cpus, host.pids_limit),
+        (Some(256 << 20), Some(500_000_000), Some(64))
+    );
+    let (s, _) = rig.delete(&a, &format!("/v1/runs/{tight}")).await;
+    assert_eq!(s, 403, "a has no runs:kill");
+    let (s, _) = rig.delete(&rig.routd, &format!("/v1/runs/{tight}")).await;
+    assert_eq!(s, 200);
     // Expired.
     let short = rig.mint(&["runs:read"], Some("a"), 1).await;
     tokio::time::sleep(Duration::from_millis(3200)).await;

@@ -118,13 +118,21 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
     let p = |rel: &str| d.join(rel).to_string_lossy().into_owned();
     let tmp = rig.tmp.path();
     let expected: BTreeMap<String, (String, bool)> = [
-        ("/workspace", p("groups/acme/support"), true),
-        ("/workspace/share", p("groups/acme/share"), true),
-        ("/home/agent", p("sessions/acme/support"), true),
-        ("/var/run/pub/arizuko", p("ipc/acme/support"), true),
-        ("/workspace/ipc/input", p("ipc/acme/support/input"), true),
-        ("/workspace/media", p("groups/acme/support/media"), true),
-        ("/workspace/env-dir", p("env/acme/support"), false),
+        ("/workspace", p("folders/acme.support/workspace"), true),
+        ("/workspace/share", p("shares/acme"), true),
+        ("/home/agent", p("folders/acme.support/home"), true),
+        ("/var/run/pub/arizuko", p("folders/acme.support/ipc"), true),
+        (
+            "/workspace/ipc/input",
+            p("folders/acme.support/input"),
+            true,
+        ),
+        (
+            "/var/run/pub/arizuko/sidecars",
+            p("folders/acme.support/sidecars"),
+            true,
+        ),
+        ("/workspace/env-dir", p("folders/acme.support/env"), false),
         (
             "/skills",
             tmp.join("skills").to_string_lossy().into(),
@@ -135,7 +143,7 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
             tmp.join("web").to_string_lossy().into(),
             false,
         ),
-        ("/workspace/global", p("groups/global"), false),
+        ("/workspace/global", p("global"), false),
     ]
     .into_iter()
     .map(|(t, s, rw)| (t.to_owned(), (s, rw)))
@@ -147,24 +155,39 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
 
     // Directories the agent writes are its own; host-only ones are not.
     for rel in [
-        "groups/acme/support",
-        "groups/acme/support/media",
-        "groups/acme/share",
-        "sessions/acme/support",
-        "sessions/acme/support/.claude",
-        "ipc/acme/support",
-        "ipc/acme/support/input",
-        "ipc/acme/support/sidecars",
+        "folders/acme.support/workspace",
+        "folders/acme.support/workspace/media",
+        "shares/acme",
+        "folders/acme.support/home",
+        "folders/acme.support/home/.claude",
+        "folders/acme.support/ipc",
+        "folders/acme.support/input",
+        "folders/acme.support/sidecars",
+        "folders/acme.support/env/env",
     ] {
         assert_eq!(owner_of(&d.join(rel)), 1000, "{rel}");
     }
     for rel in [
-        "env/acme/support",
-        "groups/global",
-        "groups/acme/support/logs",
+        "folders",
+        "folders/acme.support",
+        "folders/acme.support/env",
+        "global",
+        "folders/acme.support/logs",
+        "shares",
+        "trash",
     ] {
         assert_eq!(owner_of(&d.join(rel)), 0, "{rel}");
     }
+    let mode = |rel: &str| {
+        std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(d.join(rel)).unwrap().permissions(),
+        ) & 0o777
+    };
+    assert_eq!(
+        mode("folders/acme.support/env/env"),
+        0o600,
+        "only the agent reads its env file"
+    );
 
     let (_, reply) = run.block().await;
     rig.runner.close(&run.live).await.unwrap();
@@ -215,10 +238,10 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
             "{ro}: {reply}"
         );
     }
-    assert!(d.join("groups/acme/share/s.txt").exists());
+    assert!(d.join("shares/acme/s.txt").exists());
     assert!(rig.gone(&id).await, "container removed");
     let log = r.log_file.expect("log file");
-    assert!(log.starts_with(d.join("groups/acme/support/logs")));
+    assert!(log.starts_with(d.join("folders/acme.support/logs")));
     assert!(
         log.file_name()
             .unwrap()
@@ -634,7 +657,7 @@ async fn sidecar_lives_exactly_as_long_as_the_agent() {
         assert_eq!(h.readonly_rootfs, Some(true));
         assert_eq!(h.memory, Some(256 << 20));
         assert_eq!(h.network_mode.as_deref(), Some("none"));
-        let sock = rig.data().join("ipc/acme/sidecars/echo.sock");
+        let sock = rig.data().join("folders/acme/sidecars/echo.sock");
         if outcome == Outcome::Ok {
             // Speak MCP to it from the host through the socket the agent sees.
             use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -880,19 +903,19 @@ async fn seeding_never_follows_planted_symlinks() {
     // writes before a run.
     let (r, _) = rig.run(rig.spec("acme", "hi")).await;
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
-    let claude = rig.data().join("sessions/acme/.claude");
+    let claude = rig.data().join("folders/acme/home/.claude");
     assert!(claude.join("skills/hako/SKILL.md").exists());
     std::fs::remove_file(claude.join("settings.json")).unwrap();
     symlink(victim.join("keep.txt"), claude.join("settings.json")).unwrap();
     std::fs::remove_dir_all(claude.join("skills")).unwrap();
     symlink(&victim, claude.join("skills")).unwrap();
-    std::fs::remove_file(rig.data().join("sessions/acme/.claude.json")).unwrap();
+    std::fs::remove_file(rig.data().join("folders/acme/home/.claude.json")).unwrap();
     symlink(
         victim.join("claude.json"),
-        rig.data().join("sessions/acme/.claude.json"),
+        rig.data().join("folders/acme/home/.claude.json"),
     )
     .unwrap();
-    let logs = rig.data().join("groups/acme/logs");
+    let logs = rig.data().join("folders/acme/logs");
     std::fs::remove_dir_all(&logs).unwrap();
     symlink(&victim, &logs).unwrap();
 
@@ -947,7 +970,7 @@ async fn host_data_dir_translates_bind_sources() {
     }
     assert_eq!(
         m["/workspace"].0,
-        host.join("groups/acme").to_string_lossy()
+        host.join("folders/acme/workspace").to_string_lossy()
     );
     run.block().await;
     rig.runner.close(&run.live).await.unwrap();
@@ -1020,7 +1043,7 @@ async fn steer_is_delivered_exactly_once() {
     let (r, _) = run.finish().await;
     assert_eq!(results(&r), vec!["first", "second"]);
     assert!(rig.runner.steer(&live, &["late".into()]).await.is_err());
-    let input = rig.data().join("ipc/acme/input");
+    let input = rig.data().join("folders/acme/input");
     let left: Vec<_> = std::fs::read_dir(&input)
         .unwrap()
         .flatten()

@@ -3,9 +3,9 @@
 //! A folder is a `/`-separated path of at most [`MAX_DEPTH`] segments, each matching
 //! `^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$`. Because a folder becomes `groups/<folder>/` on the
 //! host, the grammar leaves no room for traversal: no `..`, no `.`, no empty or absolute
-//! segments, ASCII only. Names that hako itself uses inside a group directory (`global`,
-//! `share`, and the mount points under `/workspace/`) are reserved so that a sub-group can
-//! never alias them.
+//! segments, ASCII only. No name is reserved: a folder's storage is a flat key of its own
+//! (`crate::layout`), never a directory inside its parent's, so no folder can alias another
+//! folder's directories or the host's.
 
 use std::fmt;
 
@@ -15,28 +15,6 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 pub const MAX_DEPTH: usize = 8;
 /// The longest segment accepted.
 pub const MAX_SEGMENT: usize = 64;
-
-/// Segment names that may not be used in a group folder, with the reason each is taken.
-pub const RESERVED: &[(&str, &str)] = &[
-    (
-        "global",
-        "groups/global/ is the shared read-only memory of untrusted groups",
-    ),
-    (
-        "share",
-        "groups/<world>/share/ is the world's shared directory",
-    ),
-    ("media", "mounted at /workspace/media/"),
-    ("logs", "holds the group's container run logs"),
-    ("ipc", "mounted at /workspace/ipc/"),
-    ("extra", "holds extra mounts at /workspace/extra/"),
-    ("env-dir", "mounted at /workspace/env-dir/"),
-    ("web", "mounted at /workspace/web/"),
-    (
-        "project",
-        "mounted at /workspace/project/ for trusted groups",
-    ),
-];
 
 /// Why a folder name was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -61,9 +39,6 @@ pub enum FolderError {
         "folder segment {0:?} is invalid: use letters, digits, '_' and '-', starting with a letter or digit"
     )]
     BadSegment(String),
-    /// A reserved name.
-    #[error("folder segment {0:?} is reserved: {1}")]
-    Reserved(String, &'static str),
 }
 
 /// A validated group folder, such as `acme` or `acme/support`.
@@ -138,9 +113,6 @@ fn validate_segment(seg: &str) -> Result<(), FolderError> {
         .all(|b| b.is_ascii_alphanumeric() || *b == b'_' || *b == b'-');
     if !ok_first || !ok_rest {
         return Err(FolderError::BadSegment(seg.to_owned()));
-    }
-    if let Some((_, why)) = RESERVED.iter().find(|(name, _)| *name == seg) {
-        return Err(FolderError::Reserved(seg.to_owned(), why));
     }
     Ok(())
 }
@@ -226,25 +198,18 @@ mod tests {
     }
 
     #[test]
-    fn rejects_reserved_names_anywhere() {
-        assert!(matches!(
-            GroupFolder::new("global"),
-            Err(FolderError::Reserved(..))
-        ));
-        assert!(matches!(
-            GroupFolder::new("share"),
-            Err(FolderError::Reserved(..))
-        ));
-        assert!(matches!(
-            GroupFolder::new("acme/share"),
-            Err(FolderError::Reserved(..))
-        ));
-        assert!(matches!(
-            GroupFolder::new("acme/media"),
-            Err(FolderError::Reserved(..))
-        ));
-        // A reserved word as part of a longer name is fine.
-        assert!(GroupFolder::new("globalist/shared").is_ok());
+    fn host_names_are_ordinary_folder_names() {
+        // The flat layout leaves nothing to alias: these were reserved in the nested one.
+        for ok in [
+            "global",
+            "share",
+            "acme/share",
+            "a/input",
+            "a/env",
+            "a/sidecars",
+        ] {
+            assert!(GroupFolder::new(ok).is_ok(), "{ok}");
+        }
     }
 
     #[test]

@@ -17,6 +17,8 @@ pub mod db;
 pub mod folder;
 #[cfg(feature = "server")]
 pub mod http;
+#[cfg(feature = "layout")]
+pub mod layout;
 #[cfg(feature = "server")]
 pub mod metrics;
 pub mod runs;

@@ -152,30 +152,146 @@ pub struct GroupSpec {
     pub image: Option<String>,
 }
 
+/// A container's resource limits: the install's defaults, or a group's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limits {
+    /// Bytes of memory (swap is not granted on top).
+    pub memory: i64,
+    /// CPUs, fractional.
+    pub cpus: f64,
+    /// Maximum number of processes.
+    pub pids: i64,
+}
+
+/// The smallest memory limit Docker accepts (6 MiB).
+pub const MIN_MEMORY: u64 = 6 << 20;
+/// The largest memory limit accepted (1 TiB): more is a typo, not a plan.
+pub const MAX_MEMORY: u64 = 1 << 40;
+/// The smallest CPU limit accepted.
+pub const MIN_CPUS: f64 = 0.01;
+/// The largest CPU limit accepted.
+pub const MAX_CPUS: f64 = 1024.0;
+/// The largest process limit accepted.
+pub const MAX_PIDS: i64 = 1 << 22;
+/// The shortest run ceiling a group may ask for.
+pub const MIN_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A group setting that cannot be used, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct GroupSpecError {
+    /// The field, e.g. `memory` or `sidecars[0].cpus`.
+    pub field: String,
+    /// What is wrong.
+    pub reason: String,
+}
+
+fn check(ok: bool, field: impl Into<String>, reason: String) -> Result<(), GroupSpecError> {
+    if ok {
+        Ok(())
+    } else {
+        Err(GroupSpecError {
+            field: field.into(),
+            reason,
+        })
+    }
+}
+
+fn check_memory(m: ByteSize, field: String) -> Result<(), GroupSpecError> {
+    check(
+        (MIN_MEMORY..=MAX_MEMORY).contains(&m.0),
+        field,
+        format!("must be between 6m and 1t bytes, not {}", m.0),
+    )
+}
+
+fn check_cpus(c: f64, field: String) -> Result<(), GroupSpecError> {
+    // Docker reads 0 as "no limit"; NaN and infinities are never meant.
+    check(
+        c.is_finite() && (MIN_CPUS..=MAX_CPUS).contains(&c),
+        field,
+        format!("must be between {MIN_CPUS} and {MAX_CPUS}, not {c}"),
+    )
+}
+
 impl GroupSpec {
-    /// Whether this spec asks for anything beyond the defaults a folder-bound caller may use:
-    /// trust, extra mounts, network, a different image, sidecars or env passthrough.
-    pub fn elevated(&self) -> Vec<&'static str> {
+    /// Refuses values that are never meant, for every caller: limits of 0 or below (Docker
+    /// reads them as "unlimited"), absurd sizes, a zero timeout. The error names the field.
+    pub fn validate(&self) -> Result<(), GroupSpecError> {
+        if let Some(m) = self.memory {
+            check_memory(m, "memory".into())?;
+        }
+        if let Some(c) = self.cpus {
+            check_cpus(c, "cpus".into())?;
+        }
+        if let Some(p) = self.pids {
+            check(
+                (1..=MAX_PIDS).contains(&p),
+                "pids",
+                format!("must be between 1 and {MAX_PIDS}, not {p}"),
+            )?;
+        }
+        if let Some(t) = self.timeout {
+            check(t.0 >= MIN_TIMEOUT, "timeout", "must be at least 1s".into())?;
+        }
+        for (i, s) in self.sidecars.iter().enumerate() {
+            if let Some(m) = s.memory {
+                check_memory(m, format!("sidecars[{i}].memory"))?;
+            }
+            if let Some(c) = s.cpus {
+                check_cpus(c, format!("sidecars[{i}].cpus"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The fields with which this spec asks for more than a folder-bound caller may: such a
+    /// caller may only tighten the install's `defaults` (memory, CPUs, processes; the run
+    /// ceiling is tighten-only for everyone), and may set nothing else. Every field is named
+    /// here, so a field added later does not compile until it is given its rule.
+    pub fn beyond(&self, defaults: &Limits) -> Vec<&'static str> {
+        let GroupSpec {
+            trust,
+            network,
+            egress_allowlist,
+            timeout: _, // clamped to RUNED_RUN_TIMEOUT for every caller
+            memory,
+            cpus,
+            pids,
+            mounts,
+            sidecars,
+            env_allowlist,
+            image,
+        } = self;
         let mut v = Vec::new();
-        if self.trust != Trust::Untrusted {
-            v.push("trust");
-        }
-        if !self.mounts.is_empty() {
-            v.push("mounts");
-        }
-        if self.network != Network::None || !self.egress_allowlist.is_empty() {
-            v.push("network");
-        }
-        if self.image.is_some() {
-            v.push("image");
-        }
-        if !self.sidecars.is_empty() {
-            v.push("sidecars");
-        }
-        if !self.env_allowlist.is_empty() {
-            v.push("env_allowlist");
-        }
+        let mut flag = |widens: bool, name| {
+            if widens {
+                v.push(name);
+            }
+        };
+        flag(*trust != Trust::Untrusted, "trust");
+        flag(*network != Network::None, "network");
+        flag(!egress_allowlist.is_empty(), "egress_allowlist");
+        flag(
+            memory.is_some_and(|m| m.0 > defaults.memory.max(0) as u64),
+            "memory",
+        );
+        flag(cpus.is_some_and(|c| c > defaults.cpus), "cpus");
+        flag(pids.is_some_and(|p| p > defaults.pids), "pids");
+        flag(!mounts.is_empty(), "mounts");
+        flag(!sidecars.is_empty(), "sidecars");
+        flag(!env_allowlist.is_empty(), "env_allowlist");
+        flag(image.is_some(), "image");
         v
+    }
+
+    /// This group's limits: the ones it sets, the install's `defaults` for the rest.
+    pub fn limits(&self, defaults: &Limits) -> Limits {
+        Limits {
+            memory: self.memory.map_or(defaults.memory, |m| m.0 as i64),
+            cpus: self.cpus.unwrap_or(defaults.cpus),
+            pids: self.pids.unwrap_or(defaults.pids),
+        }
     }
 }
 
@@ -355,6 +471,100 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    const DEFAULTS: Limits = Limits {
+        memory: 1 << 30,
+        cpus: 2.0,
+        pids: 512,
+    };
+
+    /// Generated from `GroupSpec`'s fields: each field on the wire must have an entry here,
+    /// a value that widens the defaults (or `None`: it cannot widen anything) and one that
+    /// only tightens them (or `None`: any value is a privilege). A field added later fails
+    /// this test until someone decides which it is.
+    #[test]
+    fn every_group_field_has_an_authority_rule() {
+        let table: &[(&str, Option<serde_json::Value>, Option<serde_json::Value>)] = &[
+            ("trust", Some(json!("main")), None),
+            ("network", Some(json!("open")), None),
+            ("egress_allowlist", Some(json!(["x.example"])), None),
+            ("timeout", None, Some(json!("5s"))),
+            ("memory", Some(json!("2g")), Some(json!("512m"))),
+            ("cpus", Some(json!(2.5)), Some(json!(0.5))),
+            ("pids", Some(json!(513)), Some(json!(64))),
+            (
+                "mounts",
+                Some(json!([{"host_path": "/srv", "container_path": "s"}])),
+                None,
+            ),
+            ("sidecars", Some(json!([{"name": "s", "image": "i"}])), None),
+            ("env_allowlist", Some(json!(["TZ"])), None),
+            ("image", Some(json!("other:1")), None),
+        ];
+        let fields = serde_json::to_value(GroupSpec::default()).unwrap();
+        let fields = fields.as_object().unwrap();
+        for name in fields.keys() {
+            let row = table.iter().find(|(n, ..)| n == name).unwrap_or_else(|| {
+                panic!(
+                    "GroupSpec field {name:?} has no authority rule: add it to beyond() and here"
+                )
+            });
+            let spec = |v: &serde_json::Value| -> GroupSpec {
+                serde_json::from_value(json!({ name: v })).unwrap()
+            };
+            if let Some(wide) = &row.1 {
+                let g = spec(wide);
+                assert!(
+                    g.beyond(&DEFAULTS).contains(&name.as_str()),
+                    "{name}: {wide}"
+                );
+            }
+            if let Some(tight) = &row.2 {
+                let g = spec(tight);
+                g.validate().unwrap();
+                assert!(
+                    g.beyond(&DEFAULTS).is_empty(),
+                    "{name}: {tight} only tightens"
+                );
+            }
+        }
+        assert_eq!(
+            fields.len(),
+            table.len(),
+            "a rule for a field that no longer exists"
+        );
+    }
+
+    #[test]
+    fn never_meant_limits_are_refused_for_everyone() {
+        for (body, field) in [
+            (json!({"memory": "0"}), "memory"),
+            (json!({"memory": "4096g"}), "memory"),
+            (json!({"cpus": 0}), "cpus"),
+            (json!({"cpus": 1e-12}), "cpus"),
+            (json!({"cpus": 1e9}), "cpus"),
+            (json!({"pids": 0}), "pids"),
+            (json!({"pids": -1}), "pids"),
+            (json!({"timeout": "0s"}), "timeout"),
+            (
+                json!({"sidecars": [{"name": "s", "image": "i", "memory": "0"}]}),
+                "sidecars[0].memory",
+            ),
+            (
+                json!({"sidecars": [{"name": "s", "image": "i", "cpus": 0}]}),
+                "sidecars[0].cpus",
+            ),
+        ] {
+            let g: GroupSpec = serde_json::from_value(body.clone()).unwrap();
+            let e = g.validate().unwrap_err();
+            assert_eq!(e.field, field, "{body}: {e}");
+        }
+        let ok: GroupSpec =
+            serde_json::from_value(json!({"memory": "6m", "cpus": 0.01, "pids": 1})).unwrap();
+        ok.validate().unwrap();
+        assert_eq!(ok.limits(&DEFAULTS).pids, 1);
+        assert_eq!(GroupSpec::default().limits(&DEFAULTS), DEFAULTS);
+    }
+
     #[test]
     fn run_request_parses_the_contract_shape() {
         let v = json!({
@@ -373,8 +583,8 @@ mod tests {
         assert_eq!(r.group.memory, Some(ByteSize(512 << 20)));
         assert!(r.group.mounts[0].readonly, "mounts default to read-only");
         assert_eq!(
-            r.group.elevated(),
-            vec!["trust", "mounts", "image", "sidecars", "env_allowlist"]
+            r.group.beyond(&DEFAULTS),
+            vec!["trust", "mounts", "sidecars", "env_allowlist", "image"]
         );
     }
 
@@ -388,7 +598,7 @@ mod tests {
         assert!(serde_json::from_value::<RunRequest>(bad_timeout).is_err());
         let minimal = json!({"folder": "a", "turn_id": "t"});
         let r: RunRequest = serde_json::from_value(minimal).unwrap();
-        assert!(r.group.elevated().is_empty());
+        assert!(r.group.beyond(&DEFAULTS).is_empty());
     }
 
     #[test]

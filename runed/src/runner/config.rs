@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use hako_shared::config::{ConfigError, Env};
 use hako_shared::contract::Markers;
+use hako_shared::runs::{ByteSize, GroupSpec};
 
 use super::docker::Limits;
 use super::mounts::Layout;
@@ -176,10 +177,29 @@ impl RunnerConfig {
         c.skills_dir = env
             .path("SKILLS_DIR")
             .or_else(|| Some(c.layout.app_dir.join("agent/skills")).filter(|p| p.is_dir()));
-        c.project_dir = env
-            .path("HAKO_PROJECT_DIR")
-            .or_else(|| Some(c.layout.app_dir.clone()));
+        // Only when asked for: a default (the working directory) could hold DATA_DIR.
+        c.project_dir = env.path("HAKO_PROJECT_DIR");
         c.web_dir = env.path("HAKO_WEB_DIR");
+        // A read-only mount that holds the data directory would show every tenant's files;
+        // one inside it would sit where containers write.
+        for (var, dir) in [
+            ("SKILLS_DIR", &c.skills_dir),
+            ("HAKO_PROJECT_DIR", &c.project_dir),
+            ("HAKO_WEB_DIR", &c.web_dir),
+        ] {
+            if let Some(d) = dir
+                && overlaps(d, &c.layout.data_dir)
+            {
+                return Err(ConfigError::Invalid {
+                    var: var.into(),
+                    value: d.display().to_string(),
+                    reason: format!(
+                        "overlaps DATA_DIR ({}); mount a directory outside it",
+                        c.layout.data_dir.display()
+                    ),
+                });
+            }
+        }
         let default_allowlist = c
             .home
             .as_ref()
@@ -200,9 +220,29 @@ impl RunnerConfig {
         if let Some(prefix) = env.get("HAKO_OUTPUT_MARKER_PREFIX") {
             c.markers = Markers::for_prefix(prefix);
         }
-        c.limits.memory = env.size_or("CONTAINER_MEMORY", c.limits.memory as u64)? as i64;
-        c.limits.cpus = env.parse_or("CONTAINER_CPUS", c.limits.cpus)?;
-        c.limits.pids = env.parse_or("CONTAINER_PIDS", c.limits.pids)?;
+        // The install's defaults obey the bounds every group's limits obey.
+        let memory = env.size_or("CONTAINER_MEMORY", c.limits.memory as u64)?;
+        let cpus: f64 = env.parse_or("CONTAINER_CPUS", c.limits.cpus)?;
+        let pids: i64 = env.parse_or("CONTAINER_PIDS", c.limits.pids)?;
+        let as_group = GroupSpec {
+            memory: Some(ByteSize(memory)),
+            cpus: Some(cpus),
+            pids: Some(pids),
+            ..GroupSpec::default()
+        };
+        if let Err(e) = as_group.validate() {
+            let var = match e.field.as_str() {
+                "memory" => "CONTAINER_MEMORY",
+                "cpus" => "CONTAINER_CPUS",
+                _ => "CONTAINER_PIDS",
+            };
+            return Err(ConfigError::Invalid {
+                var: var.into(),
+                value: env.get(var).unwrap_or_default().into(),
+                reason: e.reason,
+            });
+        }
+        c.limits = as_group.limits(&c.limits);
         c.output_cap = env.size_or("RUNED_OUTPUT_CAP", c.output_cap as u64)? as usize;
         c.max_block = env.size_or("RUNED_MAX_BLOCK", c.max_block as u64)? as usize;
         c.open_network = env.string_or("RUNED_OPEN_NETWORK", &c.open_network);
@@ -237,6 +277,14 @@ pub fn install_id_for(data_dir: &std::path::Path) -> String {
     let canon = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_owned());
     let d = Sha256::digest(canon.to_string_lossy().as_bytes());
     d.iter().take(6).map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether one path contains the other, compared as resolved paths where they exist.
+fn overlaps(a: &std::path::Path, b: &std::path::Path) -> bool {
+    let real =
+        |p: &std::path::Path| std::fs::canonicalize(p).unwrap_or_else(|_| absolute(p.to_owned()));
+    let (a, b) = (real(a), real(b));
+    a.starts_with(&b) || b.starts_with(&a)
 }
 
 /// `path` made absolute against the working directory (unchanged if that is unknown).
@@ -276,11 +324,24 @@ mod tests {
         assert!(bad("RUNED_RUN_TIMEOUT", "soon").contains("RUNED_RUN_TIMEOUT"));
         assert!(bad("RUNED_RUN_TIMEOUT", "0").contains("at least 1s"));
         assert!(bad("CONTAINER_MEMORY", "lots").contains("CONTAINER_MEMORY"));
+        assert!(bad("CONTAINER_MEMORY", "0").contains("CONTAINER_MEMORY"));
+        assert!(bad("CONTAINER_CPUS", "0").contains("CONTAINER_CPUS"));
+        assert!(bad("CONTAINER_PIDS", "-1").contains("CONTAINER_PIDS"));
         assert!(bad("HAKO_AGENT_UID", "bob").contains("HAKO_AGENT_UID"));
         assert!(bad("HAKO_INSTALL_ID", "a b").contains("HAKO_INSTALL_ID"));
         assert!(
             bad("HAKO_MOUNT_ALLOWLIST", "/nonexistent/x.json").contains("HAKO_MOUNT_ALLOWLIST")
         );
+        let overlap = |k: &str, v: &str| {
+            RunnerConfig::from_env(&Env::from_pairs([("DATA_DIR", "/srv/hako/data"), (k, v)]))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(overlap("HAKO_PROJECT_DIR", "/srv/hako").contains("overlaps DATA_DIR"));
+        assert!(overlap("HAKO_WEB_DIR", "/srv/hako/data/web").contains("HAKO_WEB_DIR"));
+        assert!(overlap("SKILLS_DIR", "/").contains("SKILLS_DIR"));
+        let c = RunnerConfig::from_env(&Env::from_pairs([("DATA_DIR", "/srv/hako/data")])).unwrap();
+        assert_eq!(c.project_dir, None, "no project mount unless asked for");
     }
 
     #[test]

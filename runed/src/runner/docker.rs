@@ -171,16 +171,7 @@ pub async fn bounded<T>(
     }
 }
 
-/// Resource limits of one container.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Limits {
-    /// Bytes of memory (swap is not granted on top).
-    pub memory: i64,
-    /// CPUs, fractional.
-    pub cpus: f64,
-    /// Maximum number of processes.
-    pub pids: i64,
-}
+pub use hako_shared::runs::Limits;
 
 /// What a container needs beyond the fixed security profile.
 #[derive(Debug, Clone)]

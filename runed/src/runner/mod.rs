@@ -12,12 +12,14 @@ pub mod docker;
 pub mod mounts;
 pub mod mountsec;
 pub mod outcome;
+mod prepare;
 pub mod runlog;
 pub mod safefs;
 pub mod seed;
 pub mod sentinel;
+pub mod storage;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -43,10 +45,13 @@ use hako_shared::runs::{GroupSpec, Network, Outcome, RunState, SidecarSpec};
 
 pub use config::RunnerConfig;
 use docker::{ContainerSpec, DockerError, Limits, labels};
-use mounts::{Layout, MountEntry, MountPlan, dirs};
+use hako_shared::layout::{self, FolderDir};
+use mounts::Layout;
 use outcome::{Ending, decide};
+use prepare::Prepared;
 use safefs::{Owner, SafeDir};
 use sentinel::{ParseEvent, SentinelParser};
+use storage::Storage;
 
 /// Errors before a run could be attempted, and around steering.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +62,12 @@ pub enum RunError {
     /// A host file operation failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// Preparing the group's directories failed (what the agent left there included).
+    #[error("preparing the group's directories: {0}")]
+    Prepare(std::io::Error),
+    /// The data root cannot be used.
+    #[error(transparent)]
+    Storage(#[from] storage::StorageError),
     /// An extra mount was refused.
     #[error(transparent)]
     Mount(#[from] mountsec::MountError),
@@ -91,7 +102,11 @@ impl RunError {
             RunError::Docker(DockerError::Api(m)) => m.starts_with("400"),
             RunError::Docker(_) => false,
             RunError::Io(_) | RunError::NotLive(_) => false,
-            RunError::Mount(_) | RunError::Env(_) | RunError::Invalid(_) => true,
+            RunError::Mount(_)
+            | RunError::Env(_)
+            | RunError::Invalid(_)
+            | RunError::Prepare(_)
+            | RunError::Storage(_) => true,
         }
     }
 }
@@ -268,7 +283,7 @@ pub struct Adoption {
 pub struct Runner {
     docker: Docker,
     cfg: Arc<RunnerConfig>,
-    root: Arc<SafeDir>,
+    storage: Arc<Storage>,
 }
 
 static STEER_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -280,14 +295,13 @@ impl Runner {
     /// A runner over `cfg`, creating the data root and its top-level directories.
     pub fn new(docker: Docker, mut cfg: RunnerConfig) -> Result<Runner, RunError> {
         make_absolute(&mut cfg)?;
-        let root = SafeDir::create_root(&cfg.layout.data_dir)?;
-        for top in [dirs::GROUPS, dirs::SESSIONS, dirs::IPC, dirs::ENV] {
-            root.ensure_subdir(top, 0o755, None)?;
-        }
+        let storage = Arc::new(Storage::open(&cfg.layout.data_dir)?);
+        // What an earlier process moved aside and did not finish deleting.
+        storage.schedule_reap();
         Ok(Runner {
             docker,
             cfg: Arc::new(cfg),
-            root: Arc::new(root),
+            storage,
         })
     }
 
@@ -502,114 +516,6 @@ impl Runner {
         }
     }
 
-    async fn prepare(&self, spec: &RunSpec) -> Result<Prepared, RunError> {
-        let this = self.clone();
-        let spec = spec.clone();
-        tokio::task::spawn_blocking(move || this.prepare_blocking(&spec))
-            .await
-            .map_err(|e| RunError::Io(std::io::Error::other(e)))?
-    }
-
-    fn prepare_blocking(&self, spec: &RunSpec) -> Result<Prepared, RunError> {
-        let cfg = &self.cfg;
-        let g = &spec.group;
-        if g.network == Network::Allowlist {
-            // Fail closed: without the egress proxy an allowlist cannot be enforced.
-            return Err(RunError::Invalid(
-                "network \"allowlist\" needs the egress proxy, which is not configured; use \"none\" or \"open\"".into(),
-            ));
-        }
-        for s in &g.sidecars {
-            mountsec::validate_name(&s.name)
-                .map_err(|r| RunError::Invalid(format!("sidecar {:?}: {r}", s.name)))?;
-        }
-        let extra = mountsec::validate_all(
-            cfg.allowlist.as_ref(),
-            &g.mounts,
-            g.trust,
-            cfg.home.as_deref(),
-        )?;
-        let extra: Vec<_> = extra
-            .into_iter()
-            .map(|m| (m.source, m.name, m.readonly))
-            .collect();
-        let plan = MountPlan {
-            layout: &cfg.layout,
-            folder: &spec.folder,
-            trust: g.trust,
-            skills_dir: cfg.skills_dir.as_deref(),
-            project_dir: cfg.project_dir.as_deref(),
-            web_dir: cfg.web_dir.as_deref(),
-            extra: &extra,
-        };
-        let owner = self.owner();
-        for d in plan.prep_dirs() {
-            self.root.ensure_subdir_replacing(
-                &d.rel,
-                0o755,
-                if d.agent_owned { owner } else { None },
-            )?;
-        }
-        let f = spec.folder.as_str();
-        // Resolve the group path: its real path must stay inside the groups root.
-        let groups_real = std::fs::canonicalize(cfg.layout.data_dir.join(dirs::GROUPS))?;
-        let group_real = std::fs::canonicalize(cfg.layout.path(dirs::GROUPS, &spec.folder))?;
-        if !group_real.starts_with(&groups_real) {
-            return Err(RunError::Invalid(format!(
-                "group folder {f} resolves outside the groups root"
-            )));
-        }
-        // Stale follow-ups and a `_close` from an earlier run must not reach this one.
-        let input = self
-            .root
-            .subdir(&format!("{}/{f}/{}", dirs::IPC, dirs::INPUT))?;
-        for (name, kind) in input.entries()? {
-            if kind == rustix::fs::FileType::Directory {
-                input.remove_tree(&name)?;
-            } else {
-                input.remove(&name)?;
-            }
-        }
-        let sidecar_dir = self
-            .root
-            .subdir(&format!("{}/{f}/{}", dirs::IPC, dirs::SIDECARS))?;
-        for (name, _) in sidecar_dir.entries()? {
-            sidecar_dir.remove_tree(&name)?;
-        }
-        let home = self.root.subdir(&format!("{}/{f}", dirs::SESSIONS))?;
-        let claude = home.ensure_subdir_replacing(".claude", 0o755, owner)?;
-        let settings_env = BTreeMap::from([
-            ("ARIZUKO_FOLDER".to_owned(), f.to_owned()),
-            ("ARIZUKO_TURN_ID".to_owned(), spec.turn_id.clone()),
-            ("ARIZUKO_RUN_ID".to_owned(), spec.run_id.clone()),
-        ]);
-        seed::write_settings(&claude, &settings_env, &g.sidecars, owner)?;
-        seed::seed_claude_json(&home, &spec.folder, owner)?;
-        if let Some(bundle) = &cfg.skills_dir {
-            let r = seed::seed_skills(bundle, &claude, owner)?;
-            if r.copied > 0 || !r.migrations.is_empty() {
-                tracing::info!(folder = f, copied = r.copied, migrations = ?r.migrations, "skills seeded");
-            }
-        }
-        let vars = seed::select_env(&g.env_allowlist, &cfg.host_env, g.trust)?;
-        let env_dir = self.root.subdir(&format!("{}/{f}", dirs::ENV))?;
-        env_dir.write_atomic("env", seed::render_env_file(&vars).as_bytes(), 0o644, None)?;
-        self.root.ensure_subdir_replacing(
-            &format!("{}/{f}/{}", dirs::GROUPS, dirs::LOGS),
-            0o755,
-            None,
-        )?;
-        let mounts = plan
-            .mounts()
-            .into_iter()
-            .map(|m| MountEntry {
-                source: cfg.layout.host_path(&m.source),
-                ..m
-            })
-            .collect();
-        Ok(Prepared { mounts })
-    }
-
     fn base_labels(
         &self,
         run_id: &str,
@@ -640,13 +546,12 @@ impl Runner {
         }
     }
 
-    async fn start_sidecars(&self, spec: &RunSpec, _p: &Prepared) -> Result<(), RunError> {
+    async fn start_sidecars(&self, spec: &RunSpec, p: &Prepared) -> Result<(), RunError> {
         let cfg = &self.cfg;
         let mut sc_dir: Option<SafeDir> = None;
         for sc in &spec.group.sidecars {
             let socket = seed::sidecar_socket(&sc.name);
-            let sockdir = format!("{}/{}", hako_shared::contract::SOCKET_DIR, dirs::SIDECARS);
-            let spec_c = self.sidecar_spec(spec, sc, &socket, &sockdir);
+            let spec_c = self.sidecar_spec(spec, sc, &socket, p);
             let id = docker::create(&self.docker, &spec_c, cfg.docker_timeout).await?;
             docker::bounded(
                 "start",
@@ -656,12 +561,11 @@ impl Runner {
             )
             .await?;
             if sc_dir.is_none() {
-                sc_dir = Some(self.root.subdir(&format!(
-                    "{}/{}/{}",
-                    dirs::IPC,
-                    spec.folder,
-                    dirs::SIDECARS
-                ))?);
+                sc_dir = Some(
+                    self.storage
+                        .root()
+                        .subdir(&layout::dir_rel(&spec.folder, FolderDir::Sidecars))?,
+                );
             }
             let Some(dir) = sc_dir.as_ref() else { continue };
             let sock_name = format!("{}.sock", sc.name);
@@ -703,10 +607,8 @@ impl Runner {
         spec: &RunSpec,
         sc: &SidecarSpec,
         socket: &str,
-        sockdir: &str,
+        p: &Prepared,
     ) -> ContainerSpec {
-        let l = &self.cfg.layout;
-        let source = l.path(dirs::IPC, &spec.folder).join(dirs::SIDECARS);
         ContainerSpec {
             name: self.container_name(&spec.run_id, &format!("-sc-{}", sc.name)),
             image: sc.image.clone(),
@@ -718,11 +620,7 @@ impl Runner {
                     .map(|a| a.replace("{socket}", socket))
                     .collect()
             }),
-            mounts: vec![MountEntry {
-                source: l.host_path(&source),
-                target: sockdir.to_owned(),
-                readonly: false,
-            }],
+            mounts: p.sidecar_mounts.clone(),
             network: "none".into(),
             limits: Limits {
                 memory: sc.memory.map_or(256 << 20, |m| m.0 as i64),
@@ -767,11 +665,7 @@ impl Runner {
             cmd: None,
             mounts: p.mounts.clone(),
             network: self.network_for(g),
-            limits: Limits {
-                memory: g.memory.map_or(cfg.limits.memory, |m| m.0 as i64),
-                cpus: g.cpus.unwrap_or(cfg.limits.cpus),
-                pids: g.pids.unwrap_or(cfg.limits.pids),
-            },
+            limits: g.limits(&cfg.limits),
             labels,
             stdin: true,
         };
@@ -1047,7 +941,7 @@ impl Runner {
         }
         let ended_at = SystemTime::now();
         let log = st.render_log(&verdict, exit_code, ended_at, &cleanup_errors);
-        let log_file = match st.logs_dir(&self.root) {
+        let log_file = match st.logs_dir(self.storage.root()) {
             Some(dir) => {
                 let (stamp, run, text) = (
                     hako_shared::time::compact(ended_at),
@@ -1178,8 +1072,18 @@ impl Runner {
 
     fn input_dir(&self, folder: &GroupFolder) -> Result<SafeDir, RunError> {
         Ok(self
-            .root
-            .subdir(&format!("{}/{folder}/{}", dirs::IPC, dirs::INPUT))?)
+            .storage
+            .root()
+            .subdir(&layout::dir_rel(folder, FolderDir::Input))?)
+    }
+
+    /// Empties the trash now (agent-made trees moved aside by earlier runs).
+    pub async fn reap_trash(&self) -> Result<safefs::Reaped, RunError> {
+        let storage = self.storage.clone();
+        tokio::task::spawn_blocking(move || storage.reap_now())
+            .await
+            .map_err(|e| RunError::Io(std::io::Error::other(e)))?
+            .map_err(RunError::Io)
     }
 
     /// The layout (for callers that need paths, e.g. tests and the CLI).
@@ -1206,11 +1110,6 @@ fn make_absolute(cfg: &mut RunnerConfig) -> std::io::Result<()> {
         abs(p)?;
     }
     Ok(())
-}
-
-/// What preparation produced for the launch.
-struct Prepared {
-    mounts: Vec<MountEntry>,
 }
 
 fn secrets_of(input: &ContainerInput) -> Vec<String> {
@@ -1316,7 +1215,7 @@ impl Supervision {
     }
 
     fn logs_dir(&self, root: &SafeDir) -> Option<SafeDir> {
-        root.subdir(&format!("{}/{}/{}", dirs::GROUPS, self.folder, dirs::LOGS))
+        root.subdir(&layout::dir_rel(&self.folder, FolderDir::Logs))
             .ok()
     }
 

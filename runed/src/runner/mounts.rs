@@ -1,57 +1,41 @@
-//! The data layout on the host and the mount table of an agent container: the one place
-//! that says which host directory appears where, and how.
+//! The mount table of an agent container: the one place that says which host directory
+//! appears where, and how. Where each folder's directories live on the host is
+//! [`hako_shared::layout`] (flat per-folder keys; read its isolation invariant first).
 //!
-//! | host | container | mode |
+//! | host (under the data dir) | container | mode |
 //! |---|---|---|
-//! | `groups/<folder>/` | `/workspace/` (cwd) | rw |
-//! | `groups/<world>/share/` | `/workspace/share/` | rw |
-//! | `sessions/<folder>/` | `/home/agent/` ($HOME, holds `.claude/`) | rw |
-//! | `ipc/<folder>/` | `/var/run/pub/arizuko/` | rw |
-//! | `ipc/<folder>/input/` | `/workspace/ipc/input/` | rw |
+//! | `folders/<key>/workspace/` | `/workspace/` (cwd) | rw |
+//! | `shares/<world>/` | `/workspace/share/` | rw |
+//! | `folders/<key>/home/` | `/home/agent/` ($HOME, holds `.claude/`) | rw |
+//! | `folders/<key>/ipc/` | `/var/run/pub/arizuko/` | rw |
+//! | `folders/<key>/input/` | `/workspace/ipc/input/` | rw |
+//! | `folders/<key>/sidecars/` | `/var/run/pub/arizuko/sidecars/` | rw |
+//! | `folders/<key>/env/` | `/workspace/env-dir/` | ro |
 //! | skills dir | `/skills/` | ro |
-//! | `groups/<folder>/media/` | `/workspace/media/` | rw |
 //! | web dir (optional) | `/workspace/web/` | ro |
 //! | validated extra mounts | `/workspace/extra/<name>/` | ro unless allowed |
-//! | `env/<folder>/` | `/workspace/env-dir/` | ro |
-//! | project dir (main only) | `/workspace/project/` | ro |
-//! | `groups/global/` (others) | `/workspace/global/` | ro |
+//! | project dir (main only, when configured) | `/workspace/project/` | ro |
+//! | `global/` (others) | `/workspace/global/` | ro |
 //!
 //! The agent runs as a non-root user whose `$HOME` is `/home/agent`, so the session directory
 //! (the seed's `/root/`) is mounted there: that is where its tools look for `.claude/`.
+//! Received media live in the workspace (`/workspace/media/`), not in a mount of their own.
 
 use std::path::{Path, PathBuf};
 
 use hako_shared::GroupFolder;
+use hako_shared::contract::{INPUT_DIR, SOCKET_DIR};
+use hako_shared::layout::{self, FolderDir};
 use hako_shared::runs::Trust;
 
 /// The agent's home inside the container.
 pub const HOME: &str = "/home/agent";
 /// The agent's working directory.
 pub const WORKSPACE: &str = "/workspace";
-
-/// Directory names under the data root.
-pub mod dirs {
-    /// Group working directories.
-    pub const GROUPS: &str = "groups";
-    /// Per-group session state (`.claude/`).
-    pub const SESSIONS: &str = "sessions";
-    /// Per-group sockets and the follow-up drop.
-    pub const IPC: &str = "ipc";
-    /// Per-group env files.
-    pub const ENV: &str = "env";
-    /// Shared read-only memory of untrusted groups (under `groups/`).
-    pub const GLOBAL: &str = "global";
-    /// A world's shared directory (under `groups/<world>/`).
-    pub const SHARE: &str = "share";
-    /// The follow-up drop (under `ipc/<folder>/`).
-    pub const INPUT: &str = "input";
-    /// Sidecar sockets (under `ipc/<folder>/`).
-    pub const SIDECARS: &str = "sidecars";
-    /// Run logs (under `groups/<folder>/`).
-    pub const LOGS: &str = "logs";
-    /// Received media (under `groups/<folder>/`).
-    pub const MEDIA: &str = "media";
-}
+/// Where sidecar sockets appear, in the agent and in the sidecars.
+pub const SIDECAR_DIR: &str = "/var/run/pub/arizuko/sidecars";
+/// Received media, a directory of the workspace.
+pub const MEDIA: &str = "media";
 
 /// One bind mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,14 +62,9 @@ pub struct Layout {
 }
 
 impl Layout {
-    /// `groups/<folder>` relative to the data root.
-    pub fn group_rel(folder: &GroupFolder) -> String {
-        format!("{}/{folder}", dirs::GROUPS)
-    }
-
-    /// `<data>/<kind>/<folder>`.
-    pub fn path(&self, kind: &str, folder: &GroupFolder) -> PathBuf {
-        self.data_dir.join(kind).join(folder.as_str())
+    /// A folder's directory, locally.
+    pub fn dir(&self, folder: &GroupFolder, dir: FolderDir) -> PathBuf {
+        self.data_dir.join(layout::dir_rel(folder, dir))
     }
 
     /// Translates a local path to the path the Docker daemon must use for a bind source.
@@ -122,7 +101,7 @@ pub struct MountPlan<'a> {
 }
 
 /// A directory the runner must create before the run, relative to the data root, and
-/// whether the container's user should own it.
+/// whether the container's user should own it. Parents come before their children.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrepDir {
     /// Path relative to the data root.
@@ -132,11 +111,10 @@ pub struct PrepDir {
 }
 
 impl MountPlan<'_> {
-    /// The bind sources and mount points to create before the run. Mount points inside the
-    /// workspace must exist, or Docker would create them as root.
+    /// The bind sources and mount points to create before the run: the host-owned parents,
+    /// every bind source, and the mount points inside writable mounts (Docker would create
+    /// missing ones as root).
     pub fn prep_dirs(&self) -> Vec<PrepDir> {
-        let f = self.folder.as_str();
-        let world = self.folder.world();
         let agent = |rel: String| PrepDir {
             rel,
             agent_owned: true,
@@ -145,72 +123,68 @@ impl MountPlan<'_> {
             rel,
             agent_owned: false,
         };
-        let g = format!("{}/{f}", dirs::GROUPS);
+        let f = self.folder;
         let mut v = vec![
-            agent(g.clone()),
-            agent(format!("{g}/{}", dirs::MEDIA)),
-            agent(format!("{g}/ipc/input")),
-            agent(format!("{g}/env-dir")),
-            agent(format!("{}/{world}/{}", dirs::GROUPS, dirs::SHARE)),
-            agent(format!("{}/{f}", dirs::SESSIONS)),
-            agent(format!("{}/{f}", dirs::IPC)),
-            agent(format!("{}/{f}/{}", dirs::IPC, dirs::INPUT)),
-            agent(format!("{}/{f}/{}", dirs::IPC, dirs::SIDECARS)),
-            host(format!("{}/{f}", dirs::ENV)),
+            host(layout::FOLDERS.to_owned()),
+            host(layout::folder_rel(f)),
+            host(layout::SHARES.to_owned()),
+            agent(layout::share_rel(f)),
         ];
-        if self.folder.world() != f {
-            v.push(agent(format!("{g}/{}", dirs::SHARE)));
+        for d in FolderDir::ALL {
+            v.push(PrepDir {
+                rel: layout::dir_rel(f, d),
+                agent_owned: d.agent_owned(),
+            });
         }
-        match self.trust {
-            Trust::Main => {
-                if self.project_dir.is_some() {
-                    v.push(agent(format!("{g}/project")));
+        if self.trust == Trust::Untrusted {
+            v.push(host(layout::GLOBAL.to_owned()));
+        }
+        // Mount points inside the writable mounts, and the media directory.
+        let ws = layout::dir_rel(f, FolderDir::Workspace);
+        let ipc = layout::dir_rel(f, FolderDir::Ipc);
+        for m in self.mounts() {
+            let inside = |base: &str| {
+                m.target
+                    .strip_prefix(base)
+                    .and_then(|r| r.strip_prefix('/'))
+            };
+            if let Some(rel) = inside(SOCKET_DIR) {
+                v.push(agent(format!("{ipc}/{rel}")));
+            } else if let Some(rel) = inside(WORKSPACE) {
+                // `ipc/input` needs `ipc` first; `extra/<name>` needs `extra`.
+                if let Some((parent, _)) = rel.rsplit_once('/') {
+                    v.push(agent(format!("{ws}/{parent}")));
                 }
-            }
-            Trust::Untrusted => {
-                v.push(host(format!("{}/{}", dirs::GROUPS, dirs::GLOBAL)));
-                v.push(agent(format!("{g}/{}", dirs::GLOBAL)));
+                v.push(agent(format!("{ws}/{rel}")));
             }
         }
-        if self.web_dir.is_some() {
-            v.push(agent(format!("{g}/web")));
-        }
-        for (_, name, _) in self.extra {
-            v.push(agent(format!("{g}/extra/{name}")));
-        }
+        v.push(agent(format!("{ws}/{MEDIA}")));
+        let mut seen = std::collections::HashSet::new();
+        v.retain(|d| seen.insert(d.rel.clone()));
         v
     }
 
-    /// The mount table.
+    /// The mount table of the agent container.
     pub fn mounts(&self) -> Vec<MountEntry> {
         let l = self.layout;
         let f = self.folder;
-        let group = l.path(dirs::GROUPS, f);
-        let ipc = l.path(dirs::IPC, f);
         let m = |source: PathBuf, target: &str, readonly: bool| MountEntry {
             source,
             target: target.to_owned(),
             readonly,
         };
         let mut v = vec![
-            m(group.clone(), WORKSPACE, false),
+            m(l.dir(f, FolderDir::Workspace), WORKSPACE, false),
             m(
-                l.data_dir
-                    .join(dirs::GROUPS)
-                    .join(f.world())
-                    .join(dirs::SHARE),
+                l.data_dir.join(layout::share_rel(f)),
                 "/workspace/share",
                 false,
             ),
-            m(l.path(dirs::SESSIONS, f), HOME, false),
-            m(ipc.clone(), hako_shared::contract::SOCKET_DIR, false),
-            m(
-                ipc.join(dirs::INPUT),
-                hako_shared::contract::INPUT_DIR,
-                false,
-            ),
-            m(group.join(dirs::MEDIA), "/workspace/media", false),
-            m(l.path(dirs::ENV, f), "/workspace/env-dir", true),
+            m(l.dir(f, FolderDir::Home), HOME, false),
+            m(l.dir(f, FolderDir::Ipc), SOCKET_DIR, false),
+            m(l.dir(f, FolderDir::Input), INPUT_DIR, false),
+            m(l.dir(f, FolderDir::Sidecars), SIDECAR_DIR, false),
+            m(l.dir(f, FolderDir::Env), "/workspace/env-dir", true),
         ];
         if let Some(skills) = self.skills_dir {
             v.push(m(skills.to_owned(), "/skills", true));
@@ -226,7 +200,7 @@ impl MountPlan<'_> {
                 }
             }
             Trust::Untrusted => v.push(m(
-                l.data_dir.join(dirs::GROUPS).join(dirs::GLOBAL),
+                l.data_dir.join(layout::GLOBAL),
                 "/workspace/global",
                 true,
             )),
@@ -239,6 +213,15 @@ impl MountPlan<'_> {
             ));
         }
         v
+    }
+
+    /// The one mount of a sidecar container: the folder's sidecar socket directory.
+    pub fn sidecar_mounts(&self) -> Vec<MountEntry> {
+        vec![MountEntry {
+            source: self.layout.dir(self.folder, FolderDir::Sidecars),
+            target: SIDECAR_DIR.to_owned(),
+            readonly: false,
+        }]
     }
 }
 
@@ -259,40 +242,43 @@ mod tests {
         v.iter().find(|m| m.target == target)
     }
 
+    fn plan<'a>(l: &'a Layout, f: &'a GroupFolder, trust: Trust) -> MountPlan<'a> {
+        MountPlan {
+            layout: l,
+            folder: f,
+            trust,
+            skills_dir: Some(Path::new("/app/skills")),
+            project_dir: Some(Path::new("/srv/project")),
+            web_dir: Some(Path::new("/app/web")),
+            extra: &[],
+        }
+    }
+
     #[test]
     fn untrusted_group_table() {
         let l = layout();
         let f = GroupFolder::new("acme/support").unwrap();
-        let plan = MountPlan {
-            layout: &l,
-            folder: &f,
-            trust: Trust::Untrusted,
-            skills_dir: Some(Path::new("/app/skills")),
-            project_dir: Some(Path::new("/app")),
-            web_dir: None,
-            extra: &[],
-        };
-        let v = plan.mounts();
+        let v = plan(&l, &f, Trust::Untrusted).mounts();
         let ws = find(&v, "/workspace").unwrap();
         assert_eq!(
             (ws.source.to_str(), ws.readonly),
-            (Some("/data/groups/acme/support"), false)
+            (Some("/data/folders/acme.support/workspace"), false)
         );
         assert_eq!(
             find(&v, "/workspace/share").unwrap().source,
-            Path::new("/data/groups/acme/share")
+            Path::new("/data/shares/acme")
         );
         assert_eq!(
             find(&v, HOME).unwrap().source,
-            Path::new("/data/sessions/acme/support")
+            Path::new("/data/folders/acme.support/home")
         );
         assert_eq!(
             find(&v, "/var/run/pub/arizuko").unwrap().source,
-            Path::new("/data/ipc/acme/support")
+            Path::new("/data/folders/acme.support/ipc")
         );
         assert_eq!(
             find(&v, "/workspace/ipc/input").unwrap().source,
-            Path::new("/data/ipc/acme/support/input")
+            Path::new("/data/folders/acme.support/input")
         );
         assert!(find(&v, "/workspace/env-dir").unwrap().readonly);
         assert!(find(&v, "/skills").unwrap().readonly);
@@ -313,26 +299,109 @@ mod tests {
         let l = layout();
         let f = GroupFolder::new("main").unwrap();
         let extra = vec![(PathBuf::from("/srv/p"), "p".to_owned(), false)];
-        let plan = MountPlan {
-            layout: &l,
-            folder: &f,
-            trust: Trust::Main,
-            skills_dir: None,
-            project_dir: Some(Path::new("/app")),
-            web_dir: Some(Path::new("/app/web")),
-            extra: &extra,
-        };
-        let v = plan.mounts();
+        let mut p = plan(&l, &f, Trust::Main);
+        p.extra = &extra;
+        let v = p.mounts();
         assert!(find(&v, "/workspace/project").unwrap().readonly);
         assert!(find(&v, "/workspace/global").is_none());
         assert!(find(&v, "/workspace/web").unwrap().readonly);
         assert!(!find(&v, "/workspace/extra/p").unwrap().readonly);
-        let prep = plan.prep_dirs();
-        assert!(
-            prep.iter()
-                .any(|d| d.rel == "groups/main/extra/p" && d.agent_owned)
-        );
-        assert!(prep.iter().any(|d| d.rel == "env/main" && !d.agent_owned));
+        let prep = p.prep_dirs();
+        let has =
+            |rel: &str, agent: bool| prep.iter().any(|d| d.rel == rel && d.agent_owned == agent);
+        assert!(has("folders/main/workspace/extra", true));
+        assert!(has("folders/main/workspace/extra/p", true));
+        assert!(has("folders/main/workspace/ipc/input", true));
+        assert!(has("folders/main/ipc/sidecars", true));
+        assert!(has("folders/main/env", false));
+        assert!(has("folders/main", false));
+        assert!(has("folders", false));
+        // Every prep dir comes after its parent (when the parent is prepared at all).
+        for (i, d) in prep.iter().enumerate() {
+            if let Some((parent, _)) = d.rel.rsplit_once('/')
+                && let Some(j) = prep.iter().position(|p| p.rel == parent)
+            {
+                assert!(j < i, "{} before its parent", d.rel);
+            }
+        }
+    }
+
+    /// The isolation invariant, over every folder shape that once aliased or nested: no
+    /// directory on the path to any bind source (of an agent or a sidecar, of any folder) lies
+    /// inside a writable bind source of any folder, so no running container can swap
+    /// anything on the way while Docker resolves the path; and no two folders share a
+    /// private bind source.
+    #[test]
+    fn no_container_can_write_on_the_path_to_any_bind_source() {
+        let l = layout();
+        let names = [
+            "a",
+            "a/b",
+            "a/b/c",
+            "ab",
+            "a/input",
+            "a/env",
+            "a/sidecars",
+            "a/ipc",
+            "a/share",
+            "a/logs",
+            "a/home",
+            "a/workspace",
+            "global",
+            "share",
+            "b",
+            "b/a",
+        ];
+        let folders: Vec<GroupFolder> =
+            names.iter().map(|n| GroupFolder::new(n).unwrap()).collect();
+        let mut all: Vec<(String, MountEntry)> = Vec::new();
+        for f in &folders {
+            for trust in [Trust::Untrusted, Trust::Main] {
+                let p = plan(&l, f, trust);
+                for m in p.mounts().into_iter().chain(p.sidecar_mounts()) {
+                    all.push((f.to_string(), m));
+                }
+            }
+        }
+        let writable: Vec<&PathBuf> = all
+            .iter()
+            .filter(|(_, m)| !m.readonly)
+            .map(|(_, m)| &m.source)
+            .collect();
+        for (f, m) in &all {
+            let mut dir = m.source.parent();
+            while let Some(d) = dir {
+                for w in &writable {
+                    assert!(
+                        !d.starts_with(w),
+                        "{f}: {} lies on the path to {} and inside writable {}",
+                        d.display(),
+                        m.source.display(),
+                        w.display()
+                    );
+                }
+                dir = d.parent();
+            }
+        }
+        // Private sources (everything but the world's share and the operator's dirs) are
+        // never shared between folders, nor nested in one another.
+        let private: Vec<(&String, &PathBuf)> = all
+            .iter()
+            .filter(|(_, m)| m.source.starts_with("/data/folders"))
+            .map(|(f, m)| (f, &m.source))
+            .collect();
+        for (f, a) in &private {
+            for (g, b) in &private {
+                if f != g {
+                    assert!(
+                        !a.starts_with(b),
+                        "{f}'s {} is inside {g}'s {}",
+                        a.display(),
+                        b.display()
+                    );
+                }
+            }
+        }
     }
 
     #[test]
@@ -344,8 +413,8 @@ mod tests {
             host_app_dir: Some("/srv/hako/app".into()),
         };
         assert_eq!(
-            l.host_path(Path::new("/data/groups/a")),
-            Path::new("/srv/hako/data/groups/a")
+            l.host_path(Path::new("/data/folders/a/workspace")),
+            Path::new("/srv/hako/data/folders/a/workspace")
         );
         assert_eq!(
             l.host_path(Path::new("/app/skills")),

@@ -78,6 +78,14 @@ pub struct Allowlist {
     /// Force every non-main group's mounts read-only.
     #[serde(default = "yes")]
     pub non_main_read_only: bool,
+    /// Directories no extra mount may overlap (the data root), resolved.
+    #[serde(skip)]
+    pub protected: Vec<PathBuf>,
+}
+
+/// Whether one of two resolved paths contains the other.
+fn overlap(a: &Path, b: &Path) -> bool {
+    a.starts_with(b) || b.starts_with(a)
 }
 
 fn yes() -> bool {
@@ -143,7 +151,23 @@ impl Allowlist {
             }
         }
         let text = std::fs::read_to_string(&real).map_err(|e| bad(e.to_string()))?;
-        serde_json::from_str(&text).map_err(|e| bad(e.to_string()))
+        let mut list: Allowlist = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        list.protected = mounted_roots
+            .iter()
+            .map(|r| std::fs::canonicalize(r).unwrap_or_else(|_| r.to_path_buf()))
+            .collect();
+        // A root that holds the data directory would let a mount expose every tenant.
+        for r in &list.allowed_roots {
+            let rp = std::fs::canonicalize(&r.path).unwrap_or_else(|_| PathBuf::from(&r.path));
+            if let Some(p) = list.protected.iter().find(|p| overlap(&rp, p)) {
+                return Err(bad(format!(
+                    "allowed root {} overlaps the data directory {}",
+                    r.path,
+                    p.display()
+                )));
+            }
+        }
+        Ok(list)
     }
 
     /// Validates one requested mount for a group of `trust`.
@@ -195,6 +219,13 @@ impl Allowlist {
             .filter(|(rp, _)| real.starts_with(rp))
             .max_by_key(|(rp, _)| rp.components().count())
             .ok_or_else(|| reject(format!("{} is outside every allowed root", real.display())))?;
+        if let Some(p) = self.protected.iter().find(|p| overlap(&real, p)) {
+            return Err(reject(format!(
+                "{} overlaps the data directory {}",
+                real.display(),
+                p.display()
+            )));
+        }
         if let Some(hit) = self.blocked_in(&real) {
             return Err(reject(format!(
                 "{} matches blocked pattern {hit:?}",
@@ -541,5 +572,31 @@ mod tests {
                 .unwrap()
                 .non_main_read_only
         );
+        // A root that contains the data directory, or lies inside it, is refused at load;
+        // a mount that reaches into it through a wider root, at validation.
+        for root in [tmp.path(), &data.join("folders")] {
+            let text = format!(r#"{{"allowedRoots": [{{"path": "{}"}}]}}"#, root.display());
+            std::fs::write(&outside, text).unwrap();
+            let e = Allowlist::load(&outside, &[&data]).unwrap_err().to_string();
+            assert!(e.contains("overlaps the data directory"), "{e}");
+        }
+        std::fs::write(&outside, r#"{"allowedRoots": [{"path": "/"}]}"#).unwrap();
+        let mut list: Allowlist =
+            serde_json::from_str(r#"{"allowedRoots": [{"path": "/"}]}"#).unwrap();
+        list.protected = vec![std::fs::canonicalize(&data).unwrap()];
+        std::fs::create_dir_all(data.join("folders/a/workspace")).unwrap();
+        let e = list
+            .validate(
+                &req(&data.join("folders/a/workspace"), "w", true),
+                Trust::Main,
+                None,
+            )
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overlaps the data directory"), "{e}");
+        let e = list
+            .validate(&req(tmp.path(), "t", true), Trust::Main, None)
+            .unwrap_err();
+        assert!(e.to_string().contains("overlaps the data directory"), "{e}");
     }
 }

@@ -8,7 +8,7 @@
 //! "create if missing", counts as present) instead of redirecting a root-owned write to an
 //! arbitrary host path.
 
-use std::ffi::OsStr;
+use std::ffi::{CString, OsStr};
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
@@ -281,21 +281,17 @@ impl SafeDir {
         Ok(buf)
     }
 
-    /// The names in this directory (without `.` and `..`), with their types.
-    pub fn entries(&self) -> io::Result<Vec<(String, FileType)>> {
+    /// Whether the directory has no entries (besides `.` and `..`).
+    pub fn is_empty(&self) -> io::Result<bool> {
         let dir = rustix::fs::Dir::read_from(&self.fd).map_err(|e| with_path(e, &self.path))?;
-        let mut out = Vec::new();
         for entry in dir {
             let entry = entry.map_err(|e| with_path(e, &self.path))?;
             let name = entry.file_name().to_bytes();
-            if name == b"." || name == b".." {
-                continue;
+            if name != b"." && name != b".." {
+                return Ok(false);
             }
-            let name = String::from_utf8_lossy(name).into_owned();
-            out.push((name, entry.file_type()));
         }
-        out.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(out)
+        Ok(true)
     }
 
     /// Removes the entry `name` (a file or a symlink, never its target).
@@ -309,24 +305,16 @@ impl SafeDir {
         }
     }
 
-    /// Removes a directory tree below this one without following symlinks.
-    pub fn remove_tree(&self, name: &str) -> io::Result<()> {
-        match self.kind(name)? {
-            None => Ok(()),
-            Some(FileType::Directory) => {
-                let sub = self.open_child(name)?;
-                for (child, kind) in sub.entries()? {
-                    if kind == FileType::Directory {
-                        sub.remove_tree(&child)?;
-                    } else {
-                        sub.remove(&child)?;
-                    }
-                }
-                rustix::fs::unlinkat(&self.fd, name, AtFlags::REMOVEDIR)
-                    .map_err(|e| with_path(e, &self.path.join(name)))
-            }
-            Some(_) => self.remove(name).map(drop),
-        }
+    /// Moves the entry `name` into `to` under a fresh name starting with `prefix`, and returns
+    /// that name. One `renameat`, whatever the entry holds: this is how a tree the agent made
+    /// leaves a directory the host is about to reuse, without the host walking it.
+    pub fn move_into(&self, name: &str, to: &SafeDir, prefix: &str) -> io::Result<String> {
+        check_name(name)?;
+        let fresh = format!("{prefix}-{}", random_suffix());
+        check_name(&fresh)?;
+        rustix::fs::renameat(&self.fd, name, &to.fd, fresh.as_str())
+            .map_err(|e| with_path(e, &self.path.join(name)))?;
+        Ok(fresh)
     }
 
     /// Renames `from` to `to` within this directory.
@@ -336,6 +324,171 @@ impl SafeDir {
         rustix::fs::renameat(&self.fd, from, &self.fd, to)
             .map_err(|e| with_path(e, &self.path.join(to)))
     }
+}
+
+/// Bounds on one [`reap`].
+#[derive(Debug, Clone, Copy)]
+pub struct ReapLimits {
+    /// Directories held open at once; deeper subtrees are moved up and done later.
+    pub max_depth: usize,
+    /// Entries removed before giving up (the rest stays for the next reap).
+    pub max_entries: u64,
+}
+
+impl Default for ReapLimits {
+    fn default() -> Self {
+        Self {
+            max_depth: 32,
+            max_entries: 1_000_000,
+        }
+    }
+}
+
+/// What a [`reap`] removed.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Reaped {
+    /// Files, symlinks, sockets and other non-directories unlinked.
+    pub files: u64,
+    /// Directories removed.
+    pub dirs: u64,
+    /// Subtrees too deep to hold open, moved up to be removed on their own.
+    pub flattened: u64,
+}
+
+/// A directory being emptied: its fd, its name in its parent, its subdirectories left.
+struct Frame {
+    fd: OwnedFd,
+    name: CString,
+    subdirs: Vec<CString>,
+}
+
+/// Deletes every entry of `trash` (a host-owned directory that no container mounts) without
+/// recursion and without following a symlink. Names are raw bytes: a non-UTF-8 name planted
+/// by an agent is removed like any other. At most `limits.max_depth` directories are open at
+/// once: a deeper subtree (a 10,000-deep `d/d/d…` chain) is renamed up into `trash` and taken
+/// apart from there, so depth costs neither stack nor file descriptors. Work stops after
+/// `limits.max_entries` entries with an error; what is left stays for the next call.
+pub fn reap(trash: &SafeDir, limits: ReapLimits) -> io::Result<Reaped> {
+    let mut done = Reaped::default();
+    loop {
+        let mut roots = Vec::new();
+        for entry in rustix::fs::Dir::read_from(&trash.fd).map_err(|e| with_path(e, &trash.path))? {
+            let entry = entry.map_err(|e| with_path(e, &trash.path))?;
+            let name = entry.file_name();
+            if name.to_bytes() != b"." && name.to_bytes() != b".." {
+                roots.push(name.to_owned());
+            }
+        }
+        if roots.is_empty() {
+            return Ok(done);
+        }
+        for root in roots {
+            reap_one(trash, root, limits, &mut done)?;
+        }
+    }
+}
+
+fn reap_one(
+    trash: &SafeDir,
+    root: CString,
+    limits: ReapLimits,
+    done: &mut Reaped,
+) -> io::Result<()> {
+    let over = |done: &Reaped| done.files + done.dirs >= limits.max_entries;
+    let mut stack: Vec<Frame> = Vec::new();
+    match open_frame(&trash.fd, root, done, limits.max_entries)? {
+        Some(f) => stack.push(f),
+        None => return Ok(()),
+    }
+    loop {
+        let depth = stack.len();
+        let Some(top) = stack.last_mut() else { break };
+        if over(done) {
+            return Err(io::Error::other(format!(
+                "{}: stopped after {} entries; the rest is removed later",
+                trash.path.display(),
+                limits.max_entries
+            )));
+        }
+        if let Some(sub) = top.subdirs.pop() {
+            if depth >= limits.max_depth {
+                let fresh = format!(".deep-{}", random_suffix());
+                rustix::fs::renameat(&top.fd, sub.as_c_str(), &trash.fd, fresh.as_str())
+                    .map_err(|e| with_path(e, &trash.path))?;
+                done.flattened += 1;
+                continue;
+            }
+            let parent = &top.fd;
+            let child = open_frame(parent, sub, done, limits.max_entries)?;
+            stack.extend(child);
+            continue;
+        }
+        let Some(finished) = stack.pop() else { break };
+        let parent = stack.last().map_or(&trash.fd, |f| &f.fd);
+        match rustix::fs::unlinkat(parent, finished.name.as_c_str(), AtFlags::REMOVEDIR) {
+            Ok(()) | Err(rustix::io::Errno::NOENT) => done.dirs += 1,
+            // Something was added meanwhile (nothing should write here): list it again.
+            Err(rustix::io::Errno::NOTEMPTY) => {
+                let again = open_frame(parent, finished.name, done, limits.max_entries)?;
+                stack.extend(again);
+            }
+            Err(e) => return Err(with_path(e, &trash.path)),
+        }
+    }
+    Ok(())
+}
+
+/// Opens directory `name` in `parent` (never following a symlink), unlinks its
+/// non-directories and lists its subdirectories. `None`: it was not a directory (and is
+/// unlinked now) or is gone.
+fn open_frame(
+    parent: &OwnedFd,
+    name: CString,
+    done: &mut Reaped,
+    max: u64,
+) -> io::Result<Option<Frame>> {
+    let fd = match rustix::fs::openat(parent, name.as_c_str(), DIR_FLAGS, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::NOENT) => return Ok(None),
+        Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
+            match rustix::fs::unlinkat(parent, name.as_c_str(), AtFlags::empty()) {
+                Ok(()) => done.files += 1,
+                Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let mut subdirs = Vec::new();
+    for entry in rustix::fs::Dir::read_from(&fd)? {
+        if done.files + done.dirs >= max {
+            break;
+        }
+        let entry = entry?;
+        let child = entry.file_name();
+        if child.to_bytes() == b"." || child.to_bytes() == b".." {
+            continue;
+        }
+        let kind = match entry.file_type() {
+            FileType::Unknown => match rustix::fs::statat(&fd, child, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => FileType::from_raw_mode(st.st_mode),
+                Err(rustix::io::Errno::NOENT) => continue,
+                Err(e) => return Err(e.into()),
+            },
+            k => k,
+        };
+        if kind == FileType::Directory {
+            subdirs.push(child.to_owned());
+        } else {
+            match rustix::fs::unlinkat(&fd, child, AtFlags::empty()) {
+                Ok(()) => done.files += 1,
+                Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(Some(Frame { fd, name, subdirs }))
 }
 
 fn chown_fd(fd: impl AsFd, o: Owner, path: &Path) -> io::Result<()> {
@@ -432,9 +585,88 @@ mod tests {
         std::fs::write(d.path().join("a.json"), "{}").unwrap();
         assert!(d.remove("link").unwrap());
         assert!(!d.remove("link").unwrap());
-        root.remove_tree("input").unwrap();
-        assert!(keep.join("f").exists());
+        symlink(&keep, d.path().join("link2")).unwrap();
+        let trash = root.ensure_subdir("trash", 0o700, None).unwrap();
+        root.move_into("input", &trash, "input").unwrap();
         assert!(!tmp.path().join("r/input").exists());
+        reap(&trash, ReapLimits::default()).unwrap();
+        assert!(keep.join("f").exists(), "the symlink's target survives");
+        assert!(trash.is_empty().unwrap());
+    }
+
+    /// Builds a `d/d/d…` chain `depth` levels deep below `dir` (without ever naming the whole
+    /// path, which would exceed PATH_MAX), with a file and a non-UTF-8 name at the bottom.
+    fn deep_chain(dir: &Path, depth: usize) {
+        let mut fd = rustix::fs::open(dir, DIR_FLAGS, Mode::empty()).unwrap();
+        for _ in 0..depth {
+            rustix::fs::mkdirat(&fd, "d", Mode::from_raw_mode(0o755)).unwrap();
+            fd = rustix::fs::openat(&fd, "d", DIR_FLAGS, Mode::empty()).unwrap();
+        }
+        let bad = c"\xff\xfe-not-utf8";
+        rustix::fs::mkdirat(&fd, bad, Mode::from_raw_mode(0o755)).unwrap();
+        rustix::fs::openat(
+            &fd,
+            "f",
+            OFlags::CREATE | OFlags::WRONLY,
+            Mode::from_raw_mode(0o644),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn reap_takes_apart_deep_wide_and_odd_trees_without_recursion() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tmp.path().join("outside");
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(outside.join("keep"), "x").unwrap();
+        let root = SafeDir::create_root(&tmp.path().join("r")).unwrap();
+        let trash = root.ensure_subdir("trash", 0o700, None).unwrap();
+        let a = trash.ensure_subdir("a", 0o755, None).unwrap();
+        deep_chain(a.path(), 10_000);
+        let b = trash.ensure_subdir("b", 0o755, None).unwrap();
+        for i in 0..2_000 {
+            std::fs::write(b.path().join(format!("f{i}")), "x").unwrap();
+        }
+        symlink(&outside, b.path().join("out")).unwrap();
+        symlink(&outside, trash.path().join("toplink")).unwrap();
+        std::fs::write(trash.path().join("plain"), "x").unwrap();
+        // Run on a small thread stack: a recursive walk of 10,000 levels would overflow it.
+        let done = std::thread::Builder::new()
+            .stack_size(64 << 10)
+            .spawn(move || reap(&trash, ReapLimits::default()).map(|d| (d, trash)))
+            .unwrap()
+            .join()
+            .unwrap();
+        let (done, trash) = done.unwrap();
+        assert!(trash.is_empty().unwrap(), "{done:?}");
+        // The chain, its non-UTF-8 leaf, `a` and `b`; the chain's file, `b`'s files, two links and a file.
+        assert_eq!(done.dirs, 10_000 + 1 + 2, "{done:?}");
+        assert_eq!(done.files, 1 + 2_000 + 1 + 2, "{done:?}");
+        assert!(done.flattened > 0);
+        assert!(
+            outside.join("keep").exists(),
+            "nothing followed out of the trash"
+        );
+    }
+
+    #[test]
+    fn reap_stops_at_its_budget_and_finishes_later() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = SafeDir::create_root(tmp.path()).unwrap();
+        let trash = root.ensure_subdir("trash", 0o700, None).unwrap();
+        let w = trash.ensure_subdir("w", 0o755, None).unwrap();
+        for i in 0..500 {
+            std::fs::write(w.path().join(format!("f{i}")), "x").unwrap();
+        }
+        let small = ReapLimits {
+            max_depth: 4,
+            max_entries: 100,
+        };
+        let e = reap(&trash, small).unwrap_err();
+        assert!(e.to_string().contains("stopped after 100"), "{e}");
+        assert!(!trash.is_empty().unwrap());
+        reap(&trash, ReapLimits::default()).unwrap();
+        assert!(trash.is_empty().unwrap());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use hako_shared::GroupFolder;
-use hako_shared::contract::{MCP_SOCKET, SOCKET_DIR};
+use hako_shared::contract::MCP_SOCKET;
 use hako_shared::runs::{SidecarSpec, Trust};
 
 use super::safefs::{Owner, SafeDir};
@@ -27,9 +27,14 @@ fn socat_entry(socket: &str) -> serde_json::Value {
     json!({"command": "socat", "args": ["STDIO", format!("UNIX-CONNECT:{socket}")]})
 }
 
+/// The settings file in `.claude/`, written before every run.
+pub const SETTINGS: &str = "settings.json";
+/// The env file in the folder's env directory (`/workspace/env-dir/env`).
+pub const ENV_FILE: &str = "env";
+
 /// The socket of sidecar `name` inside the container.
 pub fn sidecar_socket(name: &str) -> String {
-    format!("{SOCKET_DIR}/sidecars/{name}.sock")
+    format!("{}/{name}.sock", super::mounts::SIDECAR_DIR)
 }
 
 /// Writes `.claude/settings.json` (every run): env for the agent's tools and the MCP servers.
@@ -46,7 +51,7 @@ pub fn write_settings(
     }
     let doc = json!({"env": env, "mcpServers": servers});
     let text = serde_json::to_vec_pretty(&doc).map_err(io::Error::other)?;
-    claude.write_atomic("settings.json", &text, 0o644, owner)
+    claude.write_atomic(SETTINGS, &text, 0o644, owner)
 }
 
 /// Seeds `.claude.json` in the session home if missing, keyed by folder so that the agent's

@@ -356,3 +356,65 @@ pub fn vm_hwm_kib() -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmHWM")
 }
+
+/// The hostile agent of `tests/fixtures/hostile.rs`, compiled with rustc into a static
+/// binary and put alone into a `FROM scratch` image tagged by the source's hash (built once;
+/// later calls and processes find it).
+pub async fn hostile_image(docker: &Docker) -> String {
+    static TAG: tokio::sync::OnceCell<String> = tokio::sync::OnceCell::const_new();
+    TAG.get_or_init(|| async {
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/hostile.rs");
+        let text = std::fs::read(&src).expect("fixture source");
+        let hash = {
+            use sha2::Digest;
+            let d = sha2::Sha256::digest(&text);
+            d.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>()
+        };
+        let tag = format!("hako-test-hostile:{hash}");
+        if docker.inspect_image(&tag).await.is_ok() {
+            return tag;
+        }
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("hostile-{hash}"));
+        if !out.exists() {
+            // Test processes may compile at once: each in a directory of its own (rustc
+            // names its intermediate files after the crate, not the output).
+            let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("tempdir");
+            let tmp = dir.path().join("hostile");
+            let status = std::process::Command::new(std::env::var("RUSTC").unwrap_or("rustc".into()))
+                .args(["--edition", "2024", "-O", "-C", "target-feature=+crt-static"])
+                .args(["--target", "x86_64-unknown-linux-gnu", "-o"])
+                .arg(&tmp)
+                .arg(&src)
+                .status()
+                .expect("running rustc");
+            assert!(status.success(), "compiling the hostile fixture");
+            std::fs::rename(&tmp, &out).expect("rename");
+        }
+        let bin = std::fs::read(&out).expect("binary");
+        let df = "FROM scratch\nCOPY hostile /hostile\nUSER 1000:1000\nWORKDIR /workspace\nENTRYPOINT [\"/hostile\"]\n";
+        let mut ar = tar::Builder::new(Vec::new());
+        for (name, data, mode) in [("Dockerfile", df.as_bytes(), 0o644), ("hostile", &bin[..], 0o755)] {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(mode);
+            h.set_cksum();
+            ar.append_data(&mut h, name, data).expect("tar");
+        }
+        let ctx = ar.into_inner().expect("tar");
+        let opts = BuildImageOptionsBuilder::new()
+            .dockerfile("Dockerfile")
+            .t(&tag)
+            .rm(true)
+            .build();
+        let mut s = docker.build_image(opts, None, Some(bollard::body_full(ctx.into())));
+        while let Some(item) = s.next().await {
+            let info = item.expect("build");
+            if let Some(e) = info.error_detail.and_then(|d| d.message) {
+                panic!("building {tag}: {e}");
+            }
+        }
+        tag
+    })
+    .await
+    .clone()
+}
