@@ -40,15 +40,9 @@ pub struct Config {
 impl Config {
     /// Reads the configuration; every error names the variable (never a key's value).
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
-        let data_dir = env.path("DATA_DIR").ok_or(ConfigError::Missing {
-            var: "DATA_DIR".into(),
-        })?;
+        let data_dir = PathBuf::from(env.required("DATA_DIR")?);
         let listen_addr = env.listen_addr_or("LISTEN_ADDR", "127.0.0.1:8181")?;
-        let raw = env
-            .secret("AUTHD_SERVICE_KEYS")
-            .ok_or(ConfigError::Missing {
-                var: "AUTHD_SERVICE_KEYS".into(),
-            })?;
+        let raw = env.required("AUTHD_SERVICE_KEYS")?;
         let service_keys = ServiceKeys::parse(&raw).map_err(|reason| ConfigError::Invalid {
             var: "AUTHD_SERVICE_KEYS".into(),
             value: "<redacted>".into(),
@@ -206,7 +200,7 @@ mod tests {
     #[test]
     fn refuses_bad_keys_without_echoing_them() {
         for (raw, why) in [
-            ("", "required"),
+            ("", "set but empty"),
             ("runed=", "shorter"),
             ("runed=short-secret", "shorter"),
             ("runed", "name=key"),

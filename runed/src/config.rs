@@ -79,11 +79,14 @@ impl Config {
             });
         }
         c.verifier = VerifierConfig::from_env(env)?;
-        c.service_key = env.secret("AUTHD_SERVICE_KEY");
-        if c.verifier.authd_url.is_some() && c.service_key.is_none() {
-            return Err(ConfigError::Missing {
-                var: "AUTHD_SERVICE_KEY".into(),
-            });
+        let listen_var = if env.get("RUNED_LISTEN").is_some() {
+            "RUNED_LISTEN"
+        } else {
+            "LISTEN_ADDR"
+        };
+        c.verifier.check_open_listen(listen_var, c.listen_addr)?;
+        if c.verifier.authd_url.is_some() {
+            c.service_key = Some(env.required("AUTHD_SERVICE_KEY")?);
         }
         if let Some(h) = env.get("DOCKER_HOST") {
             c.docker_socket = h
@@ -121,6 +124,7 @@ mod tests {
             ("DATA_DIR", "/tmp/x"),
             ("MAX_CONTAINERS", "7"),
             ("RUNED_LISTEN", "127.0.0.1:9999"),
+            ("HAKO_OPEN_DEV", "1"),
         ]);
         let c = Config::from_env(&env).unwrap();
         assert_eq!(c.max_containers, 7);
@@ -132,5 +136,24 @@ mod tests {
         let env = Env::from_pairs([("DATA_DIR", "/tmp/x"), ("AUTHD_URL", "http://127.0.0.1:1")]);
         let e = Config::from_env(&env).unwrap_err().to_string();
         assert!(e.contains("AUTHD_SERVICE_KEY"), "{e}");
+        let env = Env::from_pairs([
+            ("DATA_DIR", "/tmp/x"),
+            ("AUTHD_URL", "http://127.0.0.1:1"),
+            ("AUTHD_SERVICE_KEY", ""),
+        ]);
+        let e = Config::from_env(&env).unwrap_err().to_string();
+        assert!(e.contains("AUTHD_SERVICE_KEY is set but empty"), "{e}");
+        // The review's finding: an empty AUTHD_URL and a public listen address were open mode.
+        for (k, v) in [("AUTHD_URL", ""), ("RUNED_LISTEN", "0.0.0.0:8182")] {
+            let env = Env::from_pairs([("DATA_DIR", "/tmp/x"), (k, v)]);
+            assert!(Config::from_env(&env).is_err(), "{k}={v:?}");
+        }
+        let env = Env::from_pairs([
+            ("DATA_DIR", "/tmp/x"),
+            ("HAKO_OPEN_DEV", "1"),
+            ("RUNED_LISTEN", "0.0.0.0:8182"),
+        ]);
+        let e = Config::from_env(&env).unwrap_err().to_string();
+        assert!(e.contains("RUNED_LISTEN") && e.contains("loopback"), "{e}");
     }
 }

@@ -71,7 +71,7 @@ impl Broker {
             ))),
             _ => {
                 tracing::warn!(
-                    "OPEN MODE: AUTHD_URL is unset; every run gets the same static token and runed's API accepts any caller. Local development only."
+                    "OPEN MODE (HAKO_OPEN_DEV=1, no AUTHD_URL): every run gets the same static token and runed's API accepts any caller on loopback. Local development only."
                 );
                 Ok(Broker::Open)
             }

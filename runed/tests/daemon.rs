@@ -1285,3 +1285,40 @@ async fn daemon_binary_detaches_on_sigterm_and_readopts() {
     }
     rig.stop().await;
 }
+
+/// Item 9 of the isolation issue: an empty `AUTHD_URL` (or none) used to mean open mode,
+/// and the image listens on `0.0.0.0`. The binary now refuses to start, naming what to fix;
+/// open mode needs `HAKO_OPEN_DEV=1` and a loopback address.
+#[test]
+fn runed_binary_refuses_accidental_open_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let start = |env: &[(&str, &str)]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_runed"));
+        cmd.env_clear()
+            .env("DATA_DIR", dir.path())
+            .env("RUNED_LISTEN", "127.0.0.1:0");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("runed runs");
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, err) = start(&[("AUTHD_URL", ""), ("RUNED_LISTEN", "0.0.0.0:0")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("AUTHD_URL is set but empty"), "{err}");
+    let (code, err) = start(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("AUTHD_URL is required") && err.contains("HAKO_OPEN_DEV=1"), "{err}");
+    let (code, err) = start(&[("HAKO_OPEN_DEV", "1"), ("RUNED_LISTEN", "0.0.0.0:0")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("RUNED_LISTEN") && err.contains("loopback"), "{err}");
+    let (code, err) = start(&[
+        ("AUTHD_URL", "http://127.0.0.1:1"),
+        ("AUTHD_SERVICE_KEY", ""),
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("AUTHD_SERVICE_KEY is set but empty"), "{err}");
+}

@@ -12,9 +12,23 @@ use std::time::Duration;
 /// A configuration value that could not be used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum ConfigError {
-    /// A required variable is unset or empty.
+    /// A required variable is unset.
     #[error("{var} is required but not set")]
     Missing {
+        /// The variable's name.
+        var: String,
+    },
+    /// A required variable is unset, and there is more to say about what to do.
+    #[error("{var} is required: {hint}")]
+    Required {
+        /// The variable's name.
+        var: String,
+        /// What to set.
+        hint: String,
+    },
+    /// A variable that needs a value is set to the empty string.
+    #[error("{var} is set but empty: give it a value or unset it")]
+    Empty {
         /// The variable's name.
         var: String,
     },
@@ -64,13 +78,43 @@ impl Env {
             .filter(|v| !v.is_empty())
     }
 
-    /// A required string.
+    /// A required string; an empty value is refused as such, not taken for "unset".
     pub fn required(&self, var: &str) -> Result<String, ConfigError> {
+        self.reject_empty(var)?;
         self.get(var)
             .map(str::to_owned)
             .ok_or(ConfigError::Missing {
                 var: var.to_owned(),
             })
+    }
+
+    /// Whether the variable is present with an empty value.
+    pub fn is_empty(&self, var: &str) -> bool {
+        self.vars.get(var).is_some_and(|v| v.is_empty())
+    }
+
+    /// `Err(Empty)` when the variable is present but empty: for variables whose absence
+    /// means something (a mode, a default) that an empty value must not silently select.
+    pub fn reject_empty(&self, var: &str) -> Result<(), ConfigError> {
+        if self.is_empty(var) {
+            return Err(ConfigError::Empty {
+                var: var.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
+    /// A boolean flag: `1`/`true`/`yes` or `0`/`false`/`no` (any case); unset is `false`.
+    pub fn flag(&self, var: &str) -> Result<bool, ConfigError> {
+        match self.get(var).map(str::to_ascii_lowercase).as_deref() {
+            None | Some("0" | "false" | "no") => Ok(false),
+            Some("1" | "true" | "yes") => Ok(true),
+            Some(other) => Err(ConfigError::Invalid {
+                var: var.to_owned(),
+                value: other.to_owned(),
+                reason: "expected 1 or 0".into(),
+            }),
+        }
     }
 
     /// A string with a default.

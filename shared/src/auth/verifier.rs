@@ -72,7 +72,29 @@ impl Default for VerifierConfig {
     }
 }
 
+/// The variable that allows open local-dev mode.
+pub const OPEN_DEV_ENV: &str = "HAKO_OPEN_DEV";
+
 impl VerifierConfig {
+    /// Refuses open mode on a listen address other than loopback: an open daemon answers any
+    /// caller, so only the local machine may reach it.
+    pub fn check_open_listen(
+        &self,
+        listen_var: &str,
+        addr: std::net::SocketAddr,
+    ) -> Result<(), ConfigError> {
+        if self.authd_url.is_none() && !addr.ip().is_loopback() {
+            return Err(ConfigError::Invalid {
+                var: listen_var.into(),
+                value: addr.to_string(),
+                reason: format!(
+                    "{OPEN_DEV_ENV}=1 (open mode: any caller, no tokens) is allowed on a loopback address only"
+                ),
+            });
+        }
+        Ok(())
+    }
+
     /// Verification against the authd at `url`, default timings.
     pub fn remote(url: impl Into<String>) -> Self {
         Self {
@@ -81,11 +103,34 @@ impl VerifierConfig {
         }
     }
 
-    /// From `AUTHD_URL` (unset: open mode), `AUTHD_ISSUER`, `AUTHD_CLOCK_SKEW`,
-    /// `AUTHD_JWKS_TTL`, `AUTHD_JWKS_MIN_REFETCH` and `AUTHD_REVOKED_POLL`.
+    /// From `AUTHD_URL`, `AUTHD_ISSUER`, `AUTHD_CLOCK_SKEW`, `AUTHD_JWKS_TTL`,
+    /// `AUTHD_JWKS_MIN_REFETCH` and `AUTHD_REVOKED_POLL`. Open mode (no tokens at all) only
+    /// with `AUTHD_URL` unset *and* `HAKO_OPEN_DEV=1`: an unset or empty `AUTHD_URL` alone
+    /// stops the daemon, naming the variable. The daemon must also refuse open mode on a
+    /// listen address that is not loopback ([`VerifierConfig::check_open_listen`]).
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
         let d = Self::default();
+        env.reject_empty("AUTHD_URL")?;
         let authd_url = env.get("AUTHD_URL").map(str::to_owned);
+        let open_dev = env.flag(OPEN_DEV_ENV)?;
+        match (&authd_url, open_dev) {
+            (None, false) => {
+                return Err(ConfigError::Required {
+                    var: "AUTHD_URL".into(),
+                    hint: format!(
+                        "set it to authd's address, or set {OPEN_DEV_ENV}=1 for open local-dev mode (any caller, no tokens; loopback only)"
+                    ),
+                });
+            }
+            (Some(_), true) => {
+                return Err(ConfigError::Invalid {
+                    var: OPEN_DEV_ENV.into(),
+                    value: "1".into(),
+                    reason: "open dev mode and AUTHD_URL exclude each other; unset one".into(),
+                });
+            }
+            _ => {}
+        }
         if let Some(url) = &authd_url {
             AuthdClient::new(url).map_err(|e| ConfigError::Invalid {
                 var: "AUTHD_URL".into(),
@@ -796,8 +841,36 @@ mod tests {
 
     #[test]
     fn config_from_env() {
-        let c = VerifierConfig::from_env(&Env::from_pairs([("X", "y")])).unwrap();
+        // No authd: refused unless open dev mode is asked for, and then on loopback only.
+        let e = VerifierConfig::from_env(&Env::from_pairs([("X", "y")])).unwrap_err();
+        assert!(e.to_string().contains("AUTHD_URL is required"), "{e}");
+        assert!(e.to_string().contains("HAKO_OPEN_DEV=1"), "{e}");
+        let e = VerifierConfig::from_env(&Env::from_pairs([("AUTHD_URL", "")])).unwrap_err();
+        assert_eq!(e.to_string(), "AUTHD_URL is set but empty: give it a value or unset it");
+        let e = VerifierConfig::from_env(&Env::from_pairs([
+            ("AUTHD_URL", ""),
+            ("HAKO_OPEN_DEV", "1"),
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("empty"), "an empty URL never means open: {e}");
+        let c = VerifierConfig::from_env(&Env::from_pairs([("HAKO_OPEN_DEV", "1")])).unwrap();
         assert!(c.authd_url.is_none());
+        c.check_open_listen("LISTEN_ADDR", "127.0.0.1:1".parse().unwrap())
+            .unwrap();
+        let e = c
+            .check_open_listen("LISTEN_ADDR", "0.0.0.0:8182".parse().unwrap())
+            .unwrap_err();
+        assert!(e.to_string().contains("LISTEN_ADDR"), "{e}");
+        assert!(
+            VerifierConfig::from_env(&Env::from_pairs([("HAKO_OPEN_DEV", "maybe")])).is_err()
+        );
+        assert!(
+            VerifierConfig::from_env(&Env::from_pairs([
+                ("HAKO_OPEN_DEV", "1"),
+                ("AUTHD_URL", "http://127.0.0.1:8181")
+            ]))
+            .is_err()
+        );
         let c = VerifierConfig::from_env(&Env::from_pairs([
             ("AUTHD_URL", "http://127.0.0.1:8181"),
             ("AUTHD_CLOCK_SKEW", "5s"),
