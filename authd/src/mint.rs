@@ -21,8 +21,8 @@ use hako_shared::http::ApiError;
 pub const MAX_SCOPES: usize = 64;
 /// Most egress hosts in one token.
 pub const MAX_EGRESS: usize = 64;
-/// Longest run or turn id.
-pub const MAX_ID: usize = 128;
+pub use hako_shared::ids::MAX_ID;
+use hako_shared::ids::{ID_GRAMMAR, is_valid_id};
 
 /// Why a child token was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -131,13 +131,6 @@ pub struct Limits {
     pub max_ttl: u64,
 }
 
-fn valid_id(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= MAX_ID
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
-}
-
 /// The child claims `parent` may have, or why not.
 pub fn downscope(
     parent: &Claims,
@@ -237,9 +230,9 @@ pub fn downscope(
                     "a spawn token needs run_id and turn_id".into(),
                 ));
             };
-            if !valid_id(run) || !valid_id(turn) {
+            if !is_valid_id(run) || !is_valid_id(turn) {
                 return Err(MintError::InvalidRequest(format!(
-                    "run_id and turn_id must be 1-{MAX_ID} characters of [A-Za-z0-9._:-]"
+                    "run_id and turn_id must be {ID_GRAMMAR}"
                 )));
             }
             if parent.typ == TokenType::Spawn

@@ -15,6 +15,7 @@ use axum::{Json, Router};
 use futures_util::stream::Stream;
 use hako_shared::auth::{Principal, Verifier, scopes};
 use hako_shared::http::{ApiError, ApiJson};
+use hako_shared::ids::{ID_GRAMMAR, is_valid_id};
 use hako_shared::runs::{RunRequest, RunState, RunStatus};
 use hako_shared::time::{from_unix_millis, rfc3339, unix_millis};
 use serde::Deserialize;
@@ -50,13 +51,6 @@ pub(crate) fn routes(sh: Arc<Shared>) -> Router {
         .with_state(AppState(sh))
 }
 
-fn valid_id(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 128
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'@'))
-}
-
 async fn audit_row(
     sh: &Shared,
     who: &Principal,
@@ -84,7 +78,7 @@ async fn audit_row(
 /// A run the caller may see, or 404.
 async fn visible(sh: &Shared, who: &Principal, run_id: &str) -> Result<SpawnRow, ApiError> {
     let missing = || ApiError::not_found(format!("no run {run_id}"));
-    if !valid_id(run_id) {
+    if !is_valid_id(run_id) {
         return Err(missing());
     }
     match sh.store.get(run_id).await? {
@@ -120,10 +114,10 @@ async fn create_run(
     who.require(scopes::RUNS_RUN)?;
     let folder = req.folder.as_str().to_owned();
     who.require_folder(&folder)?;
-    if !valid_id(&req.turn_id) {
+    if !is_valid_id(&req.turn_id) {
         return Err(ApiError::bad_request(
             "invalid_turn_id",
-            "turn_id: 1-128 characters of letters, digits, '-', '_', '.', ':', '@'",
+            format!("turn_id: {ID_GRAMMAR}"),
         ));
     }
     req.group
@@ -172,20 +166,11 @@ async fn create_run(
         ended_at: None,
     };
     match sh.store.insert(row).await? {
-        Inserted::Existing(r) => {
-            if r.folder != folder {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "turn_conflict",
-                    "this turn_id already belongs to a run of another folder",
-                ));
-            }
-            Ok((
-                StatusCode::ACCEPTED,
-                Json(json!({"run_id": r.run_id, "state": r.state, "existing": true})),
-            )
-                .into_response())
-        }
+        Inserted::Existing(r) => Ok((
+            StatusCode::ACCEPTED,
+            Json(json!({"run_id": r.run_id, "state": r.state, "existing": true})),
+        )
+            .into_response()),
         Inserted::New => {
             sh.enqueue(
                 &run_id,

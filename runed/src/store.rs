@@ -13,10 +13,11 @@ use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
 /// The schema, in order.
-pub static MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "runs, outputs, logs, sessions, tokens, audit",
-    sql: r#"
+pub static MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "runs, outputs, logs, sessions, tokens, audit",
+        sql: r#"
 CREATE TABLE spawns (
     run_id       TEXT PRIMARY KEY,
     kind         TEXT NOT NULL CHECK (kind IN ('run', 'hold')),
@@ -80,7 +81,18 @@ CREATE TABLE audit_log (
     detail  TEXT NOT NULL DEFAULT ''
 );
 "#,
-}];
+    },
+    // A turn id is unique within its folder only: across folders, a tenant could learn that
+    // another tenant's turn id exists (409), or claim it first.
+    Migration {
+        version: 2,
+        name: "turn ids unique per folder",
+        sql: r#"
+DROP INDEX spawns_turn;
+CREATE UNIQUE INDEX spawns_turn ON spawns (folder, turn_id) WHERE kind = 'run';
+"#,
+    },
+];
 
 /// One row of `spawns`.
 #[derive(Debug, Clone, PartialEq)]
@@ -243,14 +255,19 @@ impl Store {
         self.db.ping().await
     }
 
-    /// Inserts a new run, or returns the run its turn already has.
+    /// Inserts a new run, or returns the run its turn (in its folder) already has.
     pub async fn insert(&self, new: SpawnRow) -> Result<Inserted, DbError> {
         self.db
             .call(move |c| {
                 let tx = c.transaction()?;
                 if new.kind == "run" {
-                    let sql = format!("SELECT {COLS} FROM spawns WHERE turn_id = ?1 AND kind = 'run'");
-                    if let Some(existing) = tx.query_row(&sql, [&new.turn_id], row).optional()? {
+                    let sql = format!(
+                        "SELECT {COLS} FROM spawns WHERE folder = ?1 AND turn_id = ?2 AND kind = 'run'"
+                    );
+                    if let Some(existing) = tx
+                        .query_row(&sql, [&new.folder, &new.turn_id], row)
+                        .optional()?
+                    {
                         return Ok(Inserted::Existing(Box::new(existing)));
                     }
                 }
@@ -649,6 +666,10 @@ mod tests {
             Inserted::Existing(r) => assert_eq!(r.run_id, "r1"),
             other => panic!("{other:?}"),
         }
+        // The same turn id in another folder is another turn.
+        let mut other = new_row("r3", "t1");
+        other.folder = "b".into();
+        assert_eq!(s.insert(other).await.unwrap(), Inserted::New);
         // A kill of a queued run wins; the start that comes after it changes nothing.
         let killed = Finish {
             state: RunState::Killed,

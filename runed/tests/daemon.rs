@@ -248,6 +248,23 @@ async fn daemon_run_end_to_end_with_spawn_token_and_idempotency() {
     // Same turn → same run.
     let again = rig.run("team/a", "turn-e2e-1", "ignored").await;
     assert_eq!(run, again);
+    // Another tenant's same turn id is a turn of its own: no 409 that would tell it the id
+    // exists elsewhere, and no way to claim the id first.
+    let b = rig
+        .mint(&["runs:run", "runs:read"], Some("team/b"), 60)
+        .await;
+    let (s, v) = rig
+        .post(
+            &b,
+            "/v1/runs",
+            json!({"folder": "team/b", "turn_id": "turn-e2e-1",
+                   "messages": [{"role": "user", "content": "other"}]}),
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    assert_ne!(v["run_id"].as_str(), Some(run.as_str()));
+    assert!(v.get("existing").is_none(), "{v}");
+    let other = v["run_id"].as_str().unwrap().to_owned();
     let v = rig.wait(&run).await;
     assert_eq!(v["state"], "exited", "{v}");
     assert_eq!(v["outcome"], "ok", "{v}");
@@ -265,11 +282,19 @@ async fn daemon_run_end_to_end_with_spawn_token_and_idempotency() {
         )
         .unwrap();
     let c = AuthdClient::new(&rig.authd_url()).unwrap();
-    let revoked = c.revoked().await.unwrap();
-    assert!(
-        revoked.revoked.iter().any(|e| e.jti == jti),
-        "spawn token revoked at the end"
-    );
+    // Revocation follows the recorded end (authd may be slow): wait for it, boundedly.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c
+        .revoked()
+        .await
+        .unwrap()
+        .revoked
+        .iter()
+        .any(|e| e.jti == jti)
+    {
+        assert!(Instant::now() < deadline, "spawn token revoked at the end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let audit = c.audit(&rig.operator, None, None).await.unwrap();
     let mint = audit
         .entries
@@ -281,7 +306,7 @@ async fn daemon_run_end_to_end_with_spawn_token_and_idempotency() {
     let n: i64 = rig
         .db()
         .query_row(
-            "SELECT count(*) FROM spawns WHERE turn_id = 'turn-e2e-1'",
+            "SELECT count(*) FROM spawns WHERE turn_id = 'turn-e2e-1' AND folder = 'team/a'",
             [],
             |r| r.get(0),
         )
@@ -290,6 +315,7 @@ async fn daemon_run_end_to_end_with_spawn_token_and_idempotency() {
     let (s, v) = rig.get(&rig.routd, "/v1/sessions?folder=team/a").await;
     assert_eq!(s, 200);
     assert_eq!(v["sessions"][0]["run_id"], run.as_str());
+    assert_eq!(rig.wait(&other).await["outcome"], "ok");
     assert_eq!(rig.containers().await, 0, "container removed");
     rig.stop().await;
 }
@@ -476,6 +502,19 @@ async fn daemon_tokens_and_bodies_are_checked_at_the_edge() {
         )
         .await;
     assert_eq!((s, v["error"].as_str()), (400, Some("invalid_turn_id")));
+    // `@` too: authd's mint refuses it, so runed must not accept a run it cannot start.
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            "/v1/runs",
+            json!({"folder": "a", "turn_id": "user@chat"}),
+        )
+        .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (400, Some("invalid_turn_id")),
+        "{v}"
+    );
     let big = "x".repeat(2 << 20);
     let (s, v) = rig
         .post(
@@ -1304,17 +1343,26 @@ fn runed_binary_refuses_accidental_open_mode() {
             .stdin(std::process::Stdio::null())
             .output()
             .expect("runed runs");
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (code, err) = start(&[("AUTHD_URL", ""), ("RUNED_LISTEN", "0.0.0.0:0")]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("AUTHD_URL is set but empty"), "{err}");
     let (code, err) = start(&[]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("AUTHD_URL is required") && err.contains("HAKO_OPEN_DEV=1"), "{err}");
+    assert!(
+        err.contains("AUTHD_URL is required") && err.contains("HAKO_OPEN_DEV=1"),
+        "{err}"
+    );
     let (code, err) = start(&[("HAKO_OPEN_DEV", "1"), ("RUNED_LISTEN", "0.0.0.0:0")]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(err.contains("RUNED_LISTEN") && err.contains("loopback"), "{err}");
+    assert!(
+        err.contains("RUNED_LISTEN") && err.contains("loopback"),
+        "{err}"
+    );
     let (code, err) = start(&[
         ("AUTHD_URL", "http://127.0.0.1:1"),
         ("AUTHD_SERVICE_KEY", ""),

@@ -17,6 +17,7 @@ pub mod db;
 pub mod folder;
 #[cfg(feature = "server")]
 pub mod http;
+pub mod ids;
 #[cfg(feature = "layout")]
 pub mod layout;
 #[cfg(feature = "server")]

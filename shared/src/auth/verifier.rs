@@ -846,13 +846,19 @@ mod tests {
         assert!(e.to_string().contains("AUTHD_URL is required"), "{e}");
         assert!(e.to_string().contains("HAKO_OPEN_DEV=1"), "{e}");
         let e = VerifierConfig::from_env(&Env::from_pairs([("AUTHD_URL", "")])).unwrap_err();
-        assert_eq!(e.to_string(), "AUTHD_URL is set but empty: give it a value or unset it");
+        assert_eq!(
+            e.to_string(),
+            "AUTHD_URL is set but empty: give it a value or unset it"
+        );
         let e = VerifierConfig::from_env(&Env::from_pairs([
             ("AUTHD_URL", ""),
             ("HAKO_OPEN_DEV", "1"),
         ]))
         .unwrap_err();
-        assert!(e.to_string().contains("empty"), "an empty URL never means open: {e}");
+        assert!(
+            e.to_string().contains("empty"),
+            "an empty URL never means open: {e}"
+        );
         let c = VerifierConfig::from_env(&Env::from_pairs([("HAKO_OPEN_DEV", "1")])).unwrap();
         assert!(c.authd_url.is_none());
         c.check_open_listen("LISTEN_ADDR", "127.0.0.1:1".parse().unwrap())
@@ -861,9 +867,7 @@ mod tests {
             .check_open_listen("LISTEN_ADDR", "0.0.0.0:8182".parse().unwrap())
             .unwrap_err();
         assert!(e.to_string().contains("LISTEN_ADDR"), "{e}");
-        assert!(
-            VerifierConfig::from_env(&Env::from_pairs([("HAKO_OPEN_DEV", "maybe")])).is_err()
-        );
+        assert!(VerifierConfig::from_env(&Env::from_pairs([("HAKO_OPEN_DEV", "maybe")])).is_err());
         assert!(
             VerifierConfig::from_env(&Env::from_pairs([
                 ("HAKO_OPEN_DEV", "1"),
