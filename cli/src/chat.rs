@@ -139,6 +139,10 @@ impl Chat {
             RunEnd::Finished(r) => r,
             RunEnd::Detached => anyhow::bail!("the run was detached"),
         };
+        // The CLI records nothing, so the containers go at once.
+        for e in runner.remove_containers(&report).await {
+            eprintln!("hako: cleanup: {e}");
+        }
         if report.outcome != Outcome::Ok {
             self.failed = true;
             let why = report

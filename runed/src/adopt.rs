@@ -1,9 +1,12 @@
 //! Re-adoption at start. runed leaves containers running when it stops; when it starts it
 //! finds them by their install label: running ones are re-attached and finish normally, ones
 //! that ended meanwhile have their output read back from the logs and their run finalized.
-//! A run that was starting but has no container never ran: it fails as `fatal` (the caller
-//! retries the turn) rather than run twice. Queued runs go back into the queue, unless their
-//! request carried secrets (never stored): those fail as `fatal` too.
+//! A run that was starting or running but has no container is decided from what it stored:
+//! an answer on disk stands (its container was removed after the end was recorded, or was
+//! lost after answering), and with none it fails as `fatal` (the caller retries the turn)
+//! rather than run twice. Queued runs go back into the queue, unless their request carried
+//! secrets (never stored): those fail as `fatal` too. Every way a run ends here revokes its
+//! spawn tokens, and revocations that failed earlier are retried.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -15,8 +18,12 @@ use hako_shared::runs::{Outcome, RunRequest, RunState};
 use hako_shared::time::unix_millis;
 use tokio_util::sync::CancellationToken;
 
-use crate::daemon::{Event, Live, Pending, Shared, finalize, forward};
+use crate::daemon::{
+    Event, Live, Pending, Shared, finalize, forward, remove_containers, retry_revocations,
+    revoke_tokens,
+};
 use crate::queue::Kind;
+use crate::runner::outcome::{Ending, decide};
 use crate::runner::{Adoption, LiveRun, RunControl, RunEnd};
 use crate::store::{Finish, SpawnRow};
 
@@ -27,11 +34,22 @@ pub(crate) struct HoldInfo {
 }
 
 async fn fail(sh: &Shared, row: &SpawnRow, why: &str) {
+    end_without_container(sh, row, RunState::Error, Outcome::Fatal, why.to_owned()).await;
+}
+
+/// Ends a run that has no container to supervise, and revokes its spawn tokens.
+async fn end_without_container(
+    sh: &Shared,
+    row: &SpawnRow,
+    state: RunState,
+    outcome: Outcome,
+    why: String,
+) {
     let f = Finish {
-        state: RunState::Error,
-        outcome: Outcome::Fatal,
+        state,
+        outcome,
         exit_code: None,
-        error: Some(why.to_owned()),
+        error: Some(why),
         truncated: false,
         container_id: None,
         started_at: None,
@@ -39,12 +57,33 @@ async fn fail(sh: &Shared, row: &SpawnRow, why: &str) {
     };
     let from = [RunState::Queued, RunState::Starting, RunState::Running];
     if let Ok(true) = sh.store.finish(&row.run_id, &from, f).await {
-        sh.metrics.finished(Outcome::Fatal);
+        sh.metrics.finished(outcome);
         sh.emit(Event::State {
             run_id: row.run_id.clone(),
-            state: RunState::Error,
+            state,
         });
     }
+    revoke_tokens(sh, &row.run_id).await;
+}
+
+/// A starting or running run whose container is gone after a restart: what it stored
+/// decides. An answer on disk stands and is never retried; with none the turn is retried.
+async fn decide_from_stored(sh: &Shared, row: &SpawnRow) {
+    let stored = sh.store.outputs(&row.run_id).await.unwrap_or_default();
+    let statuses: Vec<_> = stored.iter().map(|b| b.status).collect();
+    let why = if stored.is_empty() {
+        "runed restarted and the run has no container: it never ran, or ended unrecorded; retry the turn"
+    } else {
+        "runed restarted after the run's container was gone; its stored output stands"
+    };
+    let v = decide(
+        &Ending::Failed {
+            error: why.into(),
+            terminal: false,
+        },
+        &statuses,
+    );
+    end_without_container(sh, row, v.state, v.outcome, why.into()).await;
 }
 
 /// Restores the queue and re-adopts containers. Runs once, when Docker first answers.
@@ -128,12 +167,7 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
             }
             (_, _) => {
                 let Some(cid) = by_run.get(&row.run_id) else {
-                    fail(
-                        sh,
-                        &row,
-                        "runed restarted before the container was created; it never ran",
-                    )
-                    .await;
+                    decide_from_stored(sh, &row).await;
                     continue;
                 };
                 keep.insert(row.run_id.clone());
@@ -146,6 +180,13 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
         Ok(0) => {}
         Ok(n) => tracing::info!(removed = n, "removed orphaned containers"),
         Err(e) => tracing::warn!(error = %e, "removing orphaned containers failed"),
+    }
+    let revoked = retry_revocations(sh).await;
+    if revoked > 0 {
+        tracing::info!(
+            revoked,
+            "revoked spawn tokens left over from before the restart"
+        );
     }
     sh.adopted.store(true, Ordering::SeqCst);
     sh.wake.notify_one();
@@ -213,7 +254,7 @@ async fn adopt_with(
     control: RunControl,
     claim: bool,
 ) {
-    let seen = sh.store.outputs(&row.run_id).await.map_or(0, |o| o.len());
+    let prior = sh.store.outputs(&row.run_id).await.unwrap_or_default();
     let live = LiveRun::new(row.run_id.clone(), folder.clone());
     {
         let mut s = sh.sched();
@@ -236,7 +277,7 @@ async fn adopt_with(
         container_id,
         run_id: row.run_id.clone(),
         folder,
-        blocks_seen: seen,
+        prior,
         close: match sh.cfg.runner.idle_timeout {
             Some(d) => crate::runner::CloseWhen::Idle(d),
             None => crate::runner::CloseWhen::Manual,
@@ -259,15 +300,8 @@ async fn adopt_with(
         let end = runner.adopt(a, tx, control, live).await;
         let _ = fwd.await;
         if let RunEnd::Finished(report) = end {
-            finalize(
-                &sh,
-                &row.run_id,
-                &row.folder,
-                &row.turn_id,
-                &row.session_id,
-                *report,
-            )
-            .await;
+            finalize(&sh, &row.folder, &row.turn_id, &row.session_id, &report).await;
+            remove_containers(&sh, &report).await;
         }
         let mut s = sh.sched();
         if let Some(l) = s.live.remove(&row.run_id) {

@@ -226,6 +226,7 @@ async fn get_run(
     let mut rx = sh.events.subscribe();
     let mut row = visible(&sh, &who, &run_id).await?;
     if !wait.is_zero() && !row.state.is_terminal() {
+        let _pass = sh.watchers.enter(who.subject()).map_err(too_many)?;
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let ended = tokio::select! {
@@ -250,89 +251,136 @@ async fn get_run(
     Ok(Json(status(&sh, row).await?))
 }
 
+fn too_many(e: crate::watchers::Full) -> ApiError {
+    ApiError::new(
+        StatusCode::TOO_MANY_REQUESTS,
+        "too_many_streams",
+        e.to_string(),
+    )
+}
+
+/// What an SSE stream of one run carries, whole (a block too large to ride in the broadcast
+/// is read from the store first).
+fn sse(e: &Event) -> SseEvent {
+    let name = match e {
+        Event::State { .. } => "state",
+        Event::Output { .. } => "output",
+    };
+    SseEvent::default()
+        .event(name)
+        .data(serde_json::to_string(e).unwrap_or_default())
+}
+
+/// One run's SSE stream: everything stored so far, then each new event; when it lags behind
+/// the broadcast (a slow reader), it catches up from the store, so the terminal state is never
+/// missed and the stream always ends.
+struct RunStream {
+    store: crate::store::Store,
+    stop: tokio_util::sync::CancellationToken,
+    rx: broadcast::Receiver<Arc<Event>>,
+    run_id: String,
+    /// Blocks sent: the next index expected.
+    seen: usize,
+    /// Read the store before the next broadcast event (at start, and after a lag).
+    resync: bool,
+    pending: std::collections::VecDeque<Event>,
+    done: bool,
+    _pass: Option<crate::watchers::Pass>,
+}
+
+impl RunStream {
+    /// Queues what the store has that was not sent: blocks from `seen`, then the state.
+    async fn catch_up(&mut self) -> Result<(), ApiError> {
+        let row = self
+            .store
+            .get(&self.run_id)
+            .await?
+            .ok_or_else(|| ApiError::not_found("run vanished"))?;
+        for (index, block) in self.store.outputs_from(&self.run_id, self.seen).await? {
+            self.seen = index + 1;
+            self.pending.push_back(Event::Output {
+                run_id: self.run_id.clone(),
+                index,
+                block: Some(block),
+            });
+        }
+        self.pending.push_back(Event::State {
+            run_id: self.run_id.clone(),
+            state: row.state,
+        });
+        self.done = row.state.is_terminal();
+        Ok(())
+    }
+
+    async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                return Some(e);
+            }
+            if self.done {
+                return None;
+            }
+            if self.resync {
+                self.resync = false;
+                if self.catch_up().await.is_err() {
+                    return None;
+                }
+                continue;
+            }
+            let got = tokio::select! {
+                r = self.rx.recv() => r,
+                () = self.stop.cancelled() => return None,
+            };
+            match got {
+                Ok(e) if e.run_id() == self.run_id => match &*e {
+                    Event::Output { index, block, .. } => {
+                        if *index < self.seen {
+                            continue;
+                        }
+                        if *index > self.seen || block.is_none() {
+                            // A gap, or a block too large for the broadcast: from the store.
+                            self.resync = true;
+                            continue;
+                        }
+                        self.seen = index + 1;
+                        return Some((*e).clone());
+                    }
+                    Event::State { state, .. } => {
+                        self.done = state.is_terminal();
+                        return Some((*e).clone());
+                    }
+                },
+                Ok(_) => continue,
+                Err(broadcast::error::RecvError::Lagged(_)) => self.resync = true,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
 async fn events(
     State(AppState(sh)): State<AppState>,
     who: Principal,
     Path(run_id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     who.require(scopes::RUNS_READ)?;
-    let rx = sh.events.subscribe();
-    let row = visible(&sh, &who, &run_id).await?;
-    let outputs = sh.store.outputs(&run_id).await?;
-    // The snapshot first: the current state and the blocks so far.
-    let mut first: Vec<Event> = vec![Event::State {
-        run_id: run_id.clone(),
-        state: row.state,
-    }];
-    let seen = outputs.len();
-    for (index, block) in outputs.into_iter().enumerate() {
-        first.push(Event::Output {
-            run_id: run_id.clone(),
-            index,
-            block,
-        });
-    }
-    let done = row.state.is_terminal();
-    struct St {
-        first: std::collections::VecDeque<Event>,
-        rx: broadcast::Receiver<Arc<Event>>,
-        run_id: String,
-        seen: usize,
-        done: bool,
-        stop: tokio_util::sync::CancellationToken,
-    }
-    let st = St {
-        first: first.into(),
-        rx,
-        run_id,
-        seen,
-        done,
+    visible(&sh, &who, &run_id).await?;
+    let pass = sh.watchers.enter(who.subject()).map_err(too_many)?;
+    // Subscribed before the first read of the store, so nothing falls between the two.
+    let st = RunStream {
+        rx: sh.events.subscribe(),
+        store: sh.store.clone(),
         stop: sh.stopping.clone(),
+        run_id,
+        seen: 0,
+        resync: true,
+        pending: Default::default(),
+        done: false,
+        _pass: Some(pass),
     };
-    fn sse(e: &Event) -> SseEvent {
-        let name = match e {
-            Event::State { .. } => "state",
-            Event::Output { .. } => "output",
-        };
-        SseEvent::default()
-            .event(name)
-            .data(serde_json::to_string(e).unwrap_or_default())
-    }
     let stream = futures_util::stream::unfold(st, |mut st| async move {
-        loop {
-            if let Some(e) = st.first.pop_front() {
-                return Some((Ok(sse(&e)), st));
-            }
-            if st.done {
-                return None;
-            }
-            let got = tokio::select! {
-                r = st.rx.recv() => r,
-                () = st.stop.cancelled() => return None,
-            };
-            match got {
-                Ok(e) if e.run_id() == st.run_id => {
-                    match &*e {
-                        Event::Output { index, .. } => {
-                            if *index < st.seen {
-                                continue;
-                            }
-                            st.seen = index + 1;
-                        }
-                        Event::State { state, .. } => st.done = state.is_terminal(),
-                    }
-                    return Some((Ok(sse(&e)), st));
-                }
-                Ok(_) => continue,
-                Err(broadcast::error::RecvError::Lagged(n)) => {
-                    let ev = SseEvent::default()
-                        .event("lagged")
-                        .data(json!({"missed": n}).to_string());
-                    return Some((Ok(ev), st));
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
-        }
+        let e = st.next().await?;
+        Some((Ok(sse(&e)), st))
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
@@ -620,4 +668,107 @@ async fn audit(
         .then(|| rows.last().map(|r| r.id))
         .flatten();
     Ok(Json(json!({"entries": rows, "next_before": next})))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{Finish, Store};
+    use hako_shared::contract::{BlockStatus, OutputBlock};
+    use hako_shared::runs::Outcome;
+
+    fn row(id: &str) -> SpawnRow {
+        SpawnRow {
+            run_id: id.into(),
+            kind: "run".into(),
+            folder: "a".into(),
+            turn_id: format!("t-{id}"),
+            session_id: String::new(),
+            state: RunState::Running,
+            outcome: None,
+            exit_code: None,
+            error: None,
+            truncated: false,
+            container_id: None,
+            request: None,
+            had_secrets: false,
+            created_at: 1,
+            started_at: None,
+            ended_at: None,
+        }
+    }
+
+    fn block(i: usize) -> OutputBlock {
+        OutputBlock {
+            status: BlockStatus::Ok,
+            result: Some(format!("b{i}")),
+            new_session_id: None,
+            error: None,
+        }
+    }
+
+    /// The review's finding: on a lag the stream kept waiting, and if the terminal event was
+    /// among those missed it never ended. Now it catches up from the store, in order, with
+    /// no gap and no repeat, and ends on the terminal state.
+    #[tokio::test]
+    async fn a_lagging_stream_catches_up_from_the_store_and_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("runed.db")).await.unwrap();
+        store.insert(row("r")).await.unwrap();
+        let (tx, _) = broadcast::channel::<Arc<Event>>(8);
+        let mut st = RunStream {
+            store: store.clone(),
+            stop: Default::default(),
+            rx: tx.subscribe(),
+            run_id: "r".into(),
+            seen: 0,
+            resync: true,
+            pending: Default::default(),
+            done: false,
+            _pass: None,
+        };
+        // The snapshot: no block yet, the state.
+        assert!(matches!(st.next().await, Some(Event::State { state: RunState::Running, .. })));
+        // 100 blocks and the end, while the subscriber does not read: far past the ring.
+        for i in 0..100 {
+            store.add_output("r", i, &block(i)).await.unwrap();
+            let _ = tx.send(Arc::new(Event::Output {
+                run_id: "r".into(),
+                index: i,
+                block: Some(block(i)),
+            }));
+        }
+        let f = Finish {
+            state: RunState::Exited,
+            outcome: Outcome::Ok,
+            exit_code: Some(0),
+            error: None,
+            truncated: false,
+            container_id: None,
+            started_at: None,
+            ended_at: 2,
+        };
+        assert!(store.finish("r", &[RunState::Running], f).await.unwrap());
+        let _ = tx.send(Arc::new(Event::State {
+            run_id: "r".into(),
+            state: RunState::Exited,
+        }));
+        let mut indexes = Vec::new();
+        let mut last = None;
+        let all = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while let Some(e) = st.next().await {
+                match e {
+                    Event::Output { index, block, .. } => {
+                        assert_eq!(block.unwrap().result.unwrap(), format!("b{index}"));
+                        indexes.push(index);
+                    }
+                    Event::State { state, .. } => last = Some(state),
+                }
+            }
+        })
+        .await;
+        assert!(all.is_ok(), "the stream ends");
+        assert_eq!(indexes, (0..100).collect::<Vec<_>>());
+        assert_eq!(last, Some(RunState::Exited));
+    }
 }

@@ -28,6 +28,10 @@ pub struct Config {
     pub body_limit: usize,
     /// `RUNED_MAX_WAIT`, default 120s: the longest `?wait=` honoured.
     pub max_wait: Duration,
+    /// `RUNED_MAX_STREAMS`, default 256: SSE streams and long-polls open at once.
+    pub max_streams: usize,
+    /// `RUNED_MAX_STREAMS_PER_CALLER`, default 16: the same, per token subject.
+    pub max_streams_per_caller: usize,
     /// `RUNED_RETENTION`, default 7d: finished runs, logs and tokens older than this are pruned.
     pub retention: Duration,
     /// `RUNED_GC_INTERVAL`, default 10m.
@@ -51,6 +55,8 @@ impl Config {
             docker_socket: "/var/run/docker.sock".into(),
             body_limit: 1 << 20,
             max_wait: Duration::from_secs(120),
+            max_streams: 256,
+            max_streams_per_caller: 16,
             retention: Duration::from_secs(7 * 86400),
             gc_interval: Duration::from_secs(600),
             token_margin: Duration::from_secs(60),
@@ -100,6 +106,9 @@ impl Config {
         }
         c.body_limit = env.size_or("RUNED_BODY_LIMIT", c.body_limit as u64)? as usize;
         c.max_wait = env.duration_or("RUNED_MAX_WAIT", c.max_wait)?;
+        c.max_streams = env.parse_or("RUNED_MAX_STREAMS", c.max_streams)?;
+        c.max_streams_per_caller =
+            env.parse_or("RUNED_MAX_STREAMS_PER_CALLER", c.max_streams_per_caller)?;
         c.retention = env.duration_or("RUNED_RETENTION", c.retention)?;
         c.gc_interval = env.duration_or("RUNED_GC_INTERVAL", c.gc_interval)?;
         if c.gc_interval < Duration::from_secs(1) {

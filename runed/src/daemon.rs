@@ -37,8 +37,9 @@ pub enum Event {
         run_id: String,
         /// Its position.
         index: usize,
-        /// The block.
-        block: OutputBlock,
+        /// The block, when it is small ([`INLINE_BLOCK`]); larger ones are read from the
+        /// store by whoever needs them, so the broadcast ring stays small.
+        block: Option<OutputBlock>,
     },
 }
 
@@ -50,6 +51,12 @@ impl Event {
         }
     }
 }
+
+/// Blocks up to this many text bytes travel inside their event; the ring of recent events
+/// (`EVENT_RING` of them) therefore holds at most a few MiB, whoever lags behind it.
+pub const INLINE_BLOCK: usize = 4 << 10;
+/// Events kept for subscribers; one that falls further behind re-reads the store.
+pub const EVENT_RING: usize = 1024;
 
 /// A waiting run's request, secrets included (memory only).
 pub(crate) struct Pending {
@@ -89,6 +96,8 @@ pub struct Shared {
     pub(crate) broker_pause: Mutex<Option<(Instant, String)>>,
     /// Cancelled at shutdown: runs detach, long-polls and streams end.
     pub(crate) stopping: CancellationToken,
+    /// Open SSE streams and long-polls, bounded.
+    pub(crate) watchers: Arc<crate::watchers::Gate>,
     /// Set once re-adoption has run.
     pub(crate) adopted: std::sync::atomic::AtomicBool,
 }
@@ -424,7 +433,7 @@ async fn finalize_simple(
     revoke_tokens(sh, run_id).await;
 }
 
-async fn revoke_tokens(sh: &Shared, run_id: &str) {
+pub(crate) async fn revoke_tokens(sh: &Shared, run_id: &str) {
     let jtis = match sh.store.live_tokens(run_id).await {
         Ok(j) => j,
         Err(e) => {
@@ -437,9 +446,9 @@ async fn revoke_tokens(sh: &Shared, run_id: &str) {
             Ok(()) => {
                 let _ = sh.store.token_revoked(&jti, now_secs()).await;
             }
-            // It expires anyway (ceiling plus margin); GC keeps trying nothing more.
+            // Retried by `retry_revocations` (GC, start) until it expires.
             Err(e) => {
-                tracing::warn!(run = run_id, jti, error = %e, "revoking a spawn token failed")
+                tracing::warn!(run = run_id, jti, error = %e, "revoking a spawn token failed; retried later")
             }
         }
     }
@@ -471,10 +480,15 @@ pub(crate) fn forward(
                     if let Err(e) = sh.store.add_output(&run_id, index, &block).await {
                         tracing::error!(run = run_id, error = %e, "storing output failed");
                     }
+                    let small = [&block.result, &block.error, &block.new_session_id]
+                        .iter()
+                        .map(|f| f.as_ref().map_or(0, String::len))
+                        .sum::<usize>()
+                        <= INLINE_BLOCK;
                     sh.emit(Event::Output {
                         run_id: run_id.clone(),
                         index,
-                        block,
+                        block: small.then_some(block),
                     });
                 }
             }
@@ -558,12 +572,27 @@ async fn run_one(
         }
     };
     *lock(&sh.broker_pause) = None;
+    // The jti is on disk before any container can hold the token, so every token a container
+    // ever held can be revoked, by this process or after a restart (`retry_revocations`).
     if let Err(e) = sh
         .store
         .add_token(&token.jti, &run_id, &folder, token.expires_at)
         .await
     {
         tracing::error!(run = run_id, error = %e, "recording the spawn token failed");
+        if let Err(e) = sh.broker.revoke(&token.jti).await {
+            tracing::warn!(run = run_id, error = %e, "revoking the unrecorded spawn token failed; it expires with the run ceiling");
+        }
+        finalize_simple(
+            &sh,
+            &run_id,
+            RunState::Error,
+            Outcome::Fatal,
+            Some(format!("recording the spawn token failed: {e}")),
+        )
+        .await;
+        sh.release(&run_id);
+        return;
     }
     let input = ContainerInput {
         session_id: req.session_id.clone(),
@@ -591,6 +620,8 @@ async fn run_one(
         Err(why) => {
             drop(tx);
             RunEnd::Finished(Box::new(RunReport {
+                run_id: run_id.clone(),
+                sidecars: false,
                 state: RunState::Error,
                 outcome: Outcome::Fatal,
                 terminal: false,
@@ -644,39 +675,37 @@ async fn run_one(
                 crate::adopt::readopt_after_outage(sh.clone(), run_id, cid, control).await;
                 return;
             }
-            finalize(
-                &sh,
-                &run_id,
-                &folder,
-                &req.turn_id,
-                &req.session_id,
-                *report,
-            )
-            .await;
+            finalize(&sh, &folder, &req.turn_id, &req.session_id, &report).await;
+            remove_containers(&sh, &report).await;
             sh.release(&run_id);
         }
     }
 }
 
-/// Records a finished run: state, outcome, log, session, token revocation, metrics.
+/// Removes a finished run's containers, once its end is on disk (a leftover after a crash
+/// is an orphan that the next cleanup removes).
+pub(crate) async fn remove_containers(sh: &Shared, report: &RunReport) {
+    if let Ok(runner) = sh.runner() {
+        runner.remove_containers(report).await;
+    }
+}
+
+/// Records a finished run in one transaction (its blocks, state and outcome, log and session),
+/// then revokes its spawn tokens. Runs before its containers are removed.
 pub(crate) async fn finalize(
     sh: &Shared,
-    run_id: &str,
     folder: &str,
     turn_id: &str,
     session_id: &str,
-    r: RunReport,
+    r: &RunReport,
 ) {
+    let run_id = r.run_id.as_str();
     let ended = unix_millis(r.ended_at);
     let started = r.started_at.map(unix_millis);
     if let Some(s) = r.started_at
         && let Ok(d) = r.ended_at.duration_since(s)
     {
         sh.metrics.duration.observe(d.as_secs_f64());
-    }
-    // Blocks the event stream may have missed (e.g. re-adoption of an exited container).
-    for (i, b) in r.blocks.iter().enumerate() {
-        let _ = sh.store.add_output(run_id, i, b).await;
     }
     let f = Finish {
         state: r.state,
@@ -688,25 +717,24 @@ pub(crate) async fn finalize(
         started_at: started,
         ended_at: ended,
     };
+    let session = SessionRow {
+        id: 0,
+        folder: folder.to_owned(),
+        session_id: session_id.to_owned(),
+        new_session_id: r.blocks.iter().rev().find_map(|b| b.new_session_id.clone()),
+        run_id: run_id.to_owned(),
+        turn_id: turn_id.to_owned(),
+        outcome: r.outcome.as_str().to_owned(),
+        at: ended,
+    };
     let from = [RunState::Starting, RunState::Running];
-    match sh.store.finish(run_id, &from, f).await {
+    match sh
+        .store
+        .finish_run(run_id, &from, f, r.blocks.clone(), r.log.clone(), session)
+        .await
+    {
         Ok(true) => {
             sh.metrics.finished(r.outcome);
-            let _ = sh.store.put_log(run_id, ended, r.log).await;
-            let new_session = r.blocks.iter().rev().find_map(|b| b.new_session_id.clone());
-            let _ = sh
-                .store
-                .add_session(SessionRow {
-                    id: 0,
-                    folder: folder.to_owned(),
-                    session_id: session_id.to_owned(),
-                    new_session_id: new_session,
-                    run_id: run_id.to_owned(),
-                    turn_id: turn_id.to_owned(),
-                    outcome: r.outcome.as_str().to_owned(),
-                    at: ended,
-                })
-                .await;
             sh.emit(Event::State {
                 run_id: run_id.to_owned(),
                 state: r.state,
@@ -716,4 +744,30 @@ pub(crate) async fn finalize(
         Err(e) => tracing::error!(run = run_id, error = %e, "recording the end of a run failed"),
     }
     revoke_tokens(sh, run_id).await;
+}
+
+/// Revokes spawn tokens whose revocation failed before (authd away, runed killed): every
+/// unexpired, unrevoked token of a run that is over. Returns how many were revoked.
+pub(crate) async fn retry_revocations(sh: &Shared) -> usize {
+    let due = match sh.store.tokens_to_revoke(now_secs()).await {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, "listing spawn tokens to revoke failed");
+            return 0;
+        }
+    };
+    let mut n = 0;
+    for (jti, run_id) in due {
+        match sh.broker.revoke(&jti).await {
+            Ok(()) => {
+                let _ = sh.store.token_revoked(&jti, now_secs()).await;
+                n += 1;
+            }
+            Err(e) => {
+                tracing::warn!(run = run_id, jti, error = %e, "revoking a spawn token failed; retried later");
+                break;
+            }
+        }
+    }
+    n
 }

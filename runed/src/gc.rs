@@ -21,6 +21,10 @@ pub(crate) async fn collect(sh: &Shared) -> (usize, usize) {
             0
         }
     };
+    let revoked = crate::daemon::retry_revocations(sh).await;
+    if revoked > 0 {
+        tracing::info!(revoked, "revoked spawn tokens whose revocation had failed");
+    }
     // Only once re-adoption has run: before that, every container may still be someone's.
     if !sh.adopted.load(std::sync::atomic::Ordering::SeqCst) {
         return (rows, 0);

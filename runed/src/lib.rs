@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod queue;
 pub mod store;
 pub mod tokens;
+pub mod watchers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -156,7 +157,8 @@ pub async fn start(
         config.service_key.as_deref(),
     )?;
     let metrics = DaemonMetrics::new(config.runner.run_timeout);
-    let (events, _) = broadcast::channel(4096);
+    let (events, _) = broadcast::channel(daemon::EVENT_RING);
+    let watchers = watchers::Gate::new(config.max_streams, config.max_streams_per_caller);
     let shared = Arc::new(Shared {
         sched: std::sync::Mutex::new(Sched {
             queue: FairQueue::new(config.max_containers),
@@ -174,6 +176,7 @@ pub async fn start(
         docker_down: std::sync::Mutex::new(None),
         broker_pause: std::sync::Mutex::new(None),
         stopping: CancellationToken::new(),
+        watchers,
         adopted: AtomicBool::new(false),
     });
     if let Err(why) = shared.probe_docker().await {

@@ -397,6 +397,79 @@ impl Store {
             .await
     }
 
+    /// Records a run's end in one transaction: the blocks the event stream may have missed,
+    /// the guarded terminal transition, and (only if that transition happened) the run log
+    /// and the session row. `false`: the run had already ended (or was not in `from`).
+    pub async fn finish_run(
+        &self,
+        run_id: &str,
+        from: &[RunState],
+        f: Finish,
+        blocks: Vec<OutputBlock>,
+        log: String,
+        session: SessionRow,
+    ) -> Result<bool, DbError> {
+        let id = run_id.to_owned();
+        let sql = format!(
+            "UPDATE spawns SET state = ?2, outcome = ?3, exit_code = ?4, error = ?5, truncated = ?6, \
+             container_id = COALESCE(?7, container_id), started_at = COALESCE(?8, started_at), \
+             ended_at = ?9, request = NULL WHERE run_id = ?1 AND state IN ({})",
+            states(from)
+        );
+        let texts: Vec<String> = blocks
+            .iter()
+            .map(|b| serde_json::to_string(b).unwrap_or_else(|_| "{}".into()))
+            .collect();
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                {
+                    let mut add = tx.prepare_cached(
+                        "INSERT OR IGNORE INTO spawn_outputs (run_id, idx, block) VALUES (?1, ?2, ?3)",
+                    )?;
+                    for (i, t) in texts.iter().enumerate() {
+                        add.execute(params![id, i as i64, t])?;
+                    }
+                }
+                let ended = tx.execute(
+                    &sql,
+                    params![
+                        id,
+                        f.state.as_str(),
+                        f.outcome.as_str(),
+                        f.exit_code,
+                        f.error,
+                        f.truncated as i64,
+                        f.container_id,
+                        f.started_at,
+                        f.ended_at
+                    ],
+                )? == 1;
+                if ended {
+                    tx.execute(
+                        "INSERT OR REPLACE INTO spawn_logs (run_id, at, log) VALUES (?1, ?2, ?3)",
+                        params![id, f.ended_at, log],
+                    )?;
+                    tx.execute(
+                        "INSERT INTO session_log (folder, session_id, new_session_id, run_id, turn_id, outcome, at) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                        params![
+                            session.folder,
+                            session.session_id,
+                            session.new_session_id,
+                            session.run_id,
+                            session.turn_id,
+                            session.outcome,
+                            session.at
+                        ],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(ended)
+            })
+            .await
+    }
+
     /// Records output block `idx` (a re-delivered index is ignored).
     pub async fn add_output(
         &self,
@@ -430,6 +503,31 @@ impl Store {
                 Ok(rows
                     .iter()
                     .filter_map(|t| serde_json::from_str(t).ok())
+                    .collect())
+            })
+            .await
+    }
+
+    /// A run's output blocks from index `from` on, with their indexes.
+    pub async fn outputs_from(
+        &self,
+        run_id: &str,
+        from: usize,
+    ) -> Result<Vec<(usize, OutputBlock)>, DbError> {
+        let id = run_id.to_owned();
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT idx, block FROM spawn_outputs WHERE run_id = ?1 AND idx >= ?2 ORDER BY idx",
+                )?;
+                let rows = st
+                    .query_map(params![id, from as i64], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows
+                    .into_iter()
+                    .filter_map(|(i, t)| Some((i as usize, serde_json::from_str(&t).ok()?)))
                     .collect())
             })
             .await
@@ -542,6 +640,31 @@ impl Store {
                 )?;
                 let rows = st
                     .query_map([&id], |r| r.get(0))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Spawn tokens still to revoke: unrevoked, unexpired, and their run is over (or gone).
+    /// Revocation that failed at a run's end is retried from here. `(jti, run_id)`.
+    pub async fn tokens_to_revoke(&self, now_secs: i64) -> Result<Vec<(String, String)>, DbError> {
+        let sql = format!(
+            "SELECT t.jti, t.run_id FROM mcp_tokens t LEFT JOIN spawns s ON s.run_id = t.run_id \
+             WHERE t.revoked_at IS NULL AND t.expires_at >= ?1 \
+             AND (s.run_id IS NULL OR s.state IN ({})) LIMIT 1000",
+            states(&[
+                RunState::Exited,
+                RunState::Error,
+                RunState::Killed,
+                RunState::TimedOut
+            ])
+        );
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare(&sql)?;
+                let rows = st
+                    .query_map([now_secs], |r| Ok((r.get(0)?, r.get(1)?)))?
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(rows)
             })
@@ -666,6 +789,10 @@ mod tests {
             Inserted::Existing(r) => assert_eq!(r.run_id, "r1"),
             other => panic!("{other:?}"),
         }
+        // A token of an ended run that was never revoked is found again (and only it).
+        s.add_token("j1", "r1", "a", 100).await.unwrap();
+        s.add_token("j3", "r3", "b", 100).await.unwrap();
+        s.add_token("j9", "gone", "a", 100).await.unwrap();
         // The same turn id in another folder is another turn.
         let mut other = new_row("r3", "t1");
         other.folder = "b".into();
@@ -696,6 +823,18 @@ mod tests {
         assert_eq!(
             (r.state, r.outcome),
             (RunState::Killed, Some(Outcome::Killed))
+        );
+        let mut due = s.tokens_to_revoke(50).await.unwrap();
+        due.sort();
+        assert_eq!(
+            due,
+            [("j1".into(), "r1".into()), ("j9".into(), "gone".into())]
+        );
+        s.token_revoked("j1", 60).await.unwrap();
+        assert_eq!(s.tokens_to_revoke(50).await.unwrap().len(), 1);
+        assert!(
+            s.tokens_to_revoke(101).await.unwrap().is_empty(),
+            "expired ones need nothing"
         );
         assert_eq!(r.request, None, "the request is dropped once the run ends");
         assert_eq!(s.prune(10, 0).await.unwrap(), 1);

@@ -216,8 +216,17 @@ impl Rig {
         rusqlite::Connection::open(self.data.join("runed/runed.db")).unwrap()
     }
 
+    /// This install's agent containers once removal has settled: a run's end is recorded
+    /// before its container is removed, so a count right after the end may still see it.
     async fn containers(&self) -> usize {
-        self.runner().list_agents().await.unwrap().len()
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let n = self.runner().list_agents().await.unwrap().len();
+            if n == 0 || Instant::now() >= deadline {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     async fn stop(mut self) {
@@ -1369,4 +1378,105 @@ fn runed_binary_refuses_accidental_open_mode() {
     ]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("AUTHD_SERVICE_KEY is set but empty"), "{err}");
+}
+
+/// Item 6 of the isolation issue: runed killed (SIGKILL) after a run answered, with the
+/// run's container gone before its end was recorded (the order before the fix removed the
+/// container first). On restart the stored answer stands: the run ends `ok`, is not retried,
+/// and its spawn token is revoked. And in the order runed follows now, a kill at any point
+/// leaves either an unfinished run with its container (re-adopted) or a recorded end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_sigkill_after_an_answer_never_reruns_the_turn() {
+    let mut rig = Rig::new(&[]).await;
+    rig.runed.take().unwrap().shutdown().await;
+    rig.spawn_binary().await;
+    let run = rig
+        .run("killed", "turn-kill-1", "/blocks 1\n/sleep 60")
+        .await;
+    let v = rig.wait_outputs(&run, 1).await;
+    assert_eq!(results(&v), ["block 1/1"]);
+    let (mut child, _) = rig.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let agents = rig.runner().list_agents().await.unwrap();
+    assert_eq!(agents.len(), 1, "{agents:?}");
+    // The state the old order could leave behind: the container removed, the end unrecorded.
+    rig.runner()
+        .docker()
+        .remove_container(
+            &agents[0].id,
+            Some(
+                bollard::query_parameters::RemoveContainerOptionsBuilder::new()
+                    .force(true)
+                    .build(),
+            ),
+        )
+        .await
+        .unwrap();
+    let jti: String = rig
+        .db()
+        .query_row(
+            "SELECT jti FROM mcp_tokens WHERE run_id = ?1",
+            [&run],
+            |r| r.get(0),
+        )
+        .unwrap();
+    rig.spawn_binary().await;
+    let v = rig.wait(&run).await;
+    assert_eq!(v["outcome"], "ok", "the stored answer stands: {v}");
+    assert_eq!(results(&v), ["block 1/1"]);
+    let c = AuthdClient::new(&rig.authd_url()).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !c
+        .revoked()
+        .await
+        .unwrap()
+        .revoked
+        .iter()
+        .any(|e| e.jti == jti)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the spawn token is revoked on this path too"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let n: i64 = rig
+        .db()
+        .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 1, "nothing ran twice");
+    if let Some((mut c, _)) = rig.child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    rig.stop().await;
+}
+
+/// Item 10: streams and long-polls are bounded per caller (and overall): one caller cannot
+/// pin the daemon's memory and connections with streams that never end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_streams_and_long_polls_are_bounded_per_caller() {
+    let rig = Rig::new(&[("RUNED_MAX_STREAMS_PER_CALLER", "2")]).await;
+    let run = rig.run("streams", "turn-streams-1", "/sleep 20").await;
+    let open = |token: String| {
+        let (http, url) = (rig.http.clone(), rig.url(&format!("/v1/runs/{run}/events")));
+        async move { http.get(url).bearer_auth(token).send().await.unwrap() }
+    };
+    let a = open(rig.routd.clone()).await;
+    let b = open(rig.routd.clone()).await;
+    assert_eq!((a.status().as_u16(), b.status().as_u16()), (200, 200));
+    let c = open(rig.routd.clone()).await;
+    assert_eq!(c.status().as_u16(), 429);
+    let v: Value = c.json().await.unwrap();
+    assert_eq!(v["error"], "too_many_streams", "{v}");
+    // A long-poll counts too; another caller is not held back.
+    let (s, v) = rig.get(&rig.routd, &format!("/v1/runs/{run}?wait=1s")).await;
+    assert_eq!((s, v["error"].as_str()), (429, Some("too_many_streams")), "{v}");
+    let other = open(rig.operator.clone()).await;
+    assert_eq!(other.status().as_u16(), 200);
+    drop((a, b, other));
+    let (s, _) = rig.delete(&rig.routd, &format!("/v1/runs/{run}")).await;
+    assert_eq!(s, 200);
+    rig.stop().await;
 }

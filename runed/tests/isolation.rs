@@ -76,7 +76,10 @@ async fn a_racing_parent_never_redirects_its_childrens_mounts() {
             let prompt = format!(
                 "/read /workspace/canary.txt\n/read /home/agent/canary.txt\n/read /var/run/pub/arizuko/canary.txt\n/ls /workspace\n/write /workspace/mark-{child}-{i}.txt x\n/write /home/agent/mark-{child}-{i}.txt x"
             );
-            specs.push(rig.spec(&format!("a/{child}"), &prompt));
+            let mut spec = rig.spec(&format!("a/{child}"), &prompt);
+            // A child whose mounts were redirected may never see its `_close`: bounded.
+            spec.group.timeout = Some(hako_shared::runs::HumanDuration(Duration::from_secs(20)));
+            specs.push(spec);
         }
         tasks.push(tokio::spawn(async move {
             let mut escapes = Vec::new();
@@ -91,6 +94,7 @@ async fn a_racing_parent_never_redirects_its_childrens_mounts() {
                     .await
                     .report()
                     .expect("finished");
+                assert!(runner.remove_containers(&end).await.is_empty());
                 drain.await.unwrap();
                 let text = all_text(&end);
                 if text.contains(CANARY) || text.contains(HOST_SECRET) {

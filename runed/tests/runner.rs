@@ -736,8 +736,15 @@ async fn detached_run_is_readopted() {
     let (run_id, folder) = (spec.run_id.clone(), spec.folder.clone());
     let mut run = rig.start(spec);
     let id = run.started().await;
-    run.block().await;
-    run.block().await;
+    let prior: Vec<_> = [run.block().await, run.block().await]
+        .into_iter()
+        .map(|(_, text)| hako_shared::contract::OutputBlock {
+            status: hako_shared::contract::BlockStatus::Ok,
+            result: Some(text),
+            new_session_id: None,
+            error: None,
+        })
+        .collect();
     run.control.detach.cancel();
     assert!(run.task.await.unwrap().report().is_none());
     assert!(!rig.gone(&id).await, "detach leaves the container running");
@@ -750,7 +757,7 @@ async fn detached_run_is_readopted() {
                 container_id: id.clone(),
                 run_id,
                 folder,
-                blocks_seen: 2,
+                prior,
                 close: CloseWhen::Idle(Duration::ZERO),
             },
             tx,
@@ -768,6 +775,11 @@ async fn detached_run_is_readopted() {
         sent.push(index);
     }
     assert_eq!(sent, vec![2], "only the new block is sent");
+    assert!(
+        !rig.gone(&id).await,
+        "kept until the caller has recorded the end"
+    );
+    assert!(rig.runner.remove_containers(&r).await.is_empty());
     assert!(rig.gone(&id).await);
 }
 
@@ -1002,22 +1014,38 @@ async fn ensure_running_names_the_socket() {
     assert!(e.contains("refused"), "the cause is named: {e}");
 }
 
-/// Stored output is capped per run and flagged truncated; every block still streams.
+/// Stored output is capped per run and flagged truncated: once the cap is reached, later
+/// blocks are counted, neither kept nor sent; the outcome still follows the last of them.
 #[tokio::test]
 async fn stored_output_is_capped_and_flagged() {
     let rig = Rig::with(|c, _| c.output_cap = 1000).await;
     let (r, events) = rig.run(rig.spec("acme", "/blocks 200")).await;
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert!(r.truncated);
-    assert_eq!(r.blocks.len(), 201, "blocks are kept, their results cut");
     let stored: usize = r
         .blocks
         .iter()
         .filter_map(|b| b.result.as_ref())
         .map(String::len)
         .sum();
-    assert!(stored <= 1000, "{stored}");
-    assert!(events.len() <= 202);
+    assert_eq!(stored, 1000, "filled to the cap exactly");
+    let kept = r.blocks.len();
+    assert!(kept < 201, "{kept}");
+    let dropped: usize = r
+        .log
+        .lines()
+        .find_map(|l| l.split("dropped_at_cap: ").nth(1))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("the log counts dropped blocks");
+    assert_eq!(kept + dropped, 201, "every block counted: {}", r.log);
+    let sent = events
+        .iter()
+        .filter(|e| matches!(e, RunEvent::Block { .. }))
+        .count();
+    assert!(
+        sent <= kept,
+        "nothing past the cap is sent ({sent} > {kept})"
+    );
     assert!(r.log.contains("truncated: true"));
 }
 

@@ -52,8 +52,12 @@ pub struct RunnerConfig {
     pub limits: Limits,
     /// Largest single output block.
     pub max_block: usize,
-    /// Cap on stored output per run.
+    /// Cap on stored output per run (every text field of every block counts).
     pub output_cap: usize,
+    /// Cap on blocks stored per run.
+    pub max_blocks: usize,
+    /// Run log files kept per folder (the oldest go first).
+    pub log_files: usize,
     /// Cap on kept stderr per run.
     pub log_cap: usize,
     /// Host variables a group may receive, by name (values snapshotted at start).
@@ -118,6 +122,8 @@ impl RunnerConfig {
             },
             max_block: 1 << 20,
             output_cap: 4 << 20,
+            max_blocks: 1000,
+            log_files: 100,
             log_cap: 64 << 10,
             host_env: BTreeMap::new(),
             docker_timeout: Duration::from_secs(30),
@@ -245,6 +251,20 @@ impl RunnerConfig {
         c.limits = as_group.limits(&c.limits);
         c.output_cap = env.size_or("RUNED_OUTPUT_CAP", c.output_cap as u64)? as usize;
         c.max_block = env.size_or("RUNED_MAX_BLOCK", c.max_block as u64)? as usize;
+        c.max_blocks = env.parse_or("RUNED_MAX_BLOCKS", c.max_blocks)?;
+        c.log_files = env.parse_or("RUNED_LOG_FILES", c.log_files)?;
+        for (var, v) in [
+            ("RUNED_MAX_BLOCKS", c.max_blocks),
+            ("RUNED_LOG_FILES", c.log_files),
+        ] {
+            if v == 0 {
+                return Err(ConfigError::Invalid {
+                    var: var.into(),
+                    value: "0".into(),
+                    reason: "must be at least 1".into(),
+                });
+            }
+        }
         c.open_network = env.string_or("RUNED_OPEN_NETWORK", &c.open_network);
         let passthrough = env.string_or("HAKO_ENV_PASSTHROUGH", DEFAULT_PASSTHROUGH);
         c.host_env = passthrough

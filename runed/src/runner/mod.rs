@@ -18,6 +18,7 @@ pub mod safefs;
 pub mod seed;
 pub mod sentinel;
 pub mod storage;
+mod supervision;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -38,8 +39,8 @@ use tokio_util::sync::CancellationToken;
 
 use hako_shared::GroupFolder;
 use hako_shared::contract::{
-    BlockStatus, CLOSE_FILE, ContainerInput, FollowUp, MARKER_END_ENV, MARKER_START_ENV, Markers,
-    OutputBlock, QUERY_TIMEOUT_ENV,
+    CLOSE_FILE, ContainerInput, FollowUp, MARKER_END_ENV, MARKER_START_ENV, Markers, OutputBlock,
+    QUERY_TIMEOUT_ENV,
 };
 use hako_shared::runs::{GroupSpec, Network, Outcome, RunState, SidecarSpec};
 
@@ -50,8 +51,8 @@ use mounts::Layout;
 use outcome::{Ending, decide};
 use prepare::Prepared;
 use safefs::{Owner, SafeDir};
-use sentinel::{ParseEvent, SentinelParser};
 use storage::Storage;
+use supervision::{Supervision, secrets_of};
 
 /// Errors before a run could be attempted, and around steering.
 #[derive(Debug, thiserror::Error)]
@@ -218,6 +219,8 @@ pub struct SteerReport {
 /// Everything known about a finished run.
 #[derive(Debug, Clone)]
 pub struct RunReport {
+    /// The run.
+    pub run_id: String,
     /// Final state.
     pub state: RunState,
     /// Outcome for the turn.
@@ -238,6 +241,8 @@ pub struct RunReport {
     pub log_file: Option<std::path::PathBuf>,
     /// The container, if one was created.
     pub container_id: Option<String>,
+    /// Whether the run may have sidecars to remove.
+    pub sidecars: bool,
     /// When the container started.
     pub started_at: Option<SystemTime>,
     /// When the run ended.
@@ -272,8 +277,9 @@ pub struct Adoption {
     pub run_id: String,
     /// The group.
     pub folder: GroupFolder,
-    /// Blocks already recorded (re-delivered blocks below this index are skipped).
-    pub blocks_seen: usize,
+    /// The blocks already recorded: the log's replay of them is skipped, they count against
+    /// the output cap, and new blocks are numbered after them.
+    pub prior: Vec<OutputBlock>,
     /// When the agent is told to close.
     pub close: CloseWhen,
 }
@@ -426,7 +432,7 @@ impl Runner {
             .await;
         let ending = self
             .supervise(
-                &mut st, &id, output, deadline, spec.close, &events, &control, &live, 0,
+                &mut st, &id, output, deadline, spec.close, &events, &control, &live,
             )
             .await;
         match ending {
@@ -445,7 +451,7 @@ impl Runner {
         control: RunControl,
         live: Arc<LiveRun>,
     ) -> RunEnd {
-        let mut st = Supervision::new(&self.cfg, &a.run_id, &a.folder, Vec::new());
+        let mut st = Supervision::adopted(&self.cfg, &a.run_id, &a.folder, a.prior);
         st.container_id = Some(a.container_id.clone());
         live.set_container(&a.container_id);
         let t = self.cfg.docker_timeout;
@@ -507,7 +513,6 @@ impl Runner {
                 &events,
                 &control,
                 &live,
-                a.blocks_seen,
             )
             .await;
         match ending {
@@ -728,7 +733,6 @@ impl Runner {
         events: &mpsc::Sender<RunEvent>,
         control: &RunControl,
         live: &LiveRun,
-        skip_blocks: usize,
     ) -> Option<Ending> {
         let cfg = &self.cfg;
         let t = cfg.docker_timeout;
@@ -780,16 +784,14 @@ impl Runner {
                     Some(Ok(frame)) => {
                         let new_blocks = st.frame(frame);
                         for (index, block) in new_blocks {
-                            if index >= skip_blocks {
-                                // A slow consumer must not hold off the ceiling or a kill: the
-                                // wait is bounded, and the block stays in the report anyway.
-                                let limit = deadline.min(Instant::now() + t);
-                                tokio::select! {
-                                    r = events.send(RunEvent::Block { index, block }) => drop(r),
-                                    () = control.kill.cancelled() => {}
-                                    () = tokio::time::sleep_until(limit) => {
-                                        tracing::warn!(run = %st.run_id, index, "event consumer too slow; block kept in the report only");
-                                    }
+                            // A slow consumer must not hold off the ceiling or a kill: the
+                            // wait is bounded, and the block stays in the report anyway.
+                            let limit = deadline.min(Instant::now() + t);
+                            tokio::select! {
+                                r = events.send(RunEvent::Block { index, block }) => drop(r),
+                                () = control.kill.cancelled() => {}
+                                () = tokio::time::sleep_until(limit) => {
+                                    tracing::warn!(run = %st.run_id, index, "event consumer too slow; block kept in the report only");
                                 }
                             }
                             if let CloseWhen::Idle(d) = close && !closed {
@@ -878,6 +880,10 @@ impl Runner {
         })
     }
 
+    /// Ends a run's supervision and reports it. The containers are left for
+    /// [`Runner::remove_containers`], which the caller runs *after* it has recorded the
+    /// report: a process killed between the two finds the run ended (and removes the
+    /// leftover as an orphan), never an answered run without its container.
     async fn finish(
         &self,
         mut st: Supervision,
@@ -888,12 +894,63 @@ impl Runner {
         live.ended.cancel();
         // Wait for in-flight steers to settle, then refuse new ones.
         *live.gate.write().await = false;
+        let exit_code = match &ending {
+            Ending::Exited(c) => Some(*c),
+            Ending::TimedOut(c) | Ending::Killed(c) => *c,
+            Ending::Failed { .. } => None,
+        };
+        let verdict = decide(&ending, &st.statuses());
+        let ended_at = SystemTime::now();
+        let log = st.render_log(&verdict, exit_code, ended_at);
+        let log_file = match st.logs_dir(self.storage.root()) {
+            Some(dir) => {
+                let (stamp, run, text, keep) = (
+                    hako_shared::time::compact(ended_at),
+                    run_id.to_owned(),
+                    log.clone(),
+                    self.cfg.log_files,
+                );
+                tokio::task::spawn_blocking(move || {
+                    runlog::write_file(&dir, &stamp, &run, &text, keep)
+                })
+                .await
+                .ok()
+                .and_then(|r| {
+                    r.map_err(|e| tracing::warn!(run = run_id, error = %e, "writing the run log"))
+                        .ok()
+                })
+            }
+            None => None,
+        };
+        if st.container_id.is_none() {
+            st.container_id = live.container_id();
+        }
+        RunEnd::Finished(Box::new(RunReport {
+            run_id: run_id.to_owned(),
+            state: verdict.state,
+            outcome: verdict.outcome,
+            terminal: verdict.terminal,
+            blocks: std::mem::take(&mut st.blocks),
+            truncated: st.truncated,
+            exit_code,
+            error: verdict.error,
+            log,
+            log_file,
+            container_id: st.container_id.take(),
+            sidecars: st.sidecars,
+            started_at: st.started_at,
+            ended_at,
+        }))
+    }
+
+    /// Removes a finished run's containers, its sidecars and its agent, together, and checks
+    /// they are gone. Returns what could not be removed (a later orphan cleanup retries).
+    pub async fn remove_containers(&self, report: &RunReport) -> Vec<String> {
         let t = self.cfg.docker_timeout;
-        let mut cleanup_errors = Vec::new();
-        // Sidecars go whatever way the agent ended; they and the agent are removed together.
+        let run_id = report.run_id.as_str();
         let sidecars = async {
             let mut errors = Vec::new();
-            if !st.sidecars {
+            if !report.sidecars {
                 return errors;
             }
             match docker::list_install(&self.docker, &self.cfg.install_id, t).await {
@@ -918,62 +975,20 @@ impl Runner {
             errors
         };
         let agent = async {
-            match st.container_id.clone().or_else(|| live.container_id()) {
-                Some(id) => docker::remove(&self.docker, &id, t)
+            match &report.container_id {
+                Some(id) => docker::remove(&self.docker, id, t)
                     .await
                     .map_err(|e| format!("container {id}: {e}"))
                     .err(),
                 None => None,
             }
         };
-        let (sidecar_errors, agent_error) = tokio::join!(sidecars, agent);
-        cleanup_errors.extend(sidecar_errors);
-        cleanup_errors.extend(agent_error);
-        let exit_code = match &ending {
-            Ending::Exited(c) => Some(*c),
-            Ending::TimedOut(c) | Ending::Killed(c) => *c,
-            Ending::Failed { .. } => None,
-        };
-        let statuses: Vec<BlockStatus> = st.blocks.iter().map(|b| b.status).collect();
-        let verdict = decide(&ending, &statuses);
-        for e in &cleanup_errors {
+        let (mut errors, agent_error) = tokio::join!(sidecars, agent);
+        errors.extend(agent_error);
+        for e in &errors {
             tracing::error!(run = run_id, "cleanup: {e}");
         }
-        let ended_at = SystemTime::now();
-        let log = st.render_log(&verdict, exit_code, ended_at, &cleanup_errors);
-        let log_file = match st.logs_dir(self.storage.root()) {
-            Some(dir) => {
-                let (stamp, run, text) = (
-                    hako_shared::time::compact(ended_at),
-                    run_id.to_owned(),
-                    log.clone(),
-                );
-                tokio::task::spawn_blocking(move || runlog::write_file(&dir, &stamp, &run, &text))
-                    .await
-                    .ok()
-                    .and_then(|r| {
-                        r.map_err(
-                            |e| tracing::warn!(run = run_id, error = %e, "writing the run log"),
-                        )
-                        .ok()
-                    })
-            }
-            None => None,
-        };
-        RunEnd::Finished(Box::new(RunReport {
-            state: verdict.state,
-            outcome: verdict.outcome,
-            terminal: verdict.terminal,
-            blocks: std::mem::take(&mut st.blocks),
-            truncated: st.truncated,
-            exit_code,
-            error: verdict.error,
-            log,
-            log_file,
-            container_id: st.container_id.take(),
-            started_at: st.started_at,
-            ended_at,
-        }))
+        errors
     }
 
     /// Sends follow-up `messages` to a live run, exactly once: the file is written under a
@@ -1110,167 +1125,6 @@ fn make_absolute(cfg: &mut RunnerConfig) -> std::io::Result<()> {
         abs(p)?;
     }
     Ok(())
-}
-
-fn secrets_of(input: &ContainerInput) -> Vec<String> {
-    let mut v: Vec<String> = input.secrets.0.values().cloned().collect();
-    if !input.token.expose().is_empty() {
-        v.push(input.token.expose().to_owned());
-    }
-    v
-}
-
-/// The supervisor's record of one run: parser, stored blocks, stderr tail.
-struct Supervision {
-    run_id: String,
-    folder: GroupFolder,
-    parser: SentinelParser,
-    events: Vec<ParseEvent>,
-    blocks: Vec<OutputBlock>,
-    seen: usize,
-    stored: usize,
-    cap: usize,
-    truncated: bool,
-    invalid: Vec<String>,
-    stderr: runlog::Tail,
-    secrets: Vec<String>,
-    container_id: Option<String>,
-    started_at: Option<SystemTime>,
-    created: SystemTime,
-    /// Whether sidecars may exist for this run (unknown after a restart: assume so).
-    sidecars: bool,
-}
-
-impl Supervision {
-    fn new(cfg: &RunnerConfig, run_id: &str, folder: &GroupFolder, secrets: Vec<String>) -> Self {
-        Self {
-            run_id: run_id.to_owned(),
-            folder: folder.clone(),
-            parser: SentinelParser::new(&cfg.markers, cfg.max_block),
-            events: Vec::new(),
-            blocks: Vec::new(),
-            seen: 0,
-            stored: 0,
-            cap: cfg.output_cap,
-            truncated: false,
-            invalid: Vec::new(),
-            stderr: runlog::Tail::new(cfg.log_cap),
-            secrets,
-            container_id: None,
-            started_at: None,
-            created: SystemTime::now(),
-            sidecars: true,
-        }
-    }
-
-    /// Handles one output frame; returns the new blocks (index, block).
-    fn frame(&mut self, frame: LogOutput) -> Vec<(usize, OutputBlock)> {
-        match frame {
-            LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                self.parser.feed(&message, &mut self.events);
-            }
-            LogOutput::StdErr { message } => {
-                self.stderr.push(&message);
-                return Vec::new();
-            }
-            LogOutput::StdIn { .. } => return Vec::new(),
-        }
-        let mut out = Vec::new();
-        for ev in self.events.drain(..) {
-            match ev {
-                ParseEvent::Block(mut b) => {
-                    let size = b.result.as_ref().map_or(0, String::len)
-                        + b.error.as_ref().map_or(0, String::len);
-                    let room = self.cap.saturating_sub(self.stored);
-                    if size > room {
-                        self.truncated = true;
-                        if let Some(r) = b.result.as_mut() {
-                            let mut cut = room.min(r.len());
-                            while !r.is_char_boundary(cut) {
-                                cut -= 1;
-                            }
-                            r.truncate(cut);
-                        }
-                    }
-                    self.stored += size.min(room);
-                    let index = self.seen;
-                    self.seen += 1;
-                    self.blocks.push(b.clone());
-                    out.push((index, b));
-                }
-                ParseEvent::Invalid { reason, len } => {
-                    if self.invalid.len() < 32 {
-                        self.invalid.push(format!("{reason} ({len} bytes dropped)"));
-                    }
-                }
-                ParseEvent::Oversize { limit } => {
-                    if self.invalid.len() < 32 {
-                        self.invalid
-                            .push(format!("block larger than {limit} bytes dropped"));
-                    }
-                }
-            }
-        }
-        out
-    }
-
-    fn logs_dir(&self, root: &SafeDir) -> Option<SafeDir> {
-        root.subdir(&layout::dir_rel(&self.folder, FolderDir::Logs))
-            .ok()
-    }
-
-    fn render_log(
-        &self,
-        v: &outcome::Verdict,
-        exit: Option<i64>,
-        ended: SystemTime,
-        cleanup: &[String],
-    ) -> String {
-        use std::fmt::Write as _;
-        let rfc = hako_shared::time::rfc3339;
-        let mut s = String::new();
-        let _ = writeln!(s, "run: {}", self.run_id);
-        let _ = writeln!(s, "folder: {}", self.folder);
-        let _ = writeln!(
-            s,
-            "container: {}",
-            self.container_id.as_deref().unwrap_or("-")
-        );
-        let _ = writeln!(s, "created: {}", rfc(self.created));
-        let _ = writeln!(s, "started: {}", self.started_at.map_or("-".into(), rfc));
-        let _ = writeln!(s, "ended: {}", rfc(ended));
-        let _ = writeln!(s, "state: {} outcome: {}", v.state, v.outcome);
-        let _ = writeln!(
-            s,
-            "exit_code: {}",
-            exit.map_or("-".into(), |c| c.to_string())
-        );
-        if let Some(e) = &v.error {
-            let _ = writeln!(s, "error: {e}");
-        }
-        let _ = writeln!(
-            s,
-            "blocks: {} truncated: {}",
-            self.blocks.len(),
-            self.truncated
-        );
-        let _ = writeln!(s, "stdout_noise_bytes: {}", self.parser.noise_bytes());
-        for i in &self.invalid {
-            let _ = writeln!(s, "invalid_output: {i}");
-        }
-        for c in cleanup {
-            let _ = writeln!(s, "cleanup_error: {c}");
-        }
-        let _ = writeln!(
-            s,
-            "--- stderr (last {} bytes; {} dropped) ---",
-            self.stderr.text().len(),
-            self.stderr.dropped()
-        );
-        s.push_str(&self.stderr.text());
-        let refs: Vec<&str> = self.secrets.iter().map(String::as_str).collect();
-        runlog::redact(&s, &refs)
-    }
 }
 
 #[cfg(test)]

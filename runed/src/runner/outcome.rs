@@ -71,6 +71,14 @@ pub fn decide(ending: &Ending, statuses: &[BlockStatus]) -> Verdict {
             true,
             Some("killed on request".into()),
         ),
+        // Lost around the container after it answered: the answer stands (an answered
+        // outcome is never retried, whatever `terminal` says).
+        Ending::Failed { error, terminal } if answered.is_some() => v(
+            RunState::Error,
+            answered.unwrap_or(Outcome::Error),
+            *terminal,
+            Some(error.clone()),
+        ),
         Ending::Failed { error, terminal } => v(
             RunState::Error,
             if *terminal {
@@ -135,6 +143,18 @@ mod tests {
         assert_eq!(decide(&Ending::Exited(0), &[K, F]).outcome, Outcome::Ok);
         assert_eq!(decide(&Ending::Exited(0), &[K, E]).outcome, Outcome::Error);
         assert_eq!(decide(&Ending::Exited(127), &[K]).outcome, Outcome::Ok);
+    }
+
+    #[test]
+    fn a_failure_after_an_answer_keeps_the_answer() {
+        let lost = Ending::Failed {
+            error: "the container is gone".into(),
+            terminal: false,
+        };
+        let v = decide(&lost, &[BlockStatus::Ok]);
+        assert_eq!((v.state, v.outcome), (RunState::Error, Outcome::Ok));
+        let v = decide(&lost, &[BlockStatus::Fatal]);
+        assert_eq!((v.outcome, v.terminal), (Outcome::Fatal, false));
     }
 
     #[test]

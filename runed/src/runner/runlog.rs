@@ -1,6 +1,7 @@
 //! The bounded record of one run: stderr kept as a bounded tail, secrets redacted, written
-//! to `groups/<folder>/logs/container-<timestamp>-<run>.log` and returned to the caller.
-//! The input (prompt, secrets, token) is never part of it.
+//! to `folders/<key>/logs/container-<timestamp>-<run>.log` (the newest `keep` files of a
+//! folder are kept) and returned to the caller. The input (prompt, secrets, token) is never
+//! part of it.
 
 use std::io::{self, Write};
 use std::path::PathBuf;
@@ -65,9 +66,48 @@ pub fn redact(text: &str, secrets: &[&str]) -> String {
     out
 }
 
-/// Writes the log into `dir` under a unique name; never through a symlink, never over an
-/// existing file.
-pub fn write_file(dir: &SafeDir, stamp: &str, run_id: &str, text: &str) -> io::Result<PathBuf> {
+/// Redacts a kept stderr tail: every whole secret, and also a piece of one cut at either
+/// edge: a tail that lost its beginning may start with the end of a secret, and a stream cut
+/// mid-write may end with its beginning. Pieces shorter than 4 bytes are left (they say
+/// nothing).
+pub fn redact_tail(text: &str, secrets: &[&str], cut_at_start: bool) -> String {
+    const MIN_PIECE: usize = 4;
+    let mut out = redact(text, secrets);
+    for s in secrets.iter().filter(|s| s.len() >= 6) {
+        let s = s.as_bytes();
+        if cut_at_start
+            && let Some(k) = (MIN_PIECE..s.len())
+                .rev()
+                .find(|&k| out.as_bytes().starts_with(&s[s.len() - k..]))
+        {
+            out = format!(
+                "<redacted>{}",
+                String::from_utf8_lossy(&out.as_bytes()[k..])
+            );
+        }
+        if let Some(k) = (MIN_PIECE..s.len())
+            .rev()
+            .find(|&k| out.as_bytes().ends_with(&s[..k]))
+        {
+            let keep = out.len() - k;
+            out = format!(
+                "{}<redacted>",
+                String::from_utf8_lossy(&out.as_bytes()[..keep])
+            );
+        }
+    }
+    out
+}
+
+/// Writes the log into `dir` under a unique name, never through a symlink, never over an
+/// existing file; then removes the folder's oldest logs beyond the newest `keep`.
+pub fn write_file(
+    dir: &SafeDir,
+    stamp: &str,
+    run_id: &str,
+    text: &str,
+    keep: usize,
+) -> io::Result<PathBuf> {
     let short: String = run_id
         .chars()
         .filter(|c| c.is_ascii_alphanumeric())
@@ -76,6 +116,19 @@ pub fn write_file(dir: &SafeDir, stamp: &str, run_id: &str, text: &str) -> io::R
     let name = format!("container-{stamp}-{short}.log");
     let mut f = dir.create_file(&name, 0o640)?;
     f.write_all(text.as_bytes())?;
+    // Names start with a sortable UTC stamp: name order is age order.
+    let mut logs: Vec<String> = dir
+        .names()?
+        .into_iter()
+        .filter_map(|n| n.into_string().ok())
+        .filter(|n| n.starts_with("container-") && n.ends_with(".log"))
+        .collect();
+    if logs.len() > keep {
+        logs.sort();
+        for old in &logs[..logs.len() - keep] {
+            dir.remove(old)?;
+        }
+    }
     Ok(dir.path().join(name))
 }
 
@@ -113,14 +166,45 @@ mod tests {
     }
 
     #[test]
-    fn log_files_are_unique_and_no_follow() {
+    fn a_secret_cut_at_an_edge_of_the_tail_is_still_redacted() {
+        let secret = "sk-canary-0123456789";
+        // The tail lost the secret's first bytes; a stream cut mid-write ends with its start.
+        let t = redact_tail("0123456789 then more", &[secret], true);
+        assert_eq!(t, "<redacted> then more");
+        let t = redact_tail("text sk-canar", &[secret], false);
+        assert_eq!(t, "text <redacted>");
+        // An uncut tail keeps its start; short pieces mean nothing.
+        assert_eq!(redact_tail("6789 x", &[secret], false), "6789 x");
+        assert_eq!(redact_tail("789 x", &[secret], true), "789 x");
+    }
+
+    #[test]
+    fn log_files_are_unique_no_follow_and_rotated() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = SafeDir::open_root(tmp.path()).unwrap();
-        let p = write_file(&dir, "20261123T000000.000Z", "run-1", "x").unwrap();
+        let p = write_file(&dir, "20261123T000000.000Z", "run-1", "x", 3).unwrap();
         assert!(p.ends_with("container-20261123T000000.000Z-run1.log"));
         assert!(
-            write_file(&dir, "20261123T000000.000Z", "run-1", "y").is_err(),
+            write_file(&dir, "20261123T000000.000Z", "run-1", "y", 3).is_err(),
             "never overwrites"
+        );
+        std::fs::write(tmp.path().join("other.txt"), "kept").unwrap();
+        for i in 1..6 {
+            write_file(&dir, &format!("20261123T00000{i}.000Z"), "run-1", "x", 3).unwrap();
+        }
+        let mut names: Vec<String> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "container-20261123T000003.000Z-run1.log",
+                "container-20261123T000004.000Z-run1.log",
+                "container-20261123T000005.000Z-run1.log",
+                "other.txt"
+            ]
         );
     }
 }

@@ -281,6 +281,22 @@ impl SafeDir {
         Ok(buf)
     }
 
+    /// The names in this directory (without `.` and `..`), as raw names. Only for
+    /// directories the host owns: an agent's directory could hold millions.
+    pub fn names(&self) -> io::Result<Vec<std::ffi::OsString>> {
+        use std::os::unix::ffi::OsStringExt;
+        let dir = rustix::fs::Dir::read_from(&self.fd).map_err(|e| with_path(e, &self.path))?;
+        let mut out = Vec::new();
+        for entry in dir {
+            let entry = entry.map_err(|e| with_path(e, &self.path))?;
+            let name = entry.file_name().to_bytes();
+            if name != b"." && name != b".." {
+                out.push(std::ffi::OsString::from_vec(name.to_vec()));
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether the directory has no entries (besides `.` and `..`).
     pub fn is_empty(&self) -> io::Result<bool> {
         let dir = rustix::fs::Dir::read_from(&self.fd).map_err(|e| with_path(e, &self.path))?;

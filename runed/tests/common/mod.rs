@@ -111,12 +111,16 @@ impl Rig {
         let live = LiveRun::new(spec.run_id.clone(), spec.folder.clone());
         let runner = self.runner.clone();
         let (c, l) = (control.clone(), live.clone());
-        let task = tokio::spawn(async move { runner.run(spec, tx, c, l).await });
+        let task = tokio::spawn({
+            let runner = runner.clone();
+            async move { runner.run(spec, tx, c, l).await }
+        });
         Running {
             task,
             events: rx,
             control,
             live,
+            runner,
         }
     }
 
@@ -203,6 +207,8 @@ pub struct Running {
     pub control: RunControl,
     /// Steering state.
     pub live: Arc<LiveRun>,
+    /// The runner, to remove the run's containers once it is over.
+    pub runner: Runner,
 }
 
 impl Running {
@@ -234,7 +240,8 @@ impl Running {
         }
     }
 
-    /// Waits for the end; returns the report and the remaining events.
+    /// Waits for the end, removes the containers (as runed does once the end is recorded);
+    /// returns the report and the remaining events.
     pub async fn finish(mut self) -> (RunReport, Vec<RunEvent>) {
         let end = tokio::time::timeout(RUN_LIMIT, &mut self.task)
             .await
@@ -244,7 +251,10 @@ impl Running {
         while let Ok(e) = self.events.try_recv() {
             events.push(e);
         }
-        (end.report().expect("finished, not detached"), events)
+        let report = end.report().expect("finished, not detached");
+        let leftovers = self.runner.remove_containers(&report).await;
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        (report, events)
     }
 }
 
