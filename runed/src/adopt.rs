@@ -139,7 +139,7 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
                     &row.folder,
                     Kind::Hold,
                     Pending {
-                        req: None,
+                        secrets: Default::default(),
                         hold_ttl: ttl,
                     },
                 );
@@ -150,14 +150,11 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
                     .as_deref()
                     .and_then(|r| serde_json::from_str::<RunRequest>(r).ok());
                 match req {
-                    Some(req) if !row.had_secrets => sh.enqueue(
+                    Some(_) if !row.had_secrets => sh.enqueue(
                         &row.run_id,
                         &row.folder,
                         Kind::Run,
-                        Pending {
-                            req: Some(req),
-                            hold_ttl: Duration::ZERO,
-                        },
+                        Pending::default(),
                     ),
                     Some(_) => {
                         fail(sh, &row, "runed restarted before the run started; its secrets are never stored, so it cannot start").await

@@ -23,7 +23,7 @@ use serde_json::json;
 use tokio::sync::broadcast;
 
 use crate::adopt::HoldInfo;
-use crate::daemon::{Event, Pending, Shared, new_run_id};
+use crate::daemon::{Event, MAX_SECRETS_BYTES, Pending, Shared, new_run_id};
 use crate::queue::Kind;
 use crate::store::{AuditRow, Inserted, SpawnRow};
 
@@ -144,6 +144,32 @@ async fn create_run(
             ),
         ));
     }
+    let secret_bytes: usize = req.secrets.0.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if secret_bytes > MAX_SECRETS_BYTES {
+        return Err(ApiError::bad_request(
+            "secrets_too_large",
+            format!(
+                "secrets hold {secret_bytes} bytes; at most {MAX_SECRETS_BYTES} (they wait in memory, never on disk)"
+            ),
+        ));
+    }
+    let existing = |r: SpawnRow| {
+        (
+            StatusCode::ACCEPTED,
+            Json(json!({"run_id": r.run_id, "state": r.state, "existing": true})),
+        )
+            .into_response()
+    };
+    let reserved = match sh.reserve(&folder) {
+        Ok(r) => r,
+        Err(full) => {
+            // A repeat of a turn that is already in is answered as such, full or not.
+            if let Some(r) = sh.store.run_of_turn(&folder, &req.turn_id).await? {
+                return Ok(existing(r));
+            }
+            return Err(queue_full(full));
+        }
+    };
     let mut stored = req.clone();
     stored.secrets = Default::default();
     let run_id = new_run_id();
@@ -166,21 +192,18 @@ async fn create_run(
         ended_at: None,
     };
     match sh.store.insert(row).await? {
-        Inserted::Existing(r) => Ok((
-            StatusCode::ACCEPTED,
-            Json(json!({"run_id": r.run_id, "state": r.state, "existing": true})),
-        )
-            .into_response()),
+        Inserted::Existing(r) => Ok(existing(*r)),
         Inserted::New => {
             sh.enqueue(
                 &run_id,
                 &folder,
                 Kind::Run,
                 Pending {
-                    req: Some(req),
+                    secrets: req.secrets,
                     hold_ttl: Duration::ZERO,
                 },
             );
+            drop(reserved);
             sh.emit(Event::State {
                 run_id: run_id.clone(),
                 state: RunState::Queued,
@@ -249,6 +272,10 @@ async fn get_run(
         row = visible(&sh, &who, &run_id).await?;
     }
     Ok(Json(status(&sh, row).await?))
+}
+
+fn queue_full(e: crate::daemon::QueueFull) -> ApiError {
+    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", e.to_string())
 }
 
 fn too_many(e: crate::watchers::Full) -> ApiError {
@@ -568,6 +595,7 @@ async fn create_hold(
         .map_or(sh.cfg.runner.run_timeout, |t| t.0)
         .min(sh.cfg.runner.run_timeout)
         .max(Duration::from_secs(1));
+    let reserved = sh.reserve(&folder).map_err(queue_full)?;
     let run_id = new_run_id();
     let row = SpawnRow {
         run_id: run_id.clone(),
@@ -598,10 +626,11 @@ async fn create_hold(
         &folder,
         Kind::Hold,
         Pending {
-            req: None,
+            secrets: Default::default(),
             hold_ttl: ttl,
         },
     );
+    drop(reserved);
     audit_row(
         &sh,
         &who,
@@ -728,7 +757,13 @@ mod tests {
             _pass: None,
         };
         // The snapshot: no block yet, the state.
-        assert!(matches!(st.next().await, Some(Event::State { state: RunState::Running, .. })));
+        assert!(matches!(
+            st.next().await,
+            Some(Event::State {
+                state: RunState::Running,
+                ..
+            })
+        ));
         // 100 blocks and the end, while the subscriber does not read: far past the ring.
         for i in 0..100 {
             store.add_output("r", i, &block(i)).await.unwrap();

@@ -28,6 +28,10 @@ pub struct Config {
     pub body_limit: usize,
     /// `RUNED_MAX_WAIT`, default 120s: the longest `?wait=` honoured.
     pub max_wait: Duration,
+    /// `RUNED_MAX_QUEUED`, default 1000: runs and holds waiting at once.
+    pub max_queued: usize,
+    /// `RUNED_MAX_QUEUED_PER_FOLDER`, default 50: the same, per folder.
+    pub max_queued_per_folder: usize,
     /// `RUNED_MAX_STREAMS`, default 256: SSE streams and long-polls open at once.
     pub max_streams: usize,
     /// `RUNED_MAX_STREAMS_PER_CALLER`, default 16: the same, per token subject.
@@ -55,6 +59,8 @@ impl Config {
             docker_socket: "/var/run/docker.sock".into(),
             body_limit: 1 << 20,
             max_wait: Duration::from_secs(120),
+            max_queued: 1000,
+            max_queued_per_folder: 50,
             max_streams: 256,
             max_streams_per_caller: 16,
             retention: Duration::from_secs(7 * 86400),
@@ -106,6 +112,9 @@ impl Config {
         }
         c.body_limit = env.size_or("RUNED_BODY_LIMIT", c.body_limit as u64)? as usize;
         c.max_wait = env.duration_or("RUNED_MAX_WAIT", c.max_wait)?;
+        c.max_queued = env.parse_or("RUNED_MAX_QUEUED", c.max_queued)?;
+        c.max_queued_per_folder =
+            env.parse_or("RUNED_MAX_QUEUED_PER_FOLDER", c.max_queued_per_folder)?;
         c.max_streams = env.parse_or("RUNED_MAX_STREAMS", c.max_streams)?;
         c.max_streams_per_caller =
             env.parse_or("RUNED_MAX_STREAMS_PER_CALLER", c.max_streams_per_caller)?;

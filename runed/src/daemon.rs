@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use hako_shared::auth::{Verifier, now_secs};
-use hako_shared::contract::{ContainerInput, OutputBlock, Redacted};
+use hako_shared::contract::{ContainerInput, OutputBlock, Redacted, Secrets};
 use hako_shared::runs::{Outcome, RunRequest, RunState};
 use hako_shared::time::unix_millis;
 use serde::Serialize;
@@ -58,11 +58,18 @@ pub const INLINE_BLOCK: usize = 4 << 10;
 /// Events kept for subscribers; one that falls further behind re-reads the store.
 pub const EVENT_RING: usize = 1024;
 
-/// A waiting run's request, secrets included (memory only).
+/// What a waiting run keeps in memory: only what is never stored. The request itself waits
+/// in `runed.db` (without its secrets) and is read back when the run starts.
+#[derive(Default)]
 pub(crate) struct Pending {
-    pub req: Option<RunRequest>,
+    /// The request's secrets (stdin only; bounded by `MAX_SECRETS_BYTES`).
+    pub secrets: Secrets,
+    /// A hold's time to live.
     pub hold_ttl: Duration,
 }
+
+/// The most secret bytes (names and values) one run request may carry: they wait in memory.
+pub const MAX_SECRETS_BYTES: usize = 64 << 10;
 
 /// A run or hold that holds a slot.
 pub(crate) struct Live {
@@ -76,6 +83,41 @@ pub(crate) struct Sched {
     pub queue: FairQueue,
     pub pending: HashMap<String, Pending>,
     pub live: HashMap<String, Live>,
+    /// Places promised to requests being written to the store, overall and per folder.
+    pub reserved: usize,
+    pub reserved_per: HashMap<String, usize>,
+}
+
+/// Why a request cannot be queued.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueFull {
+    /// Too many runs and holds wait overall.
+    #[error("{0} runs and holds are queued, the limit (RUNED_MAX_QUEUED); try again later")]
+    Total(usize),
+    /// Too many wait for this folder.
+    #[error(
+        "{0} runs and holds of this folder are queued, the limit (RUNED_MAX_QUEUED_PER_FOLDER); try again later"
+    )]
+    Folder(usize),
+}
+
+/// A place in the queue promised to a request until it is enqueued (or fails).
+pub(crate) struct Reserved<'a> {
+    sh: &'a Shared,
+    folder: String,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        let mut s = self.sh.sched();
+        s.reserved = s.reserved.saturating_sub(1);
+        if let Some(n) = s.reserved_per.get_mut(&self.folder) {
+            *n -= 1;
+            if *n == 0 {
+                s.reserved_per.remove(&self.folder);
+            }
+        }
+    }
 }
 
 /// Everything the daemon's tasks share.
@@ -145,6 +187,27 @@ impl Shared {
         self.metrics
             .oldest_queued
             .set(s.queue.oldest_age(Instant::now()).as_secs() as i64);
+    }
+
+    /// Promises a place in the queue to a request for `folder`, or says which bound is full.
+    /// Hold it across the store write and the enqueue, so that concurrent requests never
+    /// overshoot the bounds.
+    pub(crate) fn reserve(&self, folder: &str) -> Result<Reserved<'_>, QueueFull> {
+        let mut s = self.sched();
+        let (total, per) = (self.cfg.max_queued, self.cfg.max_queued_per_folder);
+        if s.queue.len() + s.reserved >= total {
+            return Err(QueueFull::Total(total));
+        }
+        let mine = s.reserved_per.get(folder).copied().unwrap_or(0);
+        if s.queue.folder_len(folder) + mine >= per {
+            return Err(QueueFull::Folder(per));
+        }
+        s.reserved += 1;
+        *s.reserved_per.entry(folder.to_owned()).or_insert(0) += 1;
+        Ok(Reserved {
+            sh: self,
+            folder: folder.to_owned(),
+        })
     }
 
     /// Queues a run (or hold) already stored as `queued`.
@@ -252,7 +315,7 @@ impl Shared {
 
     /// A run that could not start (no token, no Docker) goes back to the head of its folder's
     /// queue, to be tried again: `starting → queued`.
-    async fn back_to_queue(&self, run_id: &str, folder: &str, req: RunRequest) {
+    async fn back_to_queue(&self, run_id: &str, folder: &str, secrets: Secrets) {
         let _ = self
             .store
             .transition(run_id, &[RunState::Starting], RunState::Queued)
@@ -265,7 +328,7 @@ impl Shared {
             run_id,
             folder,
             Pending {
-                req: Some(req),
+                secrets,
                 hold_ttl: Duration::ZERO,
             },
         );
@@ -506,7 +569,17 @@ async fn run_one(
     control: RunControl,
     live: Arc<LiveRun>,
 ) {
-    let Some(req) = p.and_then(|p| p.req) else {
+    // The request waited on disk; only its secrets waited in memory.
+    let stored = match sh.store.get(&run_id).await {
+        Ok(row) => row
+            .and_then(|r| r.request)
+            .and_then(|r| serde_json::from_str::<RunRequest>(&r).ok()),
+        Err(e) => {
+            tracing::error!(run = run_id, error = %e, "reading a queued request failed");
+            None
+        }
+    };
+    let Some(mut req) = stored else {
         // Nothing to run (a lost request): fail it so the caller retries.
         finalize_simple(
             &sh,
@@ -519,6 +592,7 @@ async fn run_one(
         sh.release(&run_id);
         return;
     };
+    req.secrets = p.map(|p| p.secrets).unwrap_or_default();
     match sh
         .store
         .transition(&run_id, &[RunState::Queued], RunState::Starting)
@@ -555,7 +629,7 @@ async fn run_one(
         Err(BrokerError::Unavailable(why)) => {
             tracing::warn!(run = run_id, error = %why, "no spawn token; the run stays queued");
             *lock(&sh.broker_pause) = Some((Instant::now() + Duration::from_secs(1), why));
-            sh.back_to_queue(&run_id, &folder, req).await;
+            sh.back_to_queue(&run_id, &folder, req.secrets).await;
             return;
         }
         Err(e @ BrokerError::Refused(_)) => {
@@ -655,7 +729,7 @@ async fn run_one(
                     "docker unavailable; the run goes back to the queue"
                 );
                 revoke_tokens(&sh, &run_id).await;
-                sh.back_to_queue(&run_id, &folder, req).await;
+                sh.back_to_queue(&run_id, &folder, req.secrets).await;
                 return;
             }
             // The container exists but runed lost it (the wait broke and the container could

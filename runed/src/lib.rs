@@ -164,6 +164,8 @@ pub async fn start(
             queue: FairQueue::new(config.max_containers),
             pending: Default::default(),
             live: Default::default(),
+            reserved: 0,
+            reserved_per: Default::default(),
         }),
         cfg: config,
         store,

@@ -141,6 +141,11 @@ impl FairQueue {
         self.len
     }
 
+    /// Items waiting for `folder`.
+    pub fn folder_len(&self, folder: &str) -> usize {
+        self.queues.get(folder).map_or(0, VecDeque::len)
+    }
+
     /// Whether nothing waits.
     pub fn is_empty(&self) -> bool {
         self.len == 0
@@ -208,7 +213,9 @@ mod tests {
         );
         assert_eq!(q.next_ready().unwrap().1.run_id, "h");
         assert_eq!(q.active(), 2);
+        assert_eq!(q.folder_len("a"), 1);
         assert!(q.remove("a", "a2"));
         assert!(q.is_empty());
+        assert_eq!(q.folder_len("a"), 0);
     }
 }

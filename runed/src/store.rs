@@ -311,6 +311,23 @@ impl Store {
             .await
     }
 
+    /// The run a folder's turn has, if any.
+    pub async fn run_of_turn(
+        &self,
+        folder: &str,
+        turn_id: &str,
+    ) -> Result<Option<SpawnRow>, DbError> {
+        let (f, t) = (folder.to_owned(), turn_id.to_owned());
+        self.db
+            .call(move |c| {
+                let sql = format!(
+                    "SELECT {COLS} FROM spawns WHERE folder = ?1 AND turn_id = ?2 AND kind = 'run'"
+                );
+                Ok(c.query_row(&sql, [&f, &t], row).optional()?)
+            })
+            .await
+    }
+
     /// Runs not yet terminal, oldest first.
     pub async fn unfinished(&self) -> Result<Vec<SpawnRow>, DbError> {
         self.db

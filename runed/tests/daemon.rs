@@ -1471,12 +1471,110 @@ async fn daemon_streams_and_long_polls_are_bounded_per_caller() {
     let v: Value = c.json().await.unwrap();
     assert_eq!(v["error"], "too_many_streams", "{v}");
     // A long-poll counts too; another caller is not held back.
-    let (s, v) = rig.get(&rig.routd, &format!("/v1/runs/{run}?wait=1s")).await;
-    assert_eq!((s, v["error"].as_str()), (429, Some("too_many_streams")), "{v}");
+    let (s, v) = rig
+        .get(&rig.routd, &format!("/v1/runs/{run}?wait=1s"))
+        .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (429, Some("too_many_streams")),
+        "{v}"
+    );
     let other = open(rig.operator.clone()).await;
     assert_eq!(other.status().as_u16(), 200);
     drop((a, b, other));
     let (s, _) = rig.delete(&rig.routd, &format!("/v1/runs/{run}")).await;
     assert_eq!(s, 200);
+    rig.stop().await;
+}
+
+fn vm_rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Item 7: the queue is bounded (per folder and overall, 429 naming the limit), and queued
+/// requests wait in the database, not in runed's memory: 60 runs of 0.9 MB each behind a hold
+/// leave the runed binary's resident memory about where it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_queue_is_bounded_and_kept_on_disk() {
+    let mut rig = Rig::new(&[
+        ("RUNED_MAX_QUEUED", "70"),
+        ("RUNED_MAX_QUEUED_PER_FOLDER", "60"),
+    ])
+    .await;
+    rig.runed.take().unwrap().shutdown().await;
+    rig.spawn_binary().await;
+    let pid = rig.child.as_ref().unwrap().0.id();
+    // Holds take each folder's slot, so everything after them waits.
+    for f in ["q", "r"] {
+        let (s, v) = rig
+            .post(&rig.routd, "/v1/holds", json!({"folder": f, "ttl": "5m"}))
+            .await;
+        assert_eq!(s, 202, "{v}");
+    }
+    let big = "p".repeat(900_000);
+    let post = |folder: &'static str, turn: String| {
+        let body = json!({"folder": folder, "turn_id": turn, "system_prompt": big.clone()});
+        let rig = &rig;
+        async move { rig.post(&rig.routd, "/v1/runs", body).await }
+    };
+    // Warm up the allocator and the database, then measure around the rest.
+    for i in 0..5 {
+        assert_eq!(post("q", format!("q-{i}")).await.0, 202);
+    }
+    let before = vm_rss_kib(pid);
+    for i in 5..60 {
+        let (s, v) = post("q", format!("q-{i}")).await;
+        assert_eq!(s, 202, "{i}: {v}");
+    }
+    let after = vm_rss_kib(pid);
+    let grown_mib = after.saturating_sub(before) / 1024;
+    eprintln!("runed RSS {before} -> {after} KiB over 55 queued runs of 0.9 MB");
+    assert!(
+        grown_mib < 20,
+        "55 queued runs of 0.9 MB grew runed by {grown_mib} MiB ({before} -> {after} KiB)"
+    );
+    let (s, v) = post("q", "q-60".into()).await;
+    assert_eq!((s, v["error"].as_str()), (429, Some("queue_full")), "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("RUNED_MAX_QUEUED_PER_FOLDER"),
+        "{v}"
+    );
+    // A repeat of a queued turn is still answered as that run.
+    let (s, v) = post("q", "q-7".into()).await;
+    assert_eq!((s, v["existing"].as_bool()), (202, Some(true)), "{v}");
+    for i in 0..10 {
+        assert_eq!(post("r", format!("r-{i}")).await.0, 202);
+    }
+    let (s, v) = post("r", "r-10".into()).await;
+    assert_eq!(s, 429, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("(RUNED_MAX_QUEUED)"),
+        "{v}"
+    );
+    // The requests wait on disk.
+    let on_disk: i64 = rig
+        .db()
+        .query_row(
+            "SELECT count(*) FROM spawns WHERE state = 'queued' AND length(request) > 900000",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(on_disk, 70);
+    if let Some((mut c, _)) = rig.child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     rig.stop().await;
 }
