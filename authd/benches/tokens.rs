@@ -282,6 +282,7 @@ fn main() {
         max_token_ttl: Duration::from_secs(3600),
         clock_skew: Duration::from_secs(30),
         audit_retention: Duration::from_secs(86_400),
+        serve: Default::default(),
     };
 
     // authd on its own one-core runtime.

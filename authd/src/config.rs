@@ -7,6 +7,7 @@ use std::time::Duration;
 use hako_shared::auth::grants;
 use hako_shared::auth::verifier::DEFAULT_ISSUER;
 use hako_shared::config::{ConfigError, Env};
+use hako_shared::http::ServeLimits;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
@@ -35,6 +36,8 @@ pub struct Config {
     pub clock_skew: Duration,
     /// `AUTHD_AUDIT_RETENTION`, default 30d: audit rows older than this are deleted.
     pub audit_retention: Duration,
+    /// `HAKO_MAX_CONNECTIONS`, `HAKO_HEADER_TIMEOUT`: bounds on the connections served.
+    pub serve: ServeLimits,
 }
 
 impl Config {
@@ -78,6 +81,7 @@ impl Config {
             clock_skew: env.duration_or("AUTHD_CLOCK_SKEW", Duration::from_secs(30))?,
             audit_retention: env
                 .duration_or("AUTHD_AUDIT_RETENTION", Duration::from_secs(30 * 86_400))?,
+            serve: ServeLimits::from_env(env)?,
         })
     }
 

@@ -285,6 +285,7 @@ pub async fn start(
         "authd keys loaded"
     );
 
+    let serve_limits = config.serve;
     let app = Arc::new(AppState {
         counters: Counters::new(&metrics),
         cfg: config,
@@ -333,9 +334,14 @@ pub async fn start(
     });
 
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(hako_shared::http::serve(listener, router, async move {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(hako_shared::http::serve_with(
+        listener,
+        router,
+        async move {
+            let _ = stopped.await;
+        },
+        serve_limits,
+    ));
     tracing::info!(%addr, "authd listening");
     Ok(Running {
         addr,

@@ -40,6 +40,7 @@ fn config(dir: &Path) -> Config {
         max_token_ttl: Duration::from_secs(300),
         clock_skew: Duration::from_secs(5),
         audit_retention: Duration::from_secs(86_400),
+        serve: Default::default(),
     }
 }
 
@@ -1448,7 +1449,7 @@ impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Logs {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn open_dev_mode_when_authd_url_is_unset() {
+async fn open_dev_mode_only_when_asked_for() {
     let logs = Logs::default();
     let subscriber = tracing_subscriber::fmt()
         .with_writer(logs.clone())
@@ -1456,7 +1457,11 @@ async fn open_dev_mode_when_authd_url_is_unset() {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
+    // Without the explicit switch an unset AUTHD_URL is refused, never open.
     let env = Env::from_pairs([("AUTHD_ISSUER", "hako-authd")]);
+    let e = VerifierConfig::from_env(&env).unwrap_err().to_string();
+    assert!(e.contains("AUTHD_URL is required"), "{e}");
+    let env = Env::from_pairs([("AUTHD_ISSUER", "hako-authd"), ("HAKO_OPEN_DEV", "1")]);
     let mut cfg = VerifierConfig::from_env(&env).expect("config");
     assert_eq!(cfg.authd_url, None);
     cfg.open_warn_interval = Duration::from_millis(100);

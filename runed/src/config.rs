@@ -42,6 +42,8 @@ pub struct Config {
     pub gc_interval: Duration,
     /// `RUNED_TOKEN_MARGIN`, default 60s: a spawn token outlives the run ceiling by this.
     pub token_margin: Duration,
+    /// `HAKO_MAX_CONNECTIONS`, `HAKO_HEADER_TIMEOUT`: bounds on the connections served.
+    pub serve: hako_shared::http::ServeLimits,
     /// The container runner's settings (`DATA_DIR`, `CONTAINER_IMAGE`, `RUNED_RUN_TIMEOUT`…).
     pub runner: RunnerConfig,
 }
@@ -66,6 +68,7 @@ impl Config {
             retention: Duration::from_secs(7 * 86400),
             gc_interval: Duration::from_secs(600),
             token_margin: Duration::from_secs(60),
+            serve: Default::default(),
             runner: RunnerConfig::new(data_dir),
         }
     }
@@ -128,6 +131,7 @@ impl Config {
             });
         }
         c.token_margin = env.duration_or("RUNED_TOKEN_MARGIN", c.token_margin)?;
+        c.serve = hako_shared::http::ServeLimits::from_env(env)?;
         Ok(c)
     }
 }

@@ -213,9 +213,14 @@ pub async fn start(
         tokio::spawn(gc::gc_loop(shared.clone())),
     ];
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(hako_shared::http::serve(listener, router, async move {
-        let _ = stopped.await;
-    }));
+    let server = tokio::spawn(hako_shared::http::serve_with(
+        listener,
+        router,
+        async move {
+            let _ = stopped.await;
+        },
+        shared.cfg.serve,
+    ));
     tracing::info!(%addr, max_containers = shared.cfg.max_containers, "runed listening");
     Ok(Running {
         addr,

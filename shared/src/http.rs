@@ -264,15 +264,125 @@ pub fn openapi_operations(doc: &str) -> Result<Vec<(String, String)>, serde_json
     Ok(out)
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves.
+/// Bounds on the connections a daemon serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServeLimits {
+    /// Connections open at once; at the bound no more are accepted (they wait in the
+    /// kernel's backlog) until one closes.
+    pub max_connections: usize,
+    /// How long a client may take to send a request's headers; it also closes a keep-alive
+    /// connection left idle that long.
+    pub header_timeout: std::time::Duration,
+}
+
+impl Default for ServeLimits {
+    fn default() -> Self {
+        Self {
+            max_connections: 1024,
+            header_timeout: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+impl ServeLimits {
+    /// From `HAKO_MAX_CONNECTIONS` (1024) and `HAKO_HEADER_TIMEOUT` (10s).
+    pub fn from_env(env: &crate::config::Env) -> Result<Self, crate::config::ConfigError> {
+        let d = Self::default();
+        let l = Self {
+            max_connections: env.parse_or("HAKO_MAX_CONNECTIONS", d.max_connections)?,
+            header_timeout: env.duration_or("HAKO_HEADER_TIMEOUT", d.header_timeout)?,
+        };
+        if l.max_connections == 0 {
+            return Err(crate::config::ConfigError::Invalid {
+                var: "HAKO_MAX_CONNECTIONS".into(),
+                value: "0".into(),
+                reason: "must be at least 1".into(),
+            });
+        }
+        if l.header_timeout.is_zero() {
+            return Err(crate::config::ConfigError::Invalid {
+                var: "HAKO_HEADER_TIMEOUT".into(),
+                value: "0".into(),
+                reason: "must be more than 0".into(),
+            });
+        }
+        Ok(l)
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, with the default limits.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, router, shutdown, ServeLimits::default()).await
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves: HTTP/1.1, at most
+/// `limits.max_connections` at once, each closed when a request's headers (or the next
+/// request on a kept-alive connection) take longer than `limits.header_timeout`. On
+/// shutdown it stops accepting and lets each connection finish its request in flight.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    limits: ServeLimits,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use hyper_util::service::TowerToHyperService;
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .keep_alive(true);
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
+        let (stream, _peer) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                // Out of file descriptors and the like: wait a little instead of spinning.
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let conn = builder.serve_connection(TokioIo::new(stream), service);
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "connection closed with an error");
+                    }
+                    return;
+                }
+                _ = stop.changed() => conn.as_mut().graceful_shutdown(),
+            }
+            let _ = conn.await;
+        });
+    }
+    let _ = stop_tx.send(true);
+    // Every connection holds a slot until it is done: all slots back means all done.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let _ = slots.acquire_many(all).await;
+    Ok(())
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
@@ -471,6 +581,64 @@ mod tests {
             ops,
             vec![("GET".into(), "/a".into()), ("POST".into(), "/a".into())]
         );
+    }
+
+    /// The review's finding: no header-read timeout and no connection bound. A client that
+    /// never finishes its headers is cut off; connections past the bound wait for a slot.
+    #[tokio::test]
+    async fn slow_headers_are_cut_and_connections_are_bounded() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let limits = ServeLimits {
+            max_connections: 2,
+            header_timeout: std::time::Duration::from_millis(300),
+        };
+        tokio::spawn(serve_with(listener, app(), std::future::pending(), limits));
+        // Slowloris: half a request line, then nothing. Closed after the timeout.
+        let mut slow = tokio::net::TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET /health HTTP/1.1\r\nhost:")
+            .await
+            .unwrap();
+        let t = std::time::Instant::now();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            slow.read_to_end(&mut buf),
+        )
+        .await;
+        assert!(read.is_ok(), "the connection is closed, not left open");
+        assert!(
+            t.elapsed() >= std::time::Duration::from_millis(250),
+            "{:?}",
+            t.elapsed()
+        );
+        // Two idle connections hold both slots; a third gets no answer until one closes.
+        let idle1 = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let _idle2 = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let mut third = tokio::net::TcpStream::connect(addr).await.unwrap();
+        third
+            .write_all(b"GET /health HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        let early = tokio::time::timeout(
+            std::time::Duration::from_millis(150),
+            third.read_to_string(&mut answer),
+        )
+        .await;
+        assert!(early.is_err(), "served past the bound: {answer}");
+        drop(idle1);
+        // The idle ones are cut at the header timeout at the latest; then the third is served.
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            third.read_to_string(&mut answer),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
 
     #[tokio::test]
