@@ -1,6 +1,8 @@
 //! runed end to end: a real authd and a real runed in-process on loopback ports, real
 //! containers of the agent image, a real `runed.db`.
 
+mod common;
+
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -1572,6 +1574,78 @@ async fn daemon_queue_is_bounded_and_kept_on_disk() {
         )
         .unwrap();
     assert_eq!(on_disk, 70);
+    if let Some((mut c, _)) = rig.child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    rig.stop().await;
+}
+
+/// Item 5: the output cap counts every field. A hostile agent emitting 200 blocks whose
+/// `result`, `error` and `newSessionId` are 100 KB each (60 MB in all) under a 64 KiB cap:
+/// runed stores at most the cap, flags the run truncated, and its memory stays put (the
+/// review saw 36 MB stored and runed grow from 26 to 250 MiB).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_output_cap_counts_every_field() {
+    let mut rig = Rig::new(&[("RUNED_OUTPUT_CAP", "64k")]).await;
+    let docker = hako_runed::runner::docker::connect().unwrap();
+    let hostile = common::hostile_image(&docker).await;
+    rig.runed.take().unwrap().shutdown().await;
+    rig.spawn_binary().await;
+    let pid = rig.child.as_ref().unwrap().0.id();
+    // Warm-up run, then measure around the flood.
+    let warm = rig.run("cap", "turn-cap-0", "hi").await;
+    rig.wait(&warm).await;
+    let flood = |turn: &'static str| {
+        let rig = &rig;
+        let body = json!({"folder": "cap", "turn_id": turn, "group": {"image": hostile.clone()},
+                          "messages": [{"role": "user", "content": "fields 200 100000"}]});
+        async move {
+            let (s, v) = rig.post(&rig.routd, "/v1/runs", body).await;
+            assert_eq!(s, 202, "{v}");
+            let run = v["run_id"].as_str().unwrap().to_owned();
+            (rig.wait(&run).await, run)
+        }
+    };
+    let before = vm_rss_kib(pid);
+    flood("turn-cap-1").await;
+    let first = vm_rss_kib(pid);
+    let (v, run) = flood("turn-cap-2").await;
+    let after = vm_rss_kib(pid);
+    eprintln!(
+        "runed RSS {before} -> {first} -> {after} KiB over two floods of 60 MB of block fields"
+    );
+    assert_eq!(v["truncated"], true, "{}", v["state"]);
+    let outputs = v["outputs"].as_array().unwrap();
+    let text: usize = outputs
+        .iter()
+        .flat_map(|b| {
+            ["result", "error", "newSessionId"].map(|f| b[f].as_str().map_or(0, str::len))
+        })
+        .sum();
+    assert!(text <= 64 << 10, "{text} bytes stored under a 64 KiB cap");
+    assert!(outputs.len() <= 2, "{} blocks kept", outputs.len());
+    let stored: i64 = rig
+        .db()
+        .query_row(
+            "SELECT coalesce(sum(length(block)), 0) FROM spawn_outputs WHERE run_id = ?1",
+            [&run],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(stored < 80_000, "{stored} bytes in spawn_outputs");
+    // What the first flood adds is mimalloc keeping freed pages for reuse (with
+    // MIMALLOC_PURGE_DELAY=0 it is about 10 MiB, and gone after the run); a second flood must
+    // not add to it (the review saw 26 -> 250 MiB, growing with the output).
+    let second_mib = after.saturating_sub(first) / 1024;
+    assert!(
+        second_mib < 8,
+        "a second flood grew runed by {second_mib} MiB"
+    );
+    assert!(
+        after.saturating_sub(before) / 1024 < 64,
+        "{before} -> {after} KiB"
+    );
     if let Some((mut c, _)) = rig.child.take() {
         let _ = c.kill();
         let _ = c.wait();
