@@ -27,6 +27,7 @@ use tokio::sync::oneshot;
 use tokio::task::{AbortHandle, JoinHandle};
 
 pub mod config;
+pub mod error;
 pub mod jti;
 pub mod keys;
 pub mod mint;

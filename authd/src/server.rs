@@ -6,7 +6,7 @@ use std::sync::{Arc, RwLock};
 
 use axum::Json;
 use axum::Router;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::{delete, get, post};
 use hako_shared::GroupFolder;
@@ -18,7 +18,9 @@ use hako_shared::auth::{
     AuthError, Claims, Jwks, Principal, Signer, TokenType, Verifier, bearer, now_secs, scope,
     scopes, service_grants,
 };
-use hako_shared::http::{ApiError, ApiJson};
+use hako_shared::http::{ApiError, ApiJson, ApiQuery};
+
+use crate::error::Refusal;
 use hako_shared::metrics::{Counter, Metrics};
 
 use crate::config::Config;
@@ -235,11 +237,7 @@ async fn service_token(
     };
     let known = service_grants(&req.daemon);
     let Some(grants) = known.filter(|_| ok) else {
-        let err = ApiError::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_service_key",
-            "unknown daemon or wrong service key",
-        );
+        let err = ApiError::from(Refusal::InvalidServiceKey);
         // The caller hears one answer; the audit log tells the operator which it was. A name
         // outside the grants table is never logged: a misconfigured client may send its key
         // in the `daemon` field.
@@ -387,19 +385,13 @@ async fn revoke(
 ) -> Result<Json<RevokeResponse>, ApiError> {
     let caller = app.authenticate(&headers, "revoke").await?;
     let Ok(Path(jti)) = jti else {
-        return Err(ApiError::bad_request(
-            "invalid_jti",
-            "jti is not valid UTF-8",
-        ));
+        return Err(Refusal::InvalidJti("jti is not valid UTF-8").into());
     };
     if jti.is_empty() || jti.len() > 128 {
-        return Err(ApiError::bad_request(
-            "invalid_jti",
-            "jti must be 1-128 characters",
-        ));
+        return Err(Refusal::InvalidJti("jti must be 1-128 characters").into());
     }
     let Some(row) = app.store.issued(jti.clone()).await? else {
-        return Err(ApiError::not_found("no such token, or it has expired"));
+        return Err(Refusal::NoSuchToken.into());
     };
     // Who may revoke: anyone holding tokens:revoke; the token itself; a token it descends
     // from (its issuer, or the issuer's issuer: revoking that would take it down anyway); or
@@ -418,11 +410,7 @@ async fn revoke(
             .contains(&caller.jti);
     }
     if !allowed {
-        let err = ApiError::new(
-            StatusCode::FORBIDDEN,
-            "not_token_issuer",
-            "only the token's issuer or a holder of tokens:revoke may revoke it",
-        );
+        let err = ApiError::from(Refusal::NotTokenIssuer);
         return Err(app
             .deny(
                 &caller.sub,
@@ -508,36 +496,27 @@ async fn rotate(
     }))
 }
 
+/// `GET /v1/audit` paging.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AuditQuery {
+    limit: Option<u32>,
+    before: Option<i64>,
+}
+
 async fn audit(
     State(app): State<App>,
     headers: HeaderMap,
-    RawQuery(query): RawQuery,
+    ApiQuery(q): ApiQuery<AuditQuery>,
 ) -> Result<Json<AuditList>, ApiError> {
     let caller = app.authenticate(&headers, "audit_read").await?;
     app.require(&caller, scopes::AUDIT_READ, "audit_read")
         .await?;
-    let mut limit: u32 = 100;
-    let mut before: Option<i64> = None;
-    for pair in query
-        .as_deref()
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-    {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        let bad = |what: &str| ApiError::bad_request("invalid_query", what.to_owned());
-        match k {
-            "limit" => {
-                limit = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=1000).contains(n))
-                    .ok_or_else(|| bad("limit must be 1-1000"))?;
-            }
-            "before" => before = Some(v.parse().map_err(|_| bad("before must be a row id"))?),
-            _ => return Err(bad("unknown query parameter; use limit and before")),
-        }
+    let limit = q.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(Refusal::InvalidQuery("limit must be 1-1000").into());
     }
+    let before = q.before;
     let list = app.store.audit(limit, before).await?;
     Ok(Json(list))
 }

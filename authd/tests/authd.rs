@@ -149,7 +149,16 @@ impl Authd {
         }
         let resp = req.send().await.expect("request reaches authd");
         let status = resp.status().as_u16();
+        let ct = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let bytes = resp.bytes().await.expect("body");
+        // The strict client's rule: every error answer is the envelope.
+        if let Err(why) = hako_shared::testing::check_envelope(status, ct.as_deref(), &bytes) {
+            panic!("{path}: not the error envelope: {why}");
+        }
         (
             status,
             serde_json::from_slice(&bytes).unwrap_or(Value::Null),
@@ -1631,4 +1640,31 @@ async fn sigkill_under_load_loses_no_token_that_was_handed_out() {
     let v = Verifier::new(VerifierConfig::remote(&second.url)).expect("verifier");
     assert!(v.verify(&child.token).await.is_ok());
     assert!(v.verify(&runed).await.is_ok(), "same keys after the crash");
+}
+
+/// Every error any route gives is the envelope: the strict client sends every kind of bad
+/// input to every operation of authd's OpenAPI document; and the audit query is decoded, not
+/// split by hand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_errors_as_envelopes() {
+    let a = Authd::new().await;
+    let op = a.operator().await;
+    let api = hako_shared::testing::ApiClient::new(a.url.clone());
+    let sent = api.sweep_errors(hako_authd::OPENAPI, &op).await;
+    assert!(sent > 20, "{sent}");
+    for (q, code) in [
+        ("limit=x", 400),
+        ("limit=0", 400),
+        ("bogus=1", 400),
+        ("limit=%35", 200),
+    ] {
+        let (s, v) = api.get(&op, &format!("/v1/audit?{q}")).await;
+        assert_eq!(s, code, "{q}: {v}");
+    }
+    let (_, v) = api.get(&op, "/v1/audit?limit=%32").await;
+    assert_eq!(
+        v["entries"].as_array().unwrap().len(),
+        2,
+        "limit=%32 is 2, percent-decoded"
+    );
 }

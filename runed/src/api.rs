@@ -6,7 +6,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use axum::extract::{FromRef, Path, Query, State};
+use axum::extract::{FromRef, Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -14,8 +14,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures_util::stream::Stream;
 use hako_shared::auth::{Principal, Verifier, scopes};
-use hako_shared::http::{ApiError, ApiJson};
-use hako_shared::ids::{ID_GRAMMAR, is_valid_id};
+use hako_shared::http::{ApiJson, ApiQuery};
+use hako_shared::ids::is_valid_id;
 use hako_shared::runs::{RunRequest, RunState, RunStatus};
 use hako_shared::time::{from_unix_millis, rfc3339, unix_millis};
 use serde::Deserialize;
@@ -24,6 +24,7 @@ use tokio::sync::broadcast;
 
 use crate::adopt::HoldInfo;
 use crate::daemon::{Event, MAX_SECRETS_BYTES, Pending, Shared, new_run_id};
+use crate::error::ApiFailure;
 use crate::queue::Kind;
 use crate::store::{AuditRow, Inserted, SpawnRow};
 
@@ -76,8 +77,8 @@ async fn audit_row(
 }
 
 /// A run the caller may see, or 404.
-async fn visible(sh: &Shared, who: &Principal, run_id: &str) -> Result<SpawnRow, ApiError> {
-    let missing = || ApiError::not_found(format!("no run {run_id}"));
+async fn visible(sh: &Shared, who: &Principal, run_id: &str) -> Result<SpawnRow, ApiFailure> {
+    let missing = || ApiFailure::NoRun(run_id.to_owned());
     if !is_valid_id(run_id) {
         return Err(missing());
     }
@@ -87,7 +88,7 @@ async fn visible(sh: &Shared, who: &Principal, run_id: &str) -> Result<SpawnRow,
     }
 }
 
-async fn status(sh: &Shared, r: SpawnRow) -> Result<RunStatus, ApiError> {
+async fn status(sh: &Shared, r: SpawnRow) -> Result<RunStatus, ApiFailure> {
     let outputs = sh.store.outputs(&r.run_id).await?;
     let t = |ms: i64| rfc3339(from_unix_millis(ms));
     Ok(RunStatus {
@@ -110,48 +111,32 @@ async fn create_run(
     State(AppState(sh)): State<AppState>,
     who: Principal,
     ApiJson(req): ApiJson<RunRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ApiFailure> {
     who.require(scopes::RUNS_RUN)?;
     let folder = req.folder.as_str().to_owned();
     who.require_folder(&folder)?;
     if !is_valid_id(&req.turn_id) {
-        return Err(ApiError::bad_request(
-            "invalid_turn_id",
-            format!("turn_id: {ID_GRAMMAR}"),
-        ));
+        return Err(ApiFailure::InvalidTurnId);
     }
-    req.group
-        .validate()
-        .map_err(|e| ApiError::bad_request("invalid_group", format!("group.{e}")))?;
+    req.group.validate()?;
     let elevated = req.group.beyond(&sh.cfg.runner.limits);
     if !elevated.is_empty() && !who.is_unbound() {
+        let refused = ApiFailure::ForbiddenGroupSetting(elevated.clone());
         audit_row(
             &sh,
             &who,
             "run.create",
             None,
             Some(&folder),
-            "forbidden_group_setting",
+            refused.code(),
             elevated.join(","),
         )
         .await;
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "forbidden_group_setting",
-            format!(
-                "a folder-bound caller can only tighten the install's limits and cannot set {}; only an unbound service token can",
-                elevated.join(", ")
-            ),
-        ));
+        return Err(refused);
     }
     let secret_bytes: usize = req.secrets.0.iter().map(|(k, v)| k.len() + v.len()).sum();
     if secret_bytes > MAX_SECRETS_BYTES {
-        return Err(ApiError::bad_request(
-            "secrets_too_large",
-            format!(
-                "secrets hold {secret_bytes} bytes; at most {MAX_SECRETS_BYTES} (they wait in memory, never on disk)"
-            ),
-        ));
+        return Err(ApiFailure::SecretsTooLarge(secret_bytes));
     }
     let existing = |r: SpawnRow| {
         (
@@ -167,7 +152,7 @@ async fn create_run(
             if let Some(r) = sh.store.run_of_turn(&folder, &req.turn_id).await? {
                 return Ok(existing(r));
             }
-            return Err(queue_full(full));
+            return Err(full.into());
         }
     };
     let mut stored = req.clone();
@@ -185,7 +170,7 @@ async fn create_run(
         error: None,
         truncated: false,
         container_id: None,
-        request: Some(serde_json::to_string(&stored).map_err(ApiError::internal)?),
+        request: Some(serde_json::to_string(&stored).map_err(ApiFailure::internal)?),
         had_secrets: !req.secrets.0.is_empty(),
         created_at: unix_millis(SystemTime::now()),
         started_at: None,
@@ -228,6 +213,7 @@ async fn create_run(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct WaitQuery {
     wait: Option<String>,
 }
@@ -236,20 +222,20 @@ async fn get_run(
     State(AppState(sh)): State<AppState>,
     who: Principal,
     Path(run_id): Path<String>,
-    Query(q): Query<WaitQuery>,
-) -> Result<Json<RunStatus>, ApiError> {
+    ApiQuery(q): ApiQuery<WaitQuery>,
+) -> Result<Json<RunStatus>, ApiFailure> {
     who.require(scopes::RUNS_READ)?;
     let wait = match q.wait.as_deref() {
         None | Some("") => Duration::ZERO,
         Some(w) => hako_shared::config::parse_duration(w)
-            .map_err(|e| ApiError::bad_request("invalid_wait", format!("wait: {e}")))?
+            .map_err(|e| ApiFailure::InvalidWait(e.to_string()))?
             .min(sh.cfg.max_wait),
     };
     // Subscribe before reading, so that an end between the read and the wait is not missed.
     let mut rx = sh.events.subscribe();
     let mut row = visible(&sh, &who, &run_id).await?;
     if !wait.is_zero() && !row.state.is_terminal() {
-        let _pass = sh.watchers.enter(who.subject()).map_err(too_many)?;
+        let _pass = sh.watchers.enter(who.subject())?;
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let ended = tokio::select! {
@@ -272,18 +258,6 @@ async fn get_run(
         row = visible(&sh, &who, &run_id).await?;
     }
     Ok(Json(status(&sh, row).await?))
-}
-
-fn queue_full(e: crate::daemon::QueueFull) -> ApiError {
-    ApiError::new(StatusCode::TOO_MANY_REQUESTS, "queue_full", e.to_string())
-}
-
-fn too_many(e: crate::watchers::Full) -> ApiError {
-    ApiError::new(
-        StatusCode::TOO_MANY_REQUESTS,
-        "too_many_streams",
-        e.to_string(),
-    )
 }
 
 /// What an SSE stream of one run carries, whole (a block too large to ride in the broadcast
@@ -317,12 +291,12 @@ struct RunStream {
 
 impl RunStream {
     /// Queues what the store has that was not sent: blocks from `seen`, then the state.
-    async fn catch_up(&mut self) -> Result<(), ApiError> {
+    async fn catch_up(&mut self) -> Result<(), ApiFailure> {
         let row = self
             .store
             .get(&self.run_id)
             .await?
-            .ok_or_else(|| ApiError::not_found("run vanished"))?;
+            .ok_or_else(|| ApiFailure::NoRun(self.run_id.clone()))?;
         for (index, block) in self.store.outputs_from(&self.run_id, self.seen).await? {
             self.seen = index + 1;
             self.pending.push_back(Event::Output {
@@ -389,10 +363,10 @@ async fn events(
     State(AppState(sh)): State<AppState>,
     who: Principal,
     Path(run_id): Path<String>,
-) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiFailure> {
     who.require(scopes::RUNS_READ)?;
     visible(&sh, &who, &run_id).await?;
-    let pass = sh.watchers.enter(who.subject()).map_err(too_many)?;
+    let pass = sh.watchers.enter(who.subject())?;
     // Subscribed before the first read of the store, so nothing falls between the two.
     let st = RunStream {
         rx: sh.events.subscribe(),
@@ -431,14 +405,11 @@ async fn steer(
     who: Principal,
     Path(run_id): Path<String>,
     ApiJson(body): ApiJson<SteerBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, ApiFailure> {
     who.require(scopes::RUNS_RUN)?;
     let row = visible(&sh, &who, &run_id).await?;
     if body.messages.is_empty() {
-        return Err(ApiError::bad_request(
-            "invalid_request",
-            "messages is empty",
-        ));
+        return Err(ApiFailure::EmptyMessages);
     }
     let msgs: Vec<String> = body
         .messages
@@ -449,13 +420,7 @@ async fn steer(
         })
         .collect();
     let live = sh.sched().live.get(&run_id).map(|l| l.run.clone());
-    let not_live = || {
-        ApiError::new(
-            StatusCode::CONFLICT,
-            "not_live",
-            format!("run {run_id} is not running"),
-        )
-    };
+    let not_live = || ApiFailure::NotLive(run_id.clone());
     let Some(live) = live else {
         return Err(not_live());
     };
@@ -463,7 +428,7 @@ async fn steer(
     let report = match runner.steer(&live, &msgs).await {
         Ok(r) => r,
         Err(crate::runner::RunError::NotLive(_)) => return Err(not_live()),
-        Err(e) => return Err(ApiError::internal(e)),
+        Err(e) => return Err(ApiFailure::internal(e)),
     };
     audit_row(
         &sh,
@@ -484,7 +449,7 @@ async fn steer(
     ))
 }
 
-async fn kill_and_wait(sh: &Arc<Shared>, row: &SpawnRow) -> Result<SpawnRow, ApiError> {
+async fn kill_and_wait(sh: &Arc<Shared>, row: &SpawnRow) -> Result<SpawnRow, ApiFailure> {
     let mut rx = sh.events.subscribe();
     sh.kill(&row.run_id, &row.folder).await;
     let deadline = tokio::time::Instant::now()
@@ -495,7 +460,7 @@ async fn kill_and_wait(sh: &Arc<Shared>, row: &SpawnRow) -> Result<SpawnRow, Api
             .store
             .get(&row.run_id)
             .await?
-            .ok_or_else(|| ApiError::not_found("run vanished"))?;
+            .ok_or_else(|| ApiFailure::NoRun(row.run_id.clone()))?;
         if r.state.is_terminal() {
             return Ok(r);
         }
@@ -511,7 +476,7 @@ async fn kill_run(
     State(AppState(sh)): State<AppState>,
     who: Principal,
     Path(run_id): Path<String>,
-) -> Result<Json<RunStatus>, ApiError> {
+) -> Result<Json<RunStatus>, ApiFailure> {
     who.require(scopes::RUNS_KILL)?;
     let row = visible(&sh, &who, &run_id).await?;
     let row = if row.state.is_terminal() {
@@ -543,7 +508,7 @@ async fn stop_folder(
     State(AppState(sh)): State<AppState>,
     who: Principal,
     ApiJson(body): ApiJson<StopBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, ApiFailure> {
     who.require(scopes::RUNS_KILL)?;
     let folder = body.folder.as_str().to_owned();
     who.require_folder(&folder)?;
@@ -586,7 +551,7 @@ async fn create_hold(
     State(AppState(sh)): State<AppState>,
     who: Principal,
     ApiJson(body): ApiJson<HoldBody>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ApiFailure> {
     who.require(scopes::RUNS_RUN)?;
     let folder = body.folder.as_str().to_owned();
     who.require_folder(&folder)?;
@@ -595,7 +560,7 @@ async fn create_hold(
         .map_or(sh.cfg.runner.run_timeout, |t| t.0)
         .min(sh.cfg.runner.run_timeout)
         .max(Duration::from_secs(1));
-    let reserved = sh.reserve(&folder).map_err(queue_full)?;
+    let reserved = sh.reserve(&folder)?;
     let run_id = new_run_id();
     let row = SpawnRow {
         run_id: run_id.clone(),
@@ -613,7 +578,7 @@ async fn create_hold(
             serde_json::to_string(&HoldInfo {
                 ttl_ms: ttl.as_millis() as u64,
             })
-            .map_err(ApiError::internal)?,
+            .map_err(ApiFailure::internal)?,
         ),
         had_secrets: false,
         created_at: unix_millis(SystemTime::now()),
@@ -649,6 +614,7 @@ async fn create_hold(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct PageQuery {
     folder: Option<String>,
     before: Option<i64>,
@@ -658,13 +624,13 @@ struct PageQuery {
 async fn sessions(
     State(AppState(sh)): State<AppState>,
     who: Principal,
-    Query(q): Query<PageQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> Result<Json<serde_json::Value>, ApiFailure> {
     who.require(scopes::SESSIONS_READ)?;
     let folder = match (q.folder, who.folder()) {
         (Some(f), _) => {
             if !who.covers_folder(&f) {
-                return Err(ApiError::not_found(format!("no folder {f}")));
+                return Err(ApiFailure::NoFolder(f));
             }
             Some(f)
         }
@@ -681,15 +647,11 @@ async fn sessions(
 async fn audit(
     State(AppState(sh)): State<AppState>,
     who: Principal,
-    Query(q): Query<PageQuery>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+    ApiQuery(q): ApiQuery<PageQuery>,
+) -> Result<Json<serde_json::Value>, ApiFailure> {
     who.require(scopes::AUDIT_READ)?;
     if !who.is_unbound() {
-        return Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            "folder_forbidden",
-            "the audit log spans every folder; a folder-bound token cannot read it",
-        ));
+        return Err(ApiFailure::AuditNeedsUnbound);
     }
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
     let rows = sh.store.audit_rows(q.before, limit).await?;

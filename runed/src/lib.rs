@@ -11,6 +11,7 @@ mod adopt;
 mod api;
 pub mod config;
 mod daemon;
+mod error;
 mod gc;
 pub mod metrics;
 pub mod queue;

@@ -10,6 +10,7 @@ use futures_util::StreamExt;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::config::Env;
+use hako_shared::testing::ApiClient;
 use serde_json::{Value, json};
 
 const ROUTD_KEY: &str = "routd-test-key-0123456789";
@@ -146,30 +147,18 @@ impl Rig {
         .token
     }
 
+    /// The strict test client for this rig's runed: any error answer that is not the JSON
+    /// envelope fails the test.
+    fn api(&self) -> ApiClient {
+        ApiClient::new(self.url(""))
+    }
+
     async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
-        let r = self
-            .http
-            .post(self.url(path))
-            .bearer_auth(token)
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let s = r.status().as_u16();
-        (s, r.json().await.unwrap_or(Value::Null))
+        self.api().post(token, path, body).await
     }
 
     async fn get(&self, token: &str, path: &str) -> (u16, Value) {
-        let r = self
-            .http
-            .get(self.url(path))
-            .bearer_auth(token)
-            .timeout(Duration::from_secs(120))
-            .send()
-            .await
-            .unwrap();
-        let s = r.status().as_u16();
-        (s, r.json().await.unwrap_or(Value::Null))
+        self.api().get(token, path).await
     }
 
     async fn run(&self, folder: &str, turn: &str, text: &str) -> String {
@@ -679,15 +668,7 @@ impl Rig {
     }
 
     async fn delete(&self, token: &str, path: &str) -> (u16, Value) {
-        let r = self
-            .http
-            .delete(self.url(path))
-            .bearer_auth(token)
-            .send()
-            .await
-            .unwrap();
-        let s = r.status().as_u16();
-        (s, r.json().await.unwrap_or(Value::Null))
+        self.api().delete(token, path).await
     }
 
     /// Polls the run until it has at least `n` output blocks.
@@ -1649,6 +1630,29 @@ async fn daemon_output_cap_counts_every_field() {
     if let Some((mut c, _)) = rig.child.take() {
         let _ = c.kill();
         let _ = c.wait();
+    }
+    rig.stop().await;
+}
+
+/// Every error any route gives is the envelope: the strict client sends every kind of bad
+/// input (no token, a forged one, a malformed query, malformed JSON, a wrong content type, a
+/// body of the wrong shape) to every operation the OpenAPI document lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_every_route_answers_errors_as_envelopes() {
+    let rig = Rig::new(&[]).await;
+    let sent = rig
+        .api()
+        .sweep_errors(hako_runed::OPENAPI, &rig.routd)
+        .await;
+    assert!(sent > 40, "{sent}");
+    // The review's examples, by name.
+    for path in [
+        "/v1/sessions?limit=x",
+        "/v1/audit?limit=x",
+        "/v1/runs/x?wait=soon",
+    ] {
+        let (s, v) = rig.get(&rig.operator, path).await;
+        assert_eq!(s, 400, "{path}: {v}");
     }
     rig.stop().await;
 }

@@ -25,6 +25,8 @@ pub mod metrics;
 pub mod runs;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod time;
 
 pub use folder::GroupFolder;

@@ -1,0 +1,183 @@
+//! Every way a runed request fails, and its answer: one enum, mapped to the HTTP error
+//! envelope in one place ([`ApiFailure::status`], [`ApiFailure::code`]). Errors of the shared
+//! layers (the token check, JSON and query parsing) arrive as envelopes already and pass
+//! through unchanged.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use hako_shared::db::DbError;
+use hako_shared::http::ApiError;
+use hako_shared::ids::ID_GRAMMAR;
+use hako_shared::runs::GroupSpecError;
+
+use crate::daemon::{MAX_SECRETS_BYTES, QueueFull};
+use crate::watchers::Full;
+
+/// Why a request failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiFailure {
+    /// The run does not exist, or the caller may not see it (the same answer, on purpose).
+    #[error("no run {0}")]
+    NoRun(String),
+    /// The folder does not exist for the caller.
+    #[error("no folder {0}")]
+    NoFolder(String),
+    /// A turn id outside the one grammar.
+    #[error("turn_id: {ID_GRAMMAR}")]
+    InvalidTurnId,
+    /// `?wait=` that is not a duration.
+    #[error("wait: {0}")]
+    InvalidWait(String),
+    /// A group setting no caller may use.
+    #[error("group.{0}")]
+    InvalidGroup(#[from] GroupSpecError),
+    /// Group settings beyond a folder-bound caller's authority.
+    #[error(
+        "a folder-bound caller can only tighten the install's limits and cannot set {}; only an unbound service token can",
+        .0.join(", ")
+    )]
+    ForbiddenGroupSetting(Vec<&'static str>),
+    /// Secrets too large to wait in memory.
+    #[error(
+        "secrets hold {0} bytes; at most {MAX_SECRETS_BYTES} (they wait in memory, never on disk)"
+    )]
+    SecretsTooLarge(usize),
+    /// The queue is full.
+    #[error(transparent)]
+    QueueFull(#[from] QueueFull),
+    /// Too many streams or long-polls.
+    #[error(transparent)]
+    TooManyStreams(#[from] Full),
+    /// A steer for a run that is not running.
+    #[error("run {0} is not running")]
+    NotLive(String),
+    /// A steer without messages.
+    #[error("messages is empty")]
+    EmptyMessages,
+    /// The audit log is for unbound callers.
+    #[error("the audit log spans every folder; a folder-bound token cannot read it")]
+    AuditNeedsUnbound,
+    /// The database failed (503 when it does not answer, else 500).
+    #[error(transparent)]
+    Db(#[from] DbError),
+    /// Anything else that went wrong inside runed (logged; the client gets a generic text).
+    #[error("{0}")]
+    Internal(String),
+    /// An envelope from a shared layer (token check, JSON body, query string).
+    #[error(transparent)]
+    Api(#[from] ApiError),
+}
+
+impl ApiFailure {
+    /// An internal failure, from anything that displays.
+    pub fn internal(e: impl std::fmt::Display) -> Self {
+        ApiFailure::Internal(e.to_string())
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) => StatusCode::NOT_FOUND,
+            ApiFailure::InvalidTurnId
+            | ApiFailure::InvalidWait(_)
+            | ApiFailure::InvalidGroup(_)
+            | ApiFailure::SecretsTooLarge(_)
+            | ApiFailure::EmptyMessages => StatusCode::BAD_REQUEST,
+            ApiFailure::ForbiddenGroupSetting(_) | ApiFailure::AuditNeedsUnbound => {
+                StatusCode::FORBIDDEN
+            }
+            ApiFailure::QueueFull(_) | ApiFailure::TooManyStreams(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            ApiFailure::NotLive(_) => StatusCode::CONFLICT,
+            ApiFailure::Db(DbError::Closed | DbError::Timeout(_)) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            ApiFailure::Db(_) | ApiFailure::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiFailure::Api(e) => e.status,
+        }
+    }
+
+    /// The machine-readable code.
+    pub fn code(&self) -> &str {
+        match self {
+            ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) => "not_found",
+            ApiFailure::InvalidTurnId => "invalid_turn_id",
+            ApiFailure::InvalidWait(_) => "invalid_wait",
+            ApiFailure::InvalidGroup(_) => "invalid_group",
+            ApiFailure::ForbiddenGroupSetting(_) => "forbidden_group_setting",
+            ApiFailure::SecretsTooLarge(_) => "secrets_too_large",
+            ApiFailure::QueueFull(_) => "queue_full",
+            ApiFailure::TooManyStreams(_) => "too_many_streams",
+            ApiFailure::NotLive(_) => "not_live",
+            ApiFailure::EmptyMessages => "invalid_request",
+            ApiFailure::AuditNeedsUnbound => "folder_forbidden",
+            ApiFailure::Db(DbError::Closed | DbError::Timeout(_)) => "unavailable",
+            ApiFailure::Db(_) | ApiFailure::Internal(_) => "internal",
+            ApiFailure::Api(e) => &e.body.error,
+        }
+    }
+}
+
+impl From<ApiFailure> for ApiError {
+    fn from(f: ApiFailure) -> Self {
+        match f {
+            ApiFailure::Api(e) => e,
+            ApiFailure::Db(e) => ApiError::from(e),
+            ApiFailure::Internal(e) => ApiError::internal(e),
+            f => ApiError::new(f.status(), f.code().to_owned(), f.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiFailure {
+    fn into_response(self) -> Response {
+        ApiError::from(self).into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_mapping_for_every_failure() {
+        let cases: Vec<(ApiFailure, u16, &str)> = vec![
+            (ApiFailure::NoRun("r".into()), 404, "not_found"),
+            (ApiFailure::InvalidTurnId, 400, "invalid_turn_id"),
+            (
+                ApiFailure::ForbiddenGroupSetting(vec!["memory", "image"]),
+                403,
+                "forbidden_group_setting",
+            ),
+            (
+                ApiFailure::QueueFull(QueueFull::Folder(50)),
+                429,
+                "queue_full",
+            ),
+            (ApiFailure::NotLive("r".into()), 409, "not_live"),
+            (ApiFailure::Db(DbError::Closed), 503, "unavailable"),
+            (ApiFailure::internal("boom"), 500, "internal"),
+        ];
+        for (f, status, code) in cases {
+            let text = f.to_string();
+            let e = ApiError::from(f);
+            assert_eq!(
+                (e.status.as_u16(), e.body.error.as_ref()),
+                (status, code),
+                "{text}"
+            );
+        }
+        let e = ApiError::from(ApiFailure::ForbiddenGroupSetting(vec!["memory", "image"]));
+        assert!(
+            e.body.message.contains("memory, image"),
+            "{}",
+            e.body.message
+        );
+        let e = ApiError::from(ApiFailure::internal("secret detail"));
+        assert!(
+            !e.body.message.contains("secret detail"),
+            "internals stay in the log"
+        );
+    }
+}

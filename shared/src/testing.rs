@@ -1,0 +1,270 @@
+//! Test helpers for the daemons' integration tests (feature `testing`, dev-dependencies only).
+//!
+//! [`ApiClient`] is the strict test client: every answer with a 4xx or 5xx status must be the
+//! JSON error envelope (`application/json`, exactly `{"error": "<snake_case code>",
+//! "message": "<text>"}`), or the test fails right there, naming the request. So no route can
+//! answer an error in another shape (axum's text/plain rejections, an empty 500) without a
+//! test noticing.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// Checks an error answer against the envelope; `Ok` for any status below 400.
+pub fn check_envelope(status: u16, content_type: Option<&str>, body: &[u8]) -> Result<(), String> {
+    if status < 400 {
+        return Ok(());
+    }
+    if content_type != Some("application/json") {
+        return Err(format!(
+            "{status} with content-type {content_type:?}, not application/json: {}",
+            String::from_utf8_lossy(body)
+        ));
+    }
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        format!(
+            "{status} body is not JSON ({e}): {}",
+            String::from_utf8_lossy(body)
+        )
+    })?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| format!("{status} body is not an object: {v}"))?;
+    let code = obj.get("error").and_then(Value::as_str).unwrap_or("");
+    let snake = !code.is_empty()
+        && code
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !snake {
+        return Err(format!(
+            "{status} error code {code:?} is not a snake_case code: {v}"
+        ));
+    }
+    if !obj.get("message").is_some_and(Value::is_string) {
+        return Err(format!("{status} has no message: {v}"));
+    }
+    if obj.len() != 2 {
+        return Err(format!("{status} envelope has extra fields: {v}"));
+    }
+    Ok(())
+}
+
+/// An HTTP client that fails the test on any error answer that is not the envelope.
+#[derive(Clone, Debug)]
+pub struct ApiClient {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl ApiClient {
+    /// A client for the daemon at `base` (`http://127.0.0.1:port`); no proxy, 120 s timeout.
+    pub fn new(base: impl Into<String>) -> Self {
+        Self {
+            http: reqwest::Client::builder()
+                .no_proxy()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .expect("http client"),
+            base: base.into(),
+        }
+    }
+
+    /// The base URL.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// Sends a request; returns the status and the body as JSON (`Null` when empty or not
+    /// JSON, which is only allowed for successful answers).
+    pub async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = resp.status().as_u16();
+        let ct = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = resp.bytes().await.unwrap_or_default();
+        if let Err(why) = check_envelope(status, ct.as_deref(), &bytes) {
+            panic!("{method} {path}: not the error envelope: {why}");
+        }
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// `GET`.
+    pub async fn get(&self, token: &str, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::GET, path, Some(token), None)
+            .await
+    }
+
+    /// `POST` with a JSON body.
+    pub async fn post(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::POST, path, Some(token), Some(&body))
+            .await
+    }
+
+    /// `PUT` with a JSON body.
+    pub async fn put(&self, token: &str, path: &str, body: Value) -> (u16, Value) {
+        self.call(reqwest::Method::PUT, path, Some(token), Some(&body))
+            .await
+    }
+
+    /// `DELETE`.
+    pub async fn delete(&self, token: &str, path: &str) -> (u16, Value) {
+        self.call(reqwest::Method::DELETE, path, Some(token), None)
+            .await
+    }
+
+    /// Sends a raw body with a content type (malformed input); the answer must still be the
+    /// envelope when it is an error.
+    pub async fn raw(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: Option<&str>,
+        content_type: &str,
+        body: impl Into<reqwest::Body>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        let status = resp.status().as_u16();
+        let ct = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let bytes = resp.bytes().await.unwrap_or_default();
+        if let Err(why) = check_envelope(status, ct.as_deref(), &bytes) {
+            panic!("{method} {path}: not the error envelope: {why}");
+        }
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    /// Sends every kind of bad input to every operation of an OpenAPI document (path
+    /// parameters filled with `x`): no token, a forged token, `token` with a malformed query
+    /// and, for methods with a body, malformed JSON, a wrong content type and a body of the
+    /// wrong shape. Every answer that is an error must be the envelope (the client checks);
+    /// a 5xx fails the sweep. Returns how many requests were sent.
+    pub async fn sweep_errors(&self, openapi: &str, token: &str) -> usize {
+        let ops = crate::http::openapi_operations(openapi).expect("the OpenAPI document parses");
+        let mut sent = 0;
+        for (method, path) in ops {
+            let path = fill_params(&path);
+            let m = reqwest::Method::from_bytes(method.as_bytes()).expect("method");
+            let mut answers = Vec::new();
+            answers.push(self.call(m.clone(), &path, None, None).await);
+            answers.push(self.call(m.clone(), &path, Some("not.a.token"), None).await);
+            let q = format!("{path}?limit=x&wait=forever&before=%ZZ&bogus=1");
+            answers.push(self.call(m.clone(), &q, Some(token), None).await);
+            if m == reqwest::Method::POST || m == reqwest::Method::PUT {
+                answers.push(
+                    self.raw(
+                        m.clone(),
+                        &path,
+                        Some(token),
+                        "application/json",
+                        "{not json",
+                    )
+                    .await,
+                );
+                answers.push(
+                    self.raw(m.clone(), &path, Some(token), "text/plain", "{}")
+                        .await,
+                );
+                answers.push(
+                    self.call(m.clone(), &path, Some(token), Some(&Value::from(7)))
+                        .await,
+                );
+            }
+            for (status, body) in &answers {
+                assert!(*status < 500, "{method} {path}: {status} {body}");
+            }
+            sent += answers.len();
+        }
+        sent
+    }
+}
+
+/// `/v1/runs/{run_id}` → `/v1/runs/x`.
+fn fill_params(path: &str) -> String {
+    path.split('/')
+        .map(|seg| {
+            if seg.starts_with('{') && seg.ends_with('}') {
+                "x"
+            } else {
+                seg
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_envelope_and_nothing_else() {
+        let ok = br#"{"error":"not_found","message":"no run x"}"#;
+        assert!(check_envelope(404, Some("application/json"), ok).is_ok());
+        assert!(check_envelope(200, Some("text/plain"), b"hi").is_ok());
+        for (ct, body) in [
+            (
+                Some("text/plain"),
+                &b"Failed to deserialize query string"[..],
+            ),
+            (Some("application/json"), &b""[..]),
+            (
+                Some("application/json"),
+                &br#"{"error":"Not Found","message":"x"}"#[..],
+            ),
+            (Some("application/json"), &br#"{"error":"x"}"#[..]),
+            (
+                Some("application/json"),
+                &br#"{"error":"x","message":"m","extra":1}"#[..],
+            ),
+            (None, &ok[..]),
+        ] {
+            assert!(
+                check_envelope(400, ct, body).is_err(),
+                "{ct:?} {}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert_eq!(fill_params("/v1/runs/{run_id}/events"), "/v1/runs/x/events");
+    }
+}
