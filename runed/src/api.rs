@@ -115,9 +115,6 @@ async fn create_run(
     who.require(scopes::RUNS_RUN)?;
     let folder = req.folder.as_str().to_owned();
     who.require_folder(&folder)?;
-    if !is_valid_id(&req.turn_id) {
-        return Err(ApiFailure::InvalidTurnId);
-    }
     req.group.validate()?;
     let elevated = req.group.beyond(&sh.cfg.runner.limits);
     if !elevated.is_empty() && !who.is_unbound() {
@@ -149,7 +146,7 @@ async fn create_run(
         Ok(r) => r,
         Err(full) => {
             // A repeat of a turn that is already in is answered as such, full or not.
-            if let Some(r) = sh.store.run_of_turn(&folder, &req.turn_id).await? {
+            if let Some(r) = sh.store.run_of_turn(&folder, req.turn_id.as_str()).await? {
                 return Ok(existing(r));
             }
             return Err(full.into());
@@ -162,7 +159,7 @@ async fn create_run(
         run_id: run_id.clone(),
         kind: "run".into(),
         folder: folder.clone(),
-        turn_id: req.turn_id.clone(),
+        turn_id: req.turn_id.to_string(),
         session_id: req.session_id.clone(),
         state: RunState::Queued,
         outcome: None,

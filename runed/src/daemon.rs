@@ -618,7 +618,7 @@ async fn run_one(
         .broker
         .mint(
             &folder,
-            &req.turn_id,
+            req.turn_id.as_str(),
             &run_id,
             &req.group.egress_allowlist,
             ceiling + sh.cfg.token_margin,
@@ -675,14 +675,14 @@ async fn run_one(
         grants: req.grants.clone(),
         folder: folder.clone(),
         sender_jid: req.sender_jid.clone(),
-        turn_id: req.turn_id.clone(),
+        turn_id: req.turn_id.to_string(),
         run_id: run_id.clone(),
         token: Redacted(token.token.clone()),
         secrets: req.secrets.clone(),
     };
     let spec = RunSpec {
         run_id: run_id.clone(),
-        turn_id: req.turn_id.clone(),
+        turn_id: req.turn_id.to_string(),
         folder: req.folder.clone(),
         input,
         group: req.group.clone(),
@@ -749,7 +749,7 @@ async fn run_one(
                 crate::adopt::readopt_after_outage(sh.clone(), run_id, cid, control).await;
                 return;
             }
-            finalize(&sh, &folder, &req.turn_id, &req.session_id, &report).await;
+            finalize(&sh, &folder, req.turn_id.as_str(), &req.session_id, &report).await;
             remove_containers(&sh, &report).await;
             sh.release(&run_id);
         }

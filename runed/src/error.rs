@@ -7,7 +7,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use hako_shared::db::DbError;
 use hako_shared::http::ApiError;
-use hako_shared::ids::ID_GRAMMAR;
 use hako_shared::runs::GroupSpecError;
 
 use crate::daemon::{MAX_SECRETS_BYTES, QueueFull};
@@ -22,9 +21,6 @@ pub enum ApiFailure {
     /// The folder does not exist for the caller.
     #[error("no folder {0}")]
     NoFolder(String),
-    /// A turn id outside the one grammar.
-    #[error("turn_id: {ID_GRAMMAR}")]
-    InvalidTurnId,
     /// `?wait=` that is not a duration.
     #[error("wait: {0}")]
     InvalidWait(String),
@@ -78,8 +74,7 @@ impl ApiFailure {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) => StatusCode::NOT_FOUND,
-            ApiFailure::InvalidTurnId
-            | ApiFailure::InvalidWait(_)
+            ApiFailure::InvalidWait(_)
             | ApiFailure::InvalidGroup(_)
             | ApiFailure::SecretsTooLarge(_)
             | ApiFailure::EmptyMessages => StatusCode::BAD_REQUEST,
@@ -102,7 +97,6 @@ impl ApiFailure {
     pub fn code(&self) -> &str {
         match self {
             ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) => "not_found",
-            ApiFailure::InvalidTurnId => "invalid_turn_id",
             ApiFailure::InvalidWait(_) => "invalid_wait",
             ApiFailure::InvalidGroup(_) => "invalid_group",
             ApiFailure::ForbiddenGroupSetting(_) => "forbidden_group_setting",
@@ -144,7 +138,7 @@ mod tests {
     fn one_mapping_for_every_failure() {
         let cases: Vec<(ApiFailure, u16, &str)> = vec![
             (ApiFailure::NoRun("r".into()), 404, "not_found"),
-            (ApiFailure::InvalidTurnId, 400, "invalid_turn_id"),
+            (ApiFailure::InvalidWait("soon".into()), 400, "invalid_wait"),
             (
                 ApiFailure::ForbiddenGroupSetting(vec!["memory", "image"]),
                 403,

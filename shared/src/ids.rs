@@ -16,6 +16,94 @@ pub fn is_valid_id(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
 }
 
+/// A string that failed the id grammar.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {kind}: {ID_GRAMMAR}")]
+pub struct InvalidId {
+    /// `turn id` or `run id`.
+    pub kind: &'static str,
+}
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident, $kind:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Validates `raw` against the id grammar.
+            pub fn new(raw: impl Into<String>) -> Result<Self, InvalidId> {
+                let raw = raw.into();
+                if is_valid_id(&raw) {
+                    Ok(Self(raw))
+                } else {
+                    Err(InvalidId { kind: $kind })
+                }
+            }
+
+            /// The id as text.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// The id as an owned string.
+            pub fn into_string(self) -> String {
+                self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = InvalidId;
+            fn from_str(s: &str) -> Result<Self, InvalidId> {
+                Self::new(s)
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.0)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let raw = String::deserialize(d)?;
+                Self::new(raw).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// The id of a turn (one chat turn, chosen by its caller; runs are idempotent on it within
+    /// a folder).
+    TurnId,
+    "turn id"
+);
+id_type!(
+    /// The id of a run (chosen by runed).
+    RunId,
+    "run id"
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -27,6 +115,17 @@ mod tests {
         }
         for bad in ["", "a@b", "a b", "a/b", "ü", &"x".repeat(MAX_ID + 1)] {
             assert!(!is_valid_id(bad), "{bad}");
+            assert!(TurnId::new(bad).is_err());
         }
+    }
+
+    #[test]
+    fn the_types_validate_on_the_wire() {
+        let t: TurnId = serde_json::from_str("\"turn-1\"").unwrap();
+        assert_eq!(t.as_str(), "turn-1");
+        assert_eq!(serde_json::to_string(&t).unwrap(), "\"turn-1\"");
+        let e = serde_json::from_str::<TurnId>("\"user@chat\"").unwrap_err();
+        assert!(e.to_string().contains("invalid turn id"), "{e}");
+        assert!(serde_json::from_str::<RunId>("\"\"").is_err());
     }
 }

@@ -8,6 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::contract::{Message, OutputBlock, Secrets};
 use crate::folder::GroupFolder;
+use crate::ids::TurnId;
 
 /// A duration written as text (`20m`, `30s`, `1h30m`) on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -301,8 +302,8 @@ impl GroupSpec {
 pub struct RunRequest {
     /// The group folder.
     pub folder: GroupFolder,
-    /// The turn; runs are idempotent on it.
-    pub turn_id: String,
+    /// The turn; runs are idempotent on it within the folder.
+    pub turn_id: TurnId,
     /// Session to resume.
     #[serde(default)]
     pub session_id: String,
