@@ -5,10 +5,8 @@
 use std::sync::{Arc, RwLock};
 
 use axum::Json;
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{delete, get, post};
 use hako_shared::GroupFolder;
 use hako_shared::auth::wire::{
     AuditList, MintRequest, MintResponse, RevokeResponse, RevokedList, RotateResponse,
@@ -18,7 +16,9 @@ use hako_shared::auth::{
     AuthError, Claims, Jwks, Principal, Signer, TokenType, Verifier, bearer, now_secs, scope,
     scopes, service_grants,
 };
-use hako_shared::http::{ApiError, ApiJson, ApiQuery};
+use hako_shared::http::{ApiError, ApiInfo, ApiJson, ApiQuery, ErrorBody, api_router};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::error::Refusal;
 use hako_shared::metrics::{Counter, Metrics};
@@ -66,17 +66,25 @@ pub(crate) struct AppState {
 
 pub(crate) type App = Arc<AppState>;
 
-/// The routes; one per line so that the OpenAPI coverage test can read them from this file.
-pub(crate) fn routes(app: App) -> Router {
-    Router::new()
-        .route("/v1/keys", get(jwks))
-        .route("/v1/keys/rotate", post(rotate))
-        .route("/v1/service-token", post(service_token))
-        .route("/v1/tokens", post(mint_token))
-        .route("/v1/tokens/{jti}", delete(revoke))
-        .route("/v1/revoked", get(revoked))
-        .route("/v1/audit", get(audit))
-        .with_state(app)
+/// What authd's document says of it.
+pub(crate) const INFO: ApiInfo = ApiInfo {
+    name: "authd",
+    version: env!("CARGO_PKG_VERSION"),
+    description: "hako's token authority: signs every token (EdDSA), publishes the keys, downscopes, revokes, audits.",
+};
+
+/// The API routes, each documented from its handler (ops routes are added by
+/// `hako_shared::http::finish`). Routes are only ever added here, through `routes!`, so
+/// nothing is served that the document does not list.
+pub(crate) fn documented() -> OpenApiRouter<App> {
+    api_router::<App>(INFO)
+        .routes(routes!(jwks))
+        .routes(routes!(rotate))
+        .routes(routes!(service_token))
+        .routes(routes!(mint_token))
+        .routes(routes!(revoke))
+        .routes(routes!(revoked))
+        .routes(routes!(audit))
 }
 
 fn now_ms() -> i64 {
@@ -214,16 +222,34 @@ impl AppState {
     }
 }
 
+/// The public keys that still verify (active and retiring), as a JWKS.
+#[utoipa::path(get, path = "/v1/keys", tag = "keys",
+    responses((status = 200, description = "Ed25519 keys (OKP), each with its RFC 7638 thumbprint as kid", body = Jwks)))]
 async fn jwks(State(app): State<App>) -> Json<Jwks> {
     app.counters.jwks_served.inc();
     Json(read_keys(&app).jwks(now_secs()))
 }
 
+/// Revoked tokens that have not expired yet, for offline verifiers.
+#[utoipa::path(get, path = "/v1/revoked", tag = "tokens",
+    responses(
+        (status = 200, description = "The revocation list", body = RevokedList),
+        (status = 503, description = "`unavailable`: authd.db does not answer", body = ErrorBody),
+    ))]
 async fn revoked(State(app): State<App>) -> Result<Json<RevokedList>, ApiError> {
     let revoked = app.store.revoked(now_secs()).await?;
     Ok(Json(RevokedList { revoked }))
 }
 
+/// Exchange a daemon's service key (the bearer) for its service token.
+#[utoipa::path(post, path = "/v1/service-token", tag = "tokens",
+    security(("bearer" = [])),
+    request_body = ServiceTokenRequest,
+    responses(
+        (status = 200, description = "The daemon's service token and fixed grants", body = ServiceTokenResponse),
+        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        (status = 401, description = "`invalid_service_key`: unknown daemon or wrong key (one answer for both)", body = ErrorBody),
+    ))]
 async fn service_token(
     State(app): State<App>,
     headers: HeaderMap,
@@ -295,6 +321,16 @@ async fn service_token(
     }))
 }
 
+/// Downscope: a child of the bearer token, never more scope, a wider folder or a longer life.
+#[utoipa::path(post, path = "/v1/tokens", tag = "tokens",
+    security(("bearer" = [])),
+    request_body = MintRequest,
+    responses(
+        (status = 200, description = "The child token", body = MintResponse),
+        (status = 400, description = "`invalid_json`, `invalid_scope`, `invalid_folder`, `invalid_ttl`, `invalid_request`, `invalid_egress`", body = ErrorBody),
+        (status = 401, description = "No valid parent token (`invalid_token`, `token_expired`, `token_revoked`, `parent_expired`)", body = ErrorBody),
+        (status = 403, description = "`scope_exceeds_parent`, `folder_outside_parent`, `ttl_exceeds_parent`, `ttl_exceeds_max`, `typ_exceeds_parent`, `run_outside_parent`, `egress_exceeds_parent`", body = ErrorBody),
+    ))]
 async fn mint_token(
     State(app): State<App>,
     headers: HeaderMap,
@@ -378,6 +414,17 @@ async fn mint_token(
     }))
 }
 
+/// Revoke a token and its not-yet-expired descendants.
+#[utoipa::path(delete, path = "/v1/tokens/{jti}", tag = "tokens",
+    security(("bearer" = [])),
+    params(("jti" = String, Path, description = "The token's id")),
+    responses(
+        (status = 200, description = "Every jti revoked by this call", body = RevokeResponse),
+        (status = 400, description = "`invalid_jti`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`not_token_issuer`", body = ErrorBody),
+        (status = 404, description = "No such token, or it has expired", body = ErrorBody),
+    ))]
 async fn revoke(
     State(app): State<App>,
     headers: HeaderMap,
@@ -440,6 +487,14 @@ async fn revoke(
     }))
 }
 
+/// A new active signing key; the old one keeps verifying for the longest token life.
+#[utoipa::path(post, path = "/v1/keys/rotate", tag = "keys",
+    security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The new and the retiring key", body = RotateResponse),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`keys:rotate`)", body = ErrorBody),
+    ))]
 async fn rotate(
     State(app): State<App>,
     headers: HeaderMap,
@@ -497,13 +552,26 @@ async fn rotate(
 }
 
 /// `GET /v1/audit` paging.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct AuditQuery {
+    /// Rows per page, 1-1000 (default 100).
     limit: Option<u32>,
+    /// Rows with ids below this (the previous page's `next_before`).
     before: Option<i64>,
 }
 
+/// authd's audit log, newest first.
+#[utoipa::path(get, path = "/v1/audit", tag = "audit",
+    security(("bearer" = [])),
+    params(AuditQuery),
+    responses(
+        (status = 200, description = "A page of the audit log", body = AuditList),
+        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`audit:read`)", body = ErrorBody),
+    ))]
 async fn audit(
     State(app): State<App>,
     headers: HeaderMap,

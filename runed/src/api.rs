@@ -6,21 +6,25 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use axum::Json;
 use axum::extract::{FromRef, Path, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use futures_util::stream::Stream;
 use hako_shared::auth::{Principal, Verifier, scopes};
-use hako_shared::http::{ApiJson, ApiQuery};
+use hako_shared::http::ErrorBody;
+use hako_shared::http::{ApiInfo, ApiJson, ApiQuery, api_router};
 use hako_shared::ids::is_valid_id;
-use hako_shared::runs::{RunRequest, RunState, RunStatus};
+use hako_shared::runs::{
+    CreatedRun, HoldRequest, RunRequest, RunState, RunStatus, SessionPage, SteerReply,
+    SteerRequest, StopReply, StopRequest,
+};
 use hako_shared::time::{from_unix_millis, rfc3339, unix_millis};
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::adopt::HoldInfo;
 use crate::daemon::{Event, MAX_SECRETS_BYTES, Pending, Shared, new_run_id};
@@ -38,18 +42,34 @@ impl FromRef<AppState> for Verifier {
     }
 }
 
-/// The API routes (ops routes are added by `hako_shared::http::finish`).
-pub(crate) fn routes(sh: Arc<Shared>) -> Router {
-    Router::new()
-        .route("/v1/runs", post(create_run))
-        .route("/v1/runs/stop", post(stop_folder))
-        .route("/v1/runs/{run_id}", get(get_run).delete(kill_run))
-        .route("/v1/runs/{run_id}/events", get(events))
-        .route("/v1/runs/{run_id}/steer", post(steer))
-        .route("/v1/holds", post(create_hold))
-        .route("/v1/sessions", get(sessions))
-        .route("/v1/audit", get(audit))
-        .with_state(AppState(sh))
+/// What runed's document says of it.
+pub(crate) const INFO: ApiInfo = ApiInfo {
+    name: "runed",
+    version: env!("CARGO_PKG_VERSION"),
+    description: "hako's execution daemon: the only holder of the Docker socket; runs one locked-down container per agent turn.",
+};
+
+/// The API routes, each documented from its handler (ops routes are added by
+/// `hako_shared::http::finish`). Routes are only ever added here, through `routes!`, so
+/// nothing is served that the document does not list.
+pub(crate) fn documented() -> OpenApiRouter<AppState> {
+    api_router::<AppState>(INFO)
+        .routes(routes!(create_run))
+        .routes(routes!(stop_folder))
+        .routes(routes!(get_run, kill_run))
+        .routes(routes!(events))
+        .routes(routes!(steer))
+        .routes(routes!(create_hold))
+        .routes(routes!(sessions))
+        .routes(routes!(audit))
+}
+
+/// `GET /v1/audit` answer, newest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(crate) struct AuditPage {
+    entries: Vec<AuditRow>,
+    /// Pass as `before` for the next page; absent on the last.
+    next_before: Option<i64>,
 }
 
 async fn audit_row(
@@ -107,6 +127,18 @@ async fn status(sh: &Shared, r: SpawnRow) -> Result<RunStatus, ApiFailure> {
     })
 }
 
+/// Start a run: queued, then one container in its folder's turn. Idempotent on `turn_id`
+/// within the folder (a repeat answers the same run with `existing: true`).
+#[utoipa::path(post, path = "/v1/runs", tag = "runs", security(("bearer" = [])),
+    request_body = RunRequest,
+    responses(
+        (status = 202, description = "Queued (or the turn's existing run)", body = CreatedRun),
+        (status = 400, description = "`invalid_json`, `invalid_group` (names the field), `secrets_too_large`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`runs:run`), `folder_forbidden`, `forbidden_group_setting` (a folder-bound caller widening the group)", body = ErrorBody),
+        (status = 413, description = "`body_too_large`", body = ErrorBody),
+        (status = 429, description = "`queue_full`: names the bound (RUNED_MAX_QUEUED or _PER_FOLDER)", body = ErrorBody),
+    ))]
 async fn create_run(
     State(AppState(sh)): State<AppState>,
     who: Principal,
@@ -138,7 +170,11 @@ async fn create_run(
     let existing = |r: SpawnRow| {
         (
             StatusCode::ACCEPTED,
-            Json(json!({"run_id": r.run_id, "state": r.state, "existing": true})),
+            Json(CreatedRun {
+                run_id: r.run_id,
+                state: r.state,
+                existing: true,
+            }),
         )
             .into_response()
     };
@@ -202,19 +238,37 @@ async fn create_run(
             .await;
             Ok((
                 StatusCode::ACCEPTED,
-                Json(json!({"run_id": run_id, "state": "queued"})),
+                Json(CreatedRun {
+                    run_id,
+                    state: RunState::Queued,
+                    existing: false,
+                }),
             )
                 .into_response())
         }
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct WaitQuery {
+    /// Long-poll until the run is over, at most this long (e.g. `30s`; capped by
+    /// RUNED_MAX_WAIT).
     wait: Option<String>,
 }
 
+/// A run's status and output; `?wait=30s` long-polls until it is over.
+#[utoipa::path(get, path = "/v1/runs/{run_id}", tag = "runs", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "The run"), WaitQuery),
+    responses(
+        (status = 200, description = "The run", body = RunStatus),
+        (status = 400, description = "`invalid_wait`, `invalid_query`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`runs:read`)", body = ErrorBody),
+        (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
+        (status = 429, description = "`too_many_streams`: the caller's long-polls and streams", body = ErrorBody),
+    ))]
 async fn get_run(
     State(AppState(sh)): State<AppState>,
     who: Principal,
@@ -356,6 +410,17 @@ impl RunStream {
     }
 }
 
+/// Server-sent events of one run: what is stored first (blocks, then the state), then each
+/// state change and block as it comes; the stream ends after the terminal state.
+#[utoipa::path(get, path = "/v1/runs/{run_id}/events", tag = "runs", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "The run")),
+    responses(
+        (status = 200, description = "`state` and `output` events, each `data` one JSON event", content_type = "text/event-stream", body = Event),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`runs:read`)", body = ErrorBody),
+        (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
+        (status = 429, description = "`too_many_streams`", body = ErrorBody),
+    ))]
 async fn events(
     State(AppState(sh)): State<AppState>,
     who: Principal,
@@ -383,39 +448,30 @@ async fn events(
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-/// Steer body: messages as strings or `{"role","content"}` objects.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SteerBody {
-    messages: Vec<SteerMessage>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum SteerMessage {
-    Text(String),
-    Message { content: String },
-}
-
+/// Drop follow-up messages into a live run, exactly once.
+#[utoipa::path(post, path = "/v1/runs/{run_id}/steer", tag = "runs", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "The run")),
+    request_body = SteerRequest,
+    responses(
+        (status = 200, description = "Delivered, or taken back (`delivered: false` and why)", body = SteerReply),
+        (status = 400, description = "`invalid_json`, `invalid_request` (no messages)", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`runs:run`)", body = ErrorBody),
+        (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
+        (status = 409, description = "`not_live`: the run is not running", body = ErrorBody),
+    ))]
 async fn steer(
     State(AppState(sh)): State<AppState>,
     who: Principal,
     Path(run_id): Path<String>,
-    ApiJson(body): ApiJson<SteerBody>,
-) -> Result<Json<serde_json::Value>, ApiFailure> {
+    ApiJson(body): ApiJson<SteerRequest>,
+) -> Result<Json<SteerReply>, ApiFailure> {
     who.require(scopes::RUNS_RUN)?;
     let row = visible(&sh, &who, &run_id).await?;
     if body.messages.is_empty() {
         return Err(ApiFailure::EmptyMessages);
     }
-    let msgs: Vec<String> = body
-        .messages
-        .into_iter()
-        .map(|m| match m {
-            SteerMessage::Text(t) => t,
-            SteerMessage::Message { content } => content,
-        })
-        .collect();
+    let msgs: Vec<String> = body.messages.into_iter().map(|m| m.into_text()).collect();
     let live = sh.sched().live.get(&run_id).map(|l| l.run.clone());
     let not_live = || ApiFailure::NotLive(run_id.clone());
     let Some(live) = live else {
@@ -441,9 +497,11 @@ async fn steer(
         format!("{} message(s)", msgs.len()),
     )
     .await;
-    Ok(Json(
-        json!({"run_id": run_id, "delivered": report.delivered, "reason": report.reason}),
-    ))
+    Ok(Json(SteerReply {
+        run_id,
+        delivered: report.delivered,
+        reason: report.reason,
+    }))
 }
 
 async fn kill_and_wait(sh: &Arc<Shared>, row: &SpawnRow) -> Result<SpawnRow, ApiFailure> {
@@ -469,6 +527,15 @@ async fn kill_and_wait(sh: &Arc<Shared>, row: &SpawnRow) -> Result<SpawnRow, Api
     }
 }
 
+/// Kill a run (stop, kill, remove) or release a hold; a kill is its own outcome, never retried.
+#[utoipa::path(delete, path = "/v1/runs/{run_id}", tag = "runs", security(("bearer" = [])),
+    params(("run_id" = String, Path, description = "The run")),
+    responses(
+        (status = 200, description = "The run, ended", body = RunStatus),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`runs:kill`)", body = ErrorBody),
+        (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
+    ))]
 async fn kill_run(
     State(AppState(sh)): State<AppState>,
     who: Principal,
@@ -495,17 +562,20 @@ async fn kill_run(
     Ok(Json(status(&sh, row).await?))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StopBody {
-    folder: hako_shared::GroupFolder,
-}
-
+/// Kill the live run of a folder.
+#[utoipa::path(post, path = "/v1/runs/stop", tag = "runs", security(("bearer" = [])),
+    request_body = StopRequest,
+    responses(
+        (status = 200, description = "The runs killed", body = StopReply),
+        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`runs:kill`), `folder_forbidden`", body = ErrorBody),
+    ))]
 async fn stop_folder(
     State(AppState(sh)): State<AppState>,
     who: Principal,
-    ApiJson(body): ApiJson<StopBody>,
-) -> Result<Json<serde_json::Value>, ApiFailure> {
+    ApiJson(body): ApiJson<StopRequest>,
+) -> Result<Json<StopReply>, ApiFailure> {
     who.require(scopes::RUNS_KILL)?;
     let folder = body.folder.as_str().to_owned();
     who.require_folder(&folder)?;
@@ -533,21 +603,23 @@ async fn stop_folder(
         killed.join(","),
     )
     .await;
-    Ok(Json(json!({"folder": folder, "killed": killed})))
+    Ok(Json(StopReply { folder, killed }))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct HoldBody {
-    folder: hako_shared::GroupFolder,
-    #[serde(default)]
-    ttl: Option<hako_shared::runs::HumanDuration>,
-}
-
+/// Claim a folder's run slot for an external job; released by `DELETE /v1/runs/{run_id}`.
+#[utoipa::path(post, path = "/v1/holds", tag = "runs", security(("bearer" = [])),
+    request_body = HoldRequest,
+    responses(
+        (status = 202, description = "Queued for the folder's slot", body = CreatedRun),
+        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`runs:run`), `folder_forbidden`", body = ErrorBody),
+        (status = 429, description = "`queue_full`", body = ErrorBody),
+    ))]
 async fn create_hold(
     State(AppState(sh)): State<AppState>,
     who: Principal,
-    ApiJson(body): ApiJson<HoldBody>,
+    ApiJson(body): ApiJson<HoldRequest>,
 ) -> Result<Response, ApiFailure> {
     who.require(scopes::RUNS_RUN)?;
     let folder = body.folder.as_str().to_owned();
@@ -605,12 +677,17 @@ async fn create_hold(
     .await;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"run_id": run_id, "state": "queued"})),
+        Json(CreatedRun {
+            run_id,
+            state: RunState::Queued,
+            existing: false,
+        }),
     )
         .into_response())
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 struct PageQuery {
     folder: Option<String>,
@@ -618,11 +695,21 @@ struct PageQuery {
     limit: Option<usize>,
 }
 
+/// Session history, newest first (a folder-bound caller sees its folders only).
+#[utoipa::path(get, path = "/v1/sessions", tag = "sessions", security(("bearer" = [])),
+    params(PageQuery),
+    responses(
+        (status = 200, description = "A page of the history", body = SessionPage),
+        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`sessions:read`)", body = ErrorBody),
+        (status = 404, description = "A folder the caller does not cover", body = ErrorBody),
+    ))]
 async fn sessions(
     State(AppState(sh)): State<AppState>,
     who: Principal,
     ApiQuery(q): ApiQuery<PageQuery>,
-) -> Result<Json<serde_json::Value>, ApiFailure> {
+) -> Result<Json<SessionPage>, ApiFailure> {
     who.require(scopes::SESSIONS_READ)?;
     let folder = match (q.folder, who.folder()) {
         (Some(f), _) => {
@@ -638,14 +725,26 @@ async fn sessions(
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|r| r.id))
         .flatten();
-    Ok(Json(json!({"sessions": rows, "next_before": next})))
+    Ok(Json(SessionPage {
+        sessions: rows,
+        next_before: next,
+    }))
 }
 
+/// runed's audit log, newest first (unbound callers only).
+#[utoipa::path(get, path = "/v1/audit", tag = "audit", security(("bearer" = [])),
+    params(PageQuery),
+    responses(
+        (status = 200, description = "A page of the audit log", body = AuditPage),
+        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`audit:read`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
+    ))]
 async fn audit(
     State(AppState(sh)): State<AppState>,
     who: Principal,
     ApiQuery(q): ApiQuery<PageQuery>,
-) -> Result<Json<serde_json::Value>, ApiFailure> {
+) -> Result<Json<AuditPage>, ApiFailure> {
     who.require(scopes::AUDIT_READ)?;
     if !who.is_unbound() {
         return Err(ApiFailure::AuditNeedsUnbound);
@@ -655,7 +754,10 @@ async fn audit(
     let next = (rows.len() == limit)
         .then(|| rows.last().map(|r| r.id))
         .flatten();
-    Ok(Json(json!({"entries": rows, "next_before": next})))
+    Ok(Json(AuditPage {
+        entries: rows,
+        next_before: next,
+    }))
 }
 
 #[cfg(test)]

@@ -17,11 +17,12 @@ use crate::config::Config;
 use crate::metrics::DaemonMetrics;
 use crate::queue::{Entry, FairQueue, Kind};
 use crate::runner::{CloseWhen, LiveRun, RunControl, RunEnd, RunEvent, RunReport, RunSpec, Runner};
-use crate::store::{Finish, SessionRow, Store};
+use crate::store::{Finish, Store};
 use crate::tokens::{Broker, BrokerError};
+use hako_shared::runs::SessionEntry;
 
 /// What SSE subscribers and long-polls hear.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     /// A run changed state.
@@ -791,7 +792,7 @@ pub(crate) async fn finalize(
         started_at: started,
         ended_at: ended,
     };
-    let session = SessionRow {
+    let session = SessionEntry {
         id: 0,
         folder: folder.to_owned(),
         session_id: session_id.to_owned(),

@@ -40,8 +40,14 @@ use runner::Runner;
 use store::Store;
 use tokens::Broker;
 
-/// runed's OpenAPI document.
+/// runed's OpenAPI document as committed (`runed/openapi.json`); a test keeps it equal to
+/// [`openapi`], which the server serves.
 pub const OPENAPI: &str = include_str!("../openapi.json");
+
+/// runed's OpenAPI document, generated from its handlers and wire types.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    hako_shared::http::document(api::documented())
+}
 /// How long shutdown waits for in-flight requests and for runs to detach.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
@@ -190,8 +196,7 @@ pub async fn start(
 
     let ready = Arc::downgrade(&shared);
     let ops = Ops {
-        name: "runed",
-        openapi: OPENAPI,
+        info: api::INFO,
         metrics: shared.metrics.registry.clone(),
         ready: Arc::new(move || {
             let sh = ready.clone();
@@ -208,7 +213,11 @@ pub async fn start(
             })
         }),
     };
-    let router = finish(api::routes(shared.clone()), ops, shared.cfg.body_limit);
+    let (router, _doc) = finish(
+        api::documented().with_state(api::AppState(shared.clone())),
+        ops,
+        shared.cfg.body_limit,
+    );
     let tasks = vec![
         tokio::spawn(daemon::scheduler(shared.clone())),
         tokio::spawn(gc::gc_loop(shared.clone())),
@@ -230,4 +239,67 @@ pub async fn start(
         server: Some(server),
         tasks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// The committed document is what the code generates (HAKO_BLESS=1 rewrites it), and
+    /// routes are only ever registered through it: no handler is mounted with a bare
+    /// `.route(` that the document would not list.
+    #[test]
+    fn the_openapi_document_is_generated_and_committed() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        hako_shared::openapi::check_committed(&super::openapi(), &dir.join("openapi.json"))
+            .unwrap();
+        let doc = serde_json::to_value(super::openapi()).unwrap();
+        for (path, op) in [
+            ("/v1/runs", "post"),
+            ("/v1/runs/{run_id}", "get"),
+            ("/v1/runs/{run_id}", "delete"),
+            ("/v1/runs/{run_id}/events", "get"),
+            ("/v1/runs/{run_id}/steer", "post"),
+            ("/v1/runs/stop", "post"),
+            ("/v1/holds", "post"),
+            ("/v1/sessions", "get"),
+            ("/v1/audit", "get"),
+            ("/health", "get"),
+            ("/ready", "get"),
+            ("/metrics", "get"),
+            ("/openapi.json", "get"),
+        ] {
+            let o = &doc["paths"][path][op];
+            assert!(o.is_object(), "{op} {path} is not documented");
+            assert!(
+                !o["responses"].as_object().unwrap().is_empty(),
+                "{op} {path}"
+            );
+        }
+        // Request and response schemas are real, not empty.
+        let schemas = &doc["components"]["schemas"];
+        for name in [
+            "RunRequest",
+            "GroupSpec",
+            "RunStatus",
+            "OutputBlock",
+            "CreatedRun",
+            "ErrorBody",
+        ] {
+            assert!(
+                schemas[name]["properties"].is_object() || schemas[name]["oneOf"].is_array(),
+                "{name}: {}",
+                schemas[name]
+            );
+        }
+        for entry in std::fs::read_dir(dir.join("src")).unwrap() {
+            let p = entry.unwrap().path();
+            if p.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                assert!(
+                    !text.contains(".route(\""),
+                    "{}: a route outside the document",
+                    p.display()
+                );
+            }
+        }
+    }
 }

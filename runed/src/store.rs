@@ -8,7 +8,7 @@ use std::path::Path;
 
 use hako_shared::contract::OutputBlock;
 use hako_shared::db::{Db, DbError, Migration};
-use hako_shared::runs::{Outcome, RunState};
+use hako_shared::runs::{Outcome, RunState, SessionEntry};
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
@@ -152,29 +152,8 @@ pub struct Finish {
     pub ended_at: i64,
 }
 
-/// A `session_log` row.
-#[derive(Debug, Clone, Serialize)]
-pub struct SessionRow {
-    /// Row id.
-    pub id: i64,
-    /// Folder.
-    pub folder: String,
-    /// Session resumed.
-    pub session_id: String,
-    /// Session the agent reported.
-    pub new_session_id: Option<String>,
-    /// Run.
-    pub run_id: String,
-    /// Turn.
-    pub turn_id: String,
-    /// Outcome.
-    pub outcome: String,
-    /// Unix ms.
-    pub at: i64,
-}
-
 /// An `audit_log` row.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct AuditRow {
     /// Row id.
     pub id: i64,
@@ -424,7 +403,7 @@ impl Store {
         f: Finish,
         blocks: Vec<OutputBlock>,
         log: String,
-        session: SessionRow,
+        session: SessionEntry,
     ) -> Result<bool, DbError> {
         let id = run_id.to_owned();
         let sql = format!(
@@ -580,7 +559,7 @@ impl Store {
     }
 
     /// Appends to the session history.
-    pub async fn add_session(&self, s: SessionRow) -> Result<(), DbError> {
+    pub async fn add_session(&self, s: SessionEntry) -> Result<(), DbError> {
         self.db
             .call(move |c| {
                 c.execute(
@@ -600,7 +579,7 @@ impl Store {
         folder: Option<String>,
         before: Option<i64>,
         limit: usize,
-    ) -> Result<Vec<SessionRow>, DbError> {
+    ) -> Result<Vec<SessionEntry>, DbError> {
         self.db
             .call(move |c| {
                 let mut st = c.prepare(
@@ -610,7 +589,7 @@ impl Store {
                 )?;
                 let rows = st
                     .query_map(params![folder, before, limit as i64], |r| {
-                        Ok(SessionRow {
+                        Ok(SessionEntry {
                             id: r.get(0)?,
                             folder: r.get(1)?,
                             session_id: r.get(2)?,

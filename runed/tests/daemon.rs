@@ -1642,6 +1642,14 @@ async fn daemon_output_cap_counts_every_field() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn daemon_every_route_answers_errors_as_envelopes() {
     let rig = Rig::new(&[]).await;
+    // The served document is the generated one, and it is the committed one.
+    let (s, doc) = rig.get(&rig.routd, "/openapi.json").await;
+    assert_eq!(s, 200);
+    assert_eq!(doc, serde_json::to_value(hako_runed::openapi()).unwrap());
+    assert_eq!(
+        doc,
+        serde_json::from_str::<Value>(hako_runed::OPENAPI).unwrap()
+    );
     let sent = rig
         .api()
         .sweep_errors(hako_runed::OPENAPI, &rig.routd)

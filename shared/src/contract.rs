@@ -57,6 +57,7 @@ impl Markers {
 }
 
 /// One chat message handed to the agent.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     /// `user`, `assistant`, …
@@ -108,6 +109,18 @@ impl fmt::Debug for Secrets {
     }
 }
 
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for Secrets {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        crate::openapi::string_map(
+            "Named secrets for the agent: they reach it on stdin only, never env, disk, logs or the database",
+        )
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for Secrets {}
+
 /// The single JSON line written to the agent's stdin.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -145,6 +158,7 @@ pub struct ContainerInput {
 }
 
 /// Status of one output block.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BlockStatus {
@@ -169,6 +183,7 @@ impl BlockStatus {
 }
 
 /// One output block, the JSON between the markers.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct OutputBlock {

@@ -155,6 +155,20 @@ impl<'de> Deserialize<'de> for GroupFolder {
     }
 }
 
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for GroupFolder {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        crate::openapi::string(
+            "A group folder: 1-8 '/'-separated segments, each a letter or digit then up to 63 letters, digits, '_' or '-'",
+            Some("^[A-Za-z0-9][A-Za-z0-9_-]{0,63}(/[A-Za-z0-9][A-Za-z0-9_-]{0,63}){0,7}$"),
+            "acme/support",
+        )
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for GroupFolder {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

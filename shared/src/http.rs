@@ -10,7 +10,6 @@ use std::sync::Arc;
 use axum::extract::{DefaultBodyLimit, FromRequest, Request};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -19,6 +18,7 @@ use crate::metrics::Metrics;
 
 /// The error body every daemon returns: `{"error":"<code>","message":"<text>"}`.
 #[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// Machine-readable code, e.g. `scope_exceeds_parent`.
     pub error: Cow<'static, str>,
@@ -186,73 +186,192 @@ fn rejection(status: StatusCode, text: String) -> ApiError {
 pub type ReadyCheck =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
 
+/// What a daemon's OpenAPI document says of it.
+#[derive(Debug, Clone, Copy)]
+pub struct ApiInfo {
+    /// The daemon's name, shown in `/health` and as the document's title.
+    pub name: &'static str,
+    /// The daemon's version.
+    pub version: &'static str,
+    /// What the daemon is, for the document's description.
+    pub description: &'static str,
+}
+
 /// What the ops routes need from a daemon.
 #[derive(Clone)]
 pub struct Ops {
-    /// The daemon's name, shown in `/health`.
-    pub name: &'static str,
-    /// The daemon's OpenAPI document (JSON text).
-    pub openapi: &'static str,
+    /// The daemon's name and version.
+    pub info: ApiInfo,
     /// The daemon's metrics.
     pub metrics: Metrics,
     /// The readiness check.
     pub ready: ReadyCheck,
 }
 
-/// Adds the ops routes, JSON fallbacks, a body limit and panic-to-JSON to a daemon's router.
-pub fn finish(router: Router, ops: Ops, body_limit: usize) -> Router {
-    let health_name = ops.name;
-    let ready = ops.ready.clone();
-    let metrics = ops.metrics.clone();
-    let openapi = ops.openapi;
-    router
-        .route(
-            "/health",
-            get(move || async move {
-                Json(serde_json::json!({"status": "ok", "daemon": health_name}))
-            }),
+/// What the ops handlers read (an extension on the router).
+#[derive(Clone)]
+struct OpsState {
+    name: &'static str,
+    metrics: Metrics,
+    ready: ReadyCheck,
+    openapi: Arc<str>,
+}
+
+/// `GET /health`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Health {
+    /// Always `ok`.
+    pub status: String,
+    /// The daemon's name.
+    pub daemon: String,
+}
+
+/// `GET /ready` when ready.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Ready {
+    /// Always `ready`.
+    pub status: String,
+}
+
+/// Liveness: 200 once the daemon serves.
+#[utoipa::path(get, path = "/health", tag = "ops",
+    responses((status = 200, description = "The daemon is up", body = Health)))]
+async fn health(axum::Extension(st): axum::Extension<OpsState>) -> Json<Health> {
+    Json(Health {
+        status: "ok".into(),
+        daemon: st.name.into(),
+    })
+}
+
+/// Readiness: 200 only when the daemon's dependencies answer.
+#[utoipa::path(get, path = "/ready", tag = "ops", responses(
+    (status = 200, description = "Every dependency answers", body = Ready),
+    (status = 503, description = "`not_ready`: names the dependency that does not answer", body = ErrorBody)))]
+async fn ready(axum::Extension(st): axum::Extension<OpsState>) -> Response {
+    match (st.ready)().await {
+        Ok(()) => Json(Ready {
+            status: "ready".into(),
+        })
+        .into_response(),
+        Err(why) => {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", why).into_response()
+        }
+    }
+}
+
+/// Prometheus metrics, text format 0.0.4.
+#[utoipa::path(get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus text exposition", content_type = "text/plain", body = String)))]
+async fn metrics(axum::Extension(st): axum::Extension<OpsState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        st.metrics.render(),
+    )
+        .into_response()
+}
+
+/// This document.
+#[utoipa::path(get, path = "/openapi.json", tag = "ops",
+    responses((status = 200, description = "The OpenAPI 3.1 document of every route", content_type = "application/json", body = Object)))]
+async fn openapi_doc(axum::Extension(st): axum::Extension<OpsState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        st.openapi.to_string(),
+    )
+        .into_response()
+}
+
+/// The OpenAPI router a daemon registers its documented routes on: title, version and the
+/// error envelope's schema are set.
+pub fn api_router<S>(info: ApiInfo) -> utoipa_axum::router::OpenApiRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    let mut doc = utoipa::openapi::OpenApiBuilder::new()
+        .info(
+            utoipa::openapi::InfoBuilder::new()
+                .title(info.name)
+                .version(info.version)
+                .description(Some(info.description))
+                .build(),
         )
-        .route(
-            "/ready",
-            get(move || {
-                let ready = ready.clone();
-                async move {
-                    match ready().await {
-                        Ok(()) => Json(serde_json::json!({"status": "ready"})).into_response(),
-                        Err(why) => ApiError::new(
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            "not_ready",
-                            why,
-                        )
-                        .into_response(),
-                    }
-                }
-            }),
-        )
-        .route(
-            "/metrics",
-            get(move || {
-                let metrics = metrics.clone();
-                async move {
-                    (
-                        [(
-                            header::CONTENT_TYPE,
-                            HeaderValue::from_static("text/plain; version=0.0.4"),
-                        )],
-                        metrics.render(),
-                    )
-                }
-            }),
-        )
-        .route(
-            "/openapi.json",
-            get(move || async move {
-                (
-                    [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-                    openapi,
-                )
-            }),
-        )
+        .build();
+    let components = doc.components.get_or_insert_with(Default::default);
+    components.schemas.insert(
+        "ErrorBody".into(),
+        <ErrorBody as utoipa::PartialSchema>::schema(),
+    );
+    utoipa_axum::router::OpenApiRouter::with_openapi(doc)
+}
+
+/// The documented ops routes (`/health`, `/ready`, `/metrics`, `/openapi.json`); their
+/// handlers read an extension that [`finish`] adds, so they fit any router state.
+fn ops_routes<S>() -> utoipa_axum::router::OpenApiRouter<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
+    use utoipa_axum::routes;
+    utoipa_axum::router::OpenApiRouter::new()
+        .routes(routes!(health))
+        .routes(routes!(ready))
+        .routes(routes!(metrics))
+        .routes(routes!(openapi_doc))
+}
+
+/// Adds what [`document`] and [`finish`] both add once the routes are merged: the bearer
+/// security scheme (merging the routes' components drops one set earlier).
+fn complete(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+    doc.components
+        .get_or_insert_with(Default::default)
+        .add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT")
+                    .build(),
+            ),
+        );
+}
+
+/// A daemon's whole OpenAPI document (its routes and the ops routes), without serving it:
+/// for the committed copy and its test.
+pub fn document<S>(api: utoipa_axum::router::OpenApiRouter<S>) -> utoipa::openapi::OpenApi
+where
+    S: Clone + Send + Sync + 'static,
+{
+    let mut doc = api.merge(ops_routes()).into_openapi();
+    complete(&mut doc);
+    doc
+}
+
+/// Adds the documented ops routes, JSON fallbacks (404, 405), a body limit and panic-to-JSON
+/// to a daemon's documented routes. Returns the router to serve and the daemon's OpenAPI
+/// document, which is generated from the handlers and types, never written by hand. Every
+/// served route is registered through the document: nothing is served that it does not list.
+pub fn finish(
+    api: utoipa_axum::router::OpenApiRouter,
+    ops: Ops,
+    body_limit: usize,
+) -> (Router, utoipa::openapi::OpenApi) {
+    let (router, mut doc) = api.merge(ops_routes()).split_for_parts();
+    complete(&mut doc);
+    let state = OpsState {
+        name: ops.info.name,
+        metrics: ops.metrics.clone(),
+        ready: ops.ready.clone(),
+        openapi: crate::openapi::render(&doc).into(),
+    };
+    let router = router
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -275,6 +394,8 @@ pub fn finish(router: Router, ops: Ops, body_limit: usize) -> Router {
                 .into_response()
             },
         ))
+        .layer(axum::Extension(state));
+    (router, doc)
 }
 
 /// Lists the `(method, path)` pairs an OpenAPI document declares, for coverage tests.
@@ -482,17 +603,20 @@ async fn refuse_oversized(limit: usize, req: Request, next: axum::middleware::Ne
 mod tests {
     use super::*;
     use axum::body::Body;
-    use axum::routing::post;
+    use axum::routing::{get, post};
     use tower::ServiceExt;
 
     fn app() -> Router {
         let ops = Ops {
-            name: "test",
-            openapi: r#"{"paths":{"/echo":{"post":{}}}}"#,
+            info: ApiInfo {
+                name: "test",
+                version: "0",
+                description: "a test daemon",
+            },
             metrics: Metrics::default(),
             ready: Arc::new(|| Box::pin(async { Err("db is down".to_owned()) })),
         };
-        let r = Router::new()
+        let r = utoipa_axum::router::OpenApiRouter::new()
             .route(
                 "/echo",
                 post(|ApiJson(v): ApiJson<serde_json::Value>| async move { Json(v) }),
@@ -510,7 +634,7 @@ mod tests {
                     "unreachable"
                 }),
             );
-        finish(r, ops, 1024)
+        finish(r, ops, 1024).0
     }
 
     async fn call(req: Request<Body>) -> (StatusCode, serde_json::Value) {
@@ -548,19 +672,22 @@ mod tests {
     /// query strings by hand without percent-decoding.
     #[tokio::test]
     async fn query_strings_are_decoded_and_refused_as_envelopes() {
-        let r = Router::new().route(
+        let r = utoipa_axum::router::OpenApiRouter::new().route(
             "/page",
             get(|ApiQuery(p): ApiQuery<Page>| async move {
                 Json(serde_json::json!({"limit": p.limit, "name": p.name}))
             }),
         );
         let ops = Ops {
-            name: "test",
-            openapi: "{}",
+            info: ApiInfo {
+                name: "test",
+                version: "0",
+                description: "a test daemon",
+            },
             metrics: Metrics::default(),
             ready: Arc::new(|| Box::pin(async { Ok(()) })),
         };
-        let app = finish(r, ops, 1024);
+        let app = finish(r, ops, 1024).0;
         let call = |uri: &'static str| {
             let app = app.clone();
             async move {
@@ -658,6 +785,19 @@ mod tests {
         let (s, v) = call(Request::get("/ready").body(Body::empty()).unwrap()).await;
         assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(v["message"], "db is down");
+        // The served document lists the ops routes it was generated with.
+        let (s, v) = call(Request::get("/openapi.json").body(Body::empty()).unwrap()).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(v["openapi"], "3.1.0");
+        for p in ["/health", "/ready", "/metrics", "/openapi.json"] {
+            assert!(v["paths"][p]["get"].is_object(), "{p}: {v}");
+        }
+        assert_eq!(
+            v["components"]["securitySchemes"]["bearer"]["scheme"], "bearer",
+            "{}",
+            v["components"]
+        );
+        assert!(v["components"]["schemas"]["ErrorBody"].is_object());
     }
 
     #[test]

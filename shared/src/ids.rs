@@ -83,6 +83,20 @@ macro_rules! id_type {
             }
         }
 
+        #[cfg(feature = "openapi")]
+        impl utoipa::PartialSchema for $name {
+            fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+                crate::openapi::string(
+                    concat!("A ", $kind, ": 1-128 letters, digits, '-', '_', '.', ':'"),
+                    Some("^[A-Za-z0-9._:-]{1,128}$"),
+                    "turn-42",
+                )
+            }
+        }
+
+        #[cfg(feature = "openapi")]
+        impl utoipa::ToSchema for $name {}
+
         impl<'de> serde::Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
                 let raw = String::deserialize(d)?;

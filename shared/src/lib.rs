@@ -22,6 +22,8 @@ pub mod ids;
 pub mod layout;
 #[cfg(feature = "server")]
 pub mod metrics;
+#[cfg(feature = "openapi")]
+pub mod openapi;
 pub mod runs;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;

@@ -35,6 +35,20 @@ impl<'de> Deserialize<'de> for HumanDuration {
     }
 }
 
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for HumanDuration {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        crate::openapi::string(
+            "A duration: a number and a unit (ms, s, m, h, d), several in a row",
+            Some("^([0-9]+(ms|s|m|h|d))+$"),
+            "5m",
+        )
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for HumanDuration {}
+
 /// A byte size written as text (`1g`, `512m`) on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct ByteSize(pub u64);
@@ -54,7 +68,22 @@ impl<'de> Deserialize<'de> for ByteSize {
     }
 }
 
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for ByteSize {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        crate::openapi::string(
+            "A size in bytes, with an optional unit (k, m, g, t)",
+            Some("^[0-9]+[kmgtKMGT]?$"),
+            "512m",
+        )
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for ByteSize {}
+
 /// How much a group is trusted.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Trust {
@@ -66,6 +95,7 @@ pub enum Trust {
 }
 
 /// A group's network policy.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Network {
@@ -79,6 +109,7 @@ pub enum Network {
 }
 
 /// An extra host directory a group asks to mount at `/workspace/extra/<container_path>/`.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExtraMount {
@@ -96,6 +127,7 @@ fn yes() -> bool {
 }
 
 /// A per-group MCP sidecar container, started before the agent and removed after it.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SidecarSpec {
@@ -115,6 +147,7 @@ pub struct SidecarSpec {
 }
 
 /// A group's container settings, as sent with each run.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GroupSpec {
@@ -297,6 +330,7 @@ impl GroupSpec {
 }
 
 /// `POST /v1/runs` body.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
@@ -328,6 +362,7 @@ pub struct RunRequest {
 }
 
 /// The lifecycle of a run.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RunState {
@@ -391,6 +426,7 @@ impl fmt::Display for RunState {
 }
 
 /// What a finished run means for the turn.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -438,6 +474,7 @@ impl fmt::Display for Outcome {
 }
 
 /// `GET /v1/runs/{run_id}` body.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunStatus {
     /// The run.
@@ -465,6 +502,127 @@ pub struct RunStatus {
     pub started_at: Option<String>,
     /// When the run ended.
     pub ended_at: Option<String>,
+}
+
+/// `POST /v1/runs` and `POST /v1/holds` answer (202).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CreatedRun {
+    /// The run (or hold).
+    pub run_id: String,
+    /// Its state now (`queued` for a new one).
+    pub state: RunState,
+    /// `true` when the turn already had this run (idempotent repeat).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub existing: bool,
+}
+
+/// One follow-up message: plain text or a `{"role", "content"}` object (only the content is
+/// used).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(untagged)]
+pub enum SteerMessage {
+    /// The text.
+    Text(String),
+    /// A message object.
+    Message {
+        /// The text.
+        content: String,
+    },
+}
+
+impl SteerMessage {
+    /// The text of the message.
+    pub fn into_text(self) -> String {
+        match self {
+            SteerMessage::Text(t) | SteerMessage::Message { content: t } => t,
+        }
+    }
+}
+
+/// `POST /v1/runs/{run_id}/steer` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SteerRequest {
+    /// The follow-up messages (at least one), delivered together.
+    pub messages: Vec<SteerMessage>,
+}
+
+/// `POST /v1/runs/{run_id}/steer` answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SteerReply {
+    /// The run.
+    pub run_id: String,
+    /// Whether the agent took the follow-up (exactly once); when `false`, nothing was left.
+    pub delivered: bool,
+    /// Why not, when not.
+    pub reason: Option<String>,
+}
+
+/// `POST /v1/runs/stop` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct StopRequest {
+    /// The folder whose live run is killed.
+    pub folder: GroupFolder,
+}
+
+/// `POST /v1/runs/stop` answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StopReply {
+    /// The folder.
+    pub folder: String,
+    /// The runs killed.
+    pub killed: Vec<String>,
+}
+
+/// `POST /v1/holds` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct HoldRequest {
+    /// The folder whose run slot is claimed.
+    pub folder: GroupFolder,
+    /// How long the hold lasts unless released (default and ceiling: `RUNED_RUN_TIMEOUT`).
+    #[serde(default)]
+    pub ttl: Option<HumanDuration>,
+}
+
+/// One entry of the session history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SessionEntry {
+    /// Row id (pages go below it).
+    pub id: i64,
+    /// Folder.
+    pub folder: String,
+    /// The session the run resumed.
+    pub session_id: String,
+    /// The session the agent reported.
+    pub new_session_id: Option<String>,
+    /// The run.
+    pub run_id: String,
+    /// The turn.
+    pub turn_id: String,
+    /// The outcome.
+    pub outcome: String,
+    /// Unix ms.
+    pub at: i64,
+}
+
+/// `GET /v1/sessions` answer, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SessionPage {
+    /// The entries.
+    pub sessions: Vec<SessionEntry>,
+    /// Pass as `before` for the next page; absent on the last.
+    pub next_before: Option<i64>,
 }
 
 #[cfg(test)]

@@ -178,7 +178,8 @@ impl ApiClient {
     /// parameters filled with `x`): no token, a forged token, `token` with a malformed query
     /// and, for methods with a body, malformed JSON, a wrong content type and a body of the
     /// wrong shape. Every answer that is an error must be the envelope (the client checks);
-    /// a 5xx fails the sweep. Returns how many requests were sent.
+    /// a 5xx fails the sweep, and so does the router's 404/405 fallback (a documented
+    /// operation that is not served). Returns how many requests were sent.
     pub async fn sweep_errors(&self, openapi: &str, token: &str) -> usize {
         let ops = crate::http::openapi_operations(openapi).expect("the OpenAPI document parses");
         let mut sent = 0;
@@ -212,6 +213,13 @@ impl ApiClient {
             }
             for (status, body) in &answers {
                 assert!(*status < 500, "{method} {path}: {status} {body}");
+                // A documented operation is served: never the router's fallbacks.
+                let fallback =
+                    (*status == 404 && body["message"] == "no such route") || *status == 405;
+                assert!(
+                    !fallback,
+                    "{method} {path} is documented but not served: {body}"
+                );
             }
             sent += answers.len();
         }

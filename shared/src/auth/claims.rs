@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::scope;
 
 /// What kind of principal a token stands for.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TokenType {

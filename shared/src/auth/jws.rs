@@ -51,6 +51,7 @@ pub enum JwsError {
 }
 
 /// One public key in JWKS form (RFC 8037 `OKP` / `Ed25519`).
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Jwk {
     /// Key type; must be `OKP`.
@@ -73,6 +74,7 @@ pub struct Jwk {
 }
 
 /// A JSON Web Key Set.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Jwks {
     /// The keys.

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use super::claims::TokenType;
 
 /// `POST /v1/service-token` body; the service key travels as the bearer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ServiceTokenRequest {
@@ -13,6 +14,7 @@ pub struct ServiceTokenRequest {
 }
 
 /// `POST /v1/service-token` answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceTokenResponse {
     /// The signed token.
@@ -26,6 +28,7 @@ pub struct ServiceTokenResponse {
 }
 
 /// `POST /v1/tokens` body: ask for a child of the bearer token.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MintRequest {
@@ -52,6 +55,7 @@ pub struct MintRequest {
 }
 
 /// `POST /v1/tokens` answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MintResponse {
     /// The signed child token.
@@ -63,6 +67,7 @@ pub struct MintResponse {
 }
 
 /// `DELETE /v1/tokens/{jti}` answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RevokeResponse {
     /// The token asked for.
@@ -72,6 +77,7 @@ pub struct RevokeResponse {
 }
 
 /// One entry of the revocation list.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RevokedEntry {
     /// The revoked token's id.
@@ -81,6 +87,7 @@ pub struct RevokedEntry {
 }
 
 /// `GET /v1/revoked` answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RevokedList {
     /// Revoked tokens that have not expired yet.
@@ -88,6 +95,7 @@ pub struct RevokedList {
 }
 
 /// `POST /v1/keys/rotate` answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RotateResponse {
     /// The new active key.
@@ -99,6 +107,7 @@ pub struct RotateResponse {
 }
 
 /// One row of authd's audit log. Never holds a token or a secret.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {
     /// Row id (increasing).
@@ -119,6 +128,7 @@ pub struct AuditEntry {
 }
 
 /// `GET /v1/audit` answer.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditList {
     /// Rows, newest first.

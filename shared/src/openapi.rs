@@ -1,0 +1,69 @@
+//! OpenAPI pieces every daemon shares (feature `openapi`): schemas of the wire types whose
+//! serde form is a plain string (folders, ids, durations, sizes), the error envelope, and the
+//! check that a committed document equals the one the code generates.
+
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
+use utoipa::openapi::{RefOr, Response, ResponseBuilder};
+
+/// A string schema with a description, an optional pattern and one example.
+pub fn string(description: &str, pattern: Option<&str>, example: &str) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .description(Some(description))
+        .pattern(pattern)
+        .examples([example])
+        .into()
+}
+
+/// An object of string values (secrets, labels).
+pub fn string_map(description: &str) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .description(Some(description))
+        .additional_properties(Some(ObjectBuilder::new().schema_type(Type::String)))
+        .into()
+}
+
+/// The error envelope as a response with `description`.
+pub fn error_response(description: &str) -> Response {
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            "application/json",
+            utoipa::openapi::ContentBuilder::new()
+                .schema(Some(RefOr::Ref(utoipa::openapi::Ref::from_schema_name(
+                    "ErrorBody",
+                ))))
+                .build(),
+        )
+        .build()
+}
+
+/// The generated document as the committed file holds it: pretty JSON and a final newline.
+pub fn render(doc: &utoipa::openapi::OpenApi) -> String {
+    let mut s = doc.to_pretty_json().unwrap_or_default();
+    s.push('\n');
+    s
+}
+
+/// Compares the generated document with the committed one at `path`. With
+/// `HAKO_BLESS=1` in the environment the file is rewritten instead (after an API change);
+/// otherwise a difference is an error that says how to update.
+pub fn check_committed(
+    doc: &utoipa::openapi::OpenApi,
+    path: &std::path::Path,
+) -> Result<(), String> {
+    let generated = render(doc);
+    if std::env::var("HAKO_BLESS").is_ok_and(|v| v == "1") {
+        std::fs::write(path, &generated).map_err(|e| format!("{}: {e}", path.display()))?;
+        return Ok(());
+    }
+    let committed = std::fs::read_to_string(path).unwrap_or_default();
+    if committed != generated {
+        return Err(format!(
+            "{} is not what the code generates; run the test with HAKO_BLESS=1 and commit the file",
+            path.display()
+        ));
+    }
+    Ok(())
+}
