@@ -139,8 +139,8 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
                     &row.folder,
                     Kind::Hold,
                     Pending {
-                        secrets: Default::default(),
                         hold_ttl: ttl,
+                        ..Pending::default()
                     },
                 );
             }

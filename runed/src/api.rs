@@ -219,6 +219,7 @@ async fn create_run(
                 Pending {
                     secrets: req.secrets,
                     hold_ttl: Duration::ZERO,
+                    request_id: hako_shared::http::current_request_id(),
                 },
             );
             drop(reserved);
@@ -662,6 +663,7 @@ async fn create_hold(
         Pending {
             secrets: Default::default(),
             hold_ttl: ttl,
+            request_id: hako_shared::http::current_request_id(),
         },
     );
     drop(reserved);

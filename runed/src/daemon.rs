@@ -12,6 +12,7 @@ use hako_shared::time::unix_millis;
 use serde::Serialize;
 use tokio::sync::{Notify, broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::config::Config;
 use crate::metrics::DaemonMetrics;
@@ -67,6 +68,8 @@ pub(crate) struct Pending {
     pub secrets: Secrets,
     /// A hold's time to live.
     pub hold_ttl: Duration,
+    /// The id of the request that created the run: its logs and its calls to authd carry it.
+    pub request_id: Option<Arc<str>>,
 }
 
 /// The most secret bytes (names and values) one run request may carry: they wait in memory.
@@ -331,6 +334,7 @@ impl Shared {
             Pending {
                 secrets,
                 hold_ttl: Duration::ZERO,
+                request_id: hako_shared::http::current_request_id(),
             },
         );
     }
@@ -422,9 +426,20 @@ pub(crate) async fn scheduler(sh: Arc<Shared>) {
             let sh2 = sh.clone();
             match e.kind {
                 Kind::Run => {
-                    tokio::spawn(async move {
-                        run_one(sh2, e.run_id, folder, p, control, run).await;
-                    });
+                    // One span per run; the creating request's id goes along (and on to
+                    // authd with the spawn token's mint).
+                    let rid: Arc<str> = p
+                        .as_ref()
+                        .and_then(|p| p.request_id.clone())
+                        .unwrap_or_else(|| Arc::from("-"));
+                    let span = tracing::info_span!("run", run = %e.run_id, folder = %folder, request = %rid);
+                    tokio::spawn(
+                        hako_shared::http::with_request_id(
+                            rid,
+                            run_one(sh2, e.run_id, folder, p, control, run),
+                        )
+                        .instrument(span),
+                    );
                 }
                 Kind::Hold => {
                     let ttl = p.map_or(sh.cfg.runner.run_timeout, |p| p.hold_ttl);

@@ -182,6 +182,177 @@ fn rejection(status: StatusCode, text: String) -> ApiError {
     }
 }
 
+/// The header that carries a request's id: taken from the caller when it is a valid id,
+/// made up otherwise, returned on the answer, and sent on to the daemons the request calls.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+tokio::task_local! {
+    /// The id of the request (or the run it started) this task serves.
+    static REQUEST_ID: Arc<str>;
+}
+
+/// The id of the request this task serves, if any: clients send it on
+/// ([`REQUEST_ID_HEADER`]) so one id follows a request from daemon to daemon.
+pub fn current_request_id() -> Option<Arc<str>> {
+    REQUEST_ID.try_with(Arc::clone).ok()
+}
+
+/// Runs `fut` as part of request `id` (work a request started outlives its answer: a run).
+pub async fn with_request_id<F: Future>(id: Arc<str>, fut: F) -> F::Output {
+    REQUEST_ID.scope(id, fut).await
+}
+
+/// Whether a caller's request id is one to keep: 1-64 of `[A-Za-z0-9._:-]` (it goes into
+/// every log line of the request, so nothing longer or stranger is taken as is).
+fn valid_request_id(v: &[u8]) -> bool {
+    (1..=64).contains(&v.len())
+        && v.iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
+
+/// Makes the id of a request that came without a valid one: `req-` and 16 hex digits.
+#[derive(Clone, Copy, Default)]
+struct MakeId;
+
+impl tower_http::request_id::MakeRequestId for MakeId {
+    fn make_request_id<B>(
+        &mut self,
+        _req: &axum::http::Request<B>,
+    ) -> Option<tower_http::request_id::RequestId> {
+        let mut b = [0u8; 8];
+        if getrandom::fill(&mut b).is_err() {
+            static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            b = N
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                .to_be_bytes();
+        }
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        HeaderValue::from_str(&format!("req-{hex}"))
+            .ok()
+            .map(tower_http::request_id::RequestId::new)
+    }
+}
+
+/// The route template a request matched (`/v1/runs/{run_id}`), or `unmatched`: labels and
+/// log fields never carry raw paths, which a caller chooses.
+fn route_of<B>(req: &axum::http::Request<B>) -> String {
+    req.extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned())
+}
+
+/// Per-route request counts and latencies, with the metric handles cached per series.
+#[derive(Clone)]
+struct HttpMetrics {
+    registry: Metrics,
+    counters: Arc<
+        std::sync::RwLock<
+            std::collections::HashMap<(String, String, u16), crate::metrics::Counter>,
+        >,
+    >,
+    latencies: Arc<
+        std::sync::RwLock<std::collections::HashMap<(String, String), crate::metrics::Histogram>>,
+    >,
+}
+
+/// Latency buckets of `http_request_duration_seconds`.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    120.0,
+];
+
+impl HttpMetrics {
+    fn new(registry: Metrics) -> Self {
+        Self {
+            registry,
+            counters: Default::default(),
+            latencies: Default::default(),
+        }
+    }
+
+    fn record(&self, route: String, method: String, status: u16, seconds: f64) {
+        let key = (route, method, status);
+        let hit = self
+            .counters
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
+        let counter = hit.unwrap_or_else(|| {
+            let status = status.to_string();
+            let c = self.registry.counter(
+                "http_requests_total",
+                "HTTP requests answered, by route template, method and status.",
+                &[("route", &key.0), ("method", &key.1), ("status", &status)],
+            );
+            self.counters
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key.clone(), c.clone());
+            c
+        });
+        counter.inc();
+        let key = (key.0, key.1);
+        let hit = self
+            .latencies
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .cloned();
+        let hist = hit.unwrap_or_else(|| {
+            let h = self.registry.histogram(
+                "http_request_duration_seconds",
+                "Time to answer an HTTP request (to the response head), by route template and method.",
+                &[("route", &key.0), ("method", &key.1)],
+                LATENCY_BUCKETS,
+            );
+            self.latencies
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, h.clone());
+            h
+        });
+        hist.observe(seconds);
+    }
+}
+
+/// Times and counts each request by route, and runs its handler as part of its request id.
+async fn observe(
+    axum::extract::State(m): axum::extract::State<HttpMetrics>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let route = route_of(&req);
+    let method = req.method().as_str().to_owned();
+    let id: Arc<str> = req
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .into();
+    let start = std::time::Instant::now();
+    let resp = with_request_id(id, next.run(req)).await;
+    m.record(
+        route,
+        method,
+        resp.status().as_u16(),
+        start.elapsed().as_secs_f64(),
+    );
+    resp
+}
+
+/// Drops a caller's request id that is not a valid one, so that one is made up instead.
+async fn sanitize_request_id(mut req: Request, next: axum::middleware::Next) -> Response {
+    let bad = req
+        .headers()
+        .get(REQUEST_ID_HEADER)
+        .is_some_and(|v| !valid_request_id(v.as_bytes()));
+    if bad {
+        req.headers_mut().remove(REQUEST_ID_HEADER);
+    }
+    next.run(req).await
+}
+
 /// Readiness probe: `Ok` when the daemon's dependencies answer, else the reason.
 pub type ReadyCheck =
     Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync>;
@@ -394,7 +565,40 @@ pub fn finish(
                 .into_response()
             },
         ))
-        .layer(axum::Extension(state));
+        .layer(axum::Extension(state))
+        .layer(axum::middleware::from_fn_with_state(
+            HttpMetrics::new(ops.metrics.clone()),
+            observe,
+        ))
+        .layer(tower_http::request_id::PropagateRequestIdLayer::new(
+            axum::http::HeaderName::from_static(REQUEST_ID_HEADER),
+        ))
+        .layer(
+            tower_http::trace::TraceLayer::new_for_http()
+                .make_span_with(|req: &axum::http::Request<axum::body::Body>| {
+                    let id = req
+                        .headers()
+                        .get(REQUEST_ID_HEADER)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-");
+                    tracing::info_span!(
+                        "request",
+                        id = %id,
+                        method = %req.method(),
+                        route = %route_of(req),
+                    )
+                })
+                .on_request(())
+                .on_response(
+                    tower_http::trace::DefaultOnResponse::new().level(tracing::Level::DEBUG),
+                )
+                .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::WARN)),
+        )
+        .layer(tower_http::request_id::SetRequestIdLayer::new(
+            axum::http::HeaderName::from_static(REQUEST_ID_HEADER),
+            MakeId,
+        ))
+        .layer(axum::middleware::from_fn(sanitize_request_id));
     (router, doc)
 }
 
@@ -798,6 +1002,106 @@ mod tests {
             v["components"]
         );
         assert!(v["components"]["schemas"]["ErrorBody"].is_object());
+    }
+
+    /// A buffer the test's log lines go to.
+    #[derive(Clone, Default)]
+    struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Logs {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// Request tracing: an id in, the same id out and in every log line of the request; one
+    /// made up when the caller gives none (or a bad one); and per-route counts and latencies
+    /// by route template, never by raw path.
+    #[tokio::test]
+    async fn requests_carry_an_id_and_are_counted_by_route() {
+        let logs = Logs::default();
+        let sink = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || sink.clone())
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let metrics = Metrics::default();
+        let ops = Ops {
+            info: ApiInfo {
+                name: "test",
+                version: "0",
+                description: "a test daemon",
+            },
+            metrics: metrics.clone(),
+            ready: Arc::new(|| Box::pin(async { Ok(()) })),
+        };
+        let r = utoipa_axum::router::OpenApiRouter::new().route(
+            "/items/{id}",
+            get(|| async {
+                tracing::info!("handling an item");
+                Json(current_request_id().map(|i| i.to_string()))
+            }),
+        );
+        let app = finish(r, ops, 1024).0;
+        let send = |uri: &str, id: Option<&str>| {
+            let mut req = Request::get(uri);
+            if let Some(id) = id {
+                req = req.header(REQUEST_ID_HEADER, id);
+            }
+            app.clone().oneshot(req.body(Body::empty()).unwrap())
+        };
+        let resp = send("/items/1", Some("trace-me-1")).await.unwrap();
+        assert_eq!(resp.headers()[REQUEST_ID_HEADER], "trace-me-1");
+        let body = axum::body::to_bytes(resp.into_body(), 1024).await.unwrap();
+        assert_eq!(
+            &body[..],
+            br#""trace-me-1""#,
+            "the handler sees its request's id"
+        );
+        let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.contains("handling an item"))
+            .expect("the handler logged");
+        assert!(
+            line.contains("id=trace-me-1") && line.contains("route=/items/{id}"),
+            "{line}"
+        );
+        for bad in [None, Some("x".repeat(100)), Some("a b".into())] {
+            let resp = send("/items/2", bad.as_deref()).await.unwrap();
+            let id = resp.headers()[REQUEST_ID_HEADER]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            assert!(id.starts_with("req-") && id.len() == 20, "{id}");
+        }
+        send("/nowhere/at/all", None).await.unwrap();
+        let text = metrics.render();
+        assert!(
+            text.contains(
+                r#"http_requests_total{route="/items/{id}",method="GET",status="200"} 4"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                r#"http_request_duration_seconds_count{route="/items/{id}",method="GET"} 4"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"route="unmatched",method="GET",status="404"} 1"#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("/items/1") && !text.contains("nowhere"),
+            "no raw paths: {text}"
+        );
     }
 
     #[test]

@@ -121,6 +121,11 @@ impl AuthdClient {
         &self,
         req: reqwest::RequestBuilder,
     ) -> Result<T, ClientError> {
+        // The request (or run) this call serves keeps its id across daemons.
+        let req = match crate::http::current_request_id() {
+            Some(id) => req.header(crate::http::REQUEST_ID_HEADER, &*id),
+            None => req,
+        };
         let resp = req
             .send()
             .await
