@@ -241,18 +241,17 @@ fn route_of<B>(req: &axum::http::Request<B>) -> String {
         .map_or_else(|| "unmatched".to_owned(), |m| m.as_str().to_owned())
 }
 
+/// Metric handles by series key, shared by the request tasks.
+type Cache<K, V> = Arc<std::sync::RwLock<std::collections::HashMap<K, V>>>;
+
 /// Per-route request counts and latencies, with the metric handles cached per series.
 #[derive(Clone)]
 struct HttpMetrics {
     registry: Metrics,
-    counters: Arc<
-        std::sync::RwLock<
-            std::collections::HashMap<(String, String, u16), crate::metrics::Counter>,
-        >,
-    >,
-    latencies: Arc<
-        std::sync::RwLock<std::collections::HashMap<(String, String), crate::metrics::Histogram>>,
-    >,
+    /// By (route, method, status).
+    counters: Cache<(String, String, u16), crate::metrics::Counter>,
+    /// By (route, method).
+    latencies: Cache<(String, String), crate::metrics::Histogram>,
 }
 
 /// Latency buckets of `http_request_duration_seconds`.
