@@ -12,8 +12,8 @@ use hako_authd::config::ServiceKeys;
 use hako_authd::{Config, Running};
 use hako_shared::auth::wire::{AuditList, MintRequest, RevokedList};
 use hako_shared::auth::{
-    AGENT_SCOPES, AuthError, AuthdClient, Claims, ClientError, DEFAULT_ISSUER, Jwks, Principal,
-    SERVICE_GRANTS, Signer, TokenType, Verifier, VerifierConfig, jws, now_secs, scopes,
+    AGENT_SCOPES, AuthError, AuthdClient, Claims, ClientError, DEFAULT_ISSUER, Jwks, JwsError,
+    Principal, SERVICE_GRANTS, Signer, TokenType, Verifier, VerifierConfig, jws, now_secs, scopes,
     service_grants,
 };
 use hako_shared::config::Env;
@@ -999,6 +999,42 @@ async fn forged_tokens_are_rejected_by_authd_and_the_verifier() {
     }
     let h = b64j(&json!({"alg": "RS256", "typ": "JWT", "kid": kid}));
     forged.push(("RS256", format!("{h}.{payload}.{}", B64.encode([7u8; 256]))));
+    // Genuinely signed by the real key, refused by the envelope alone: no kid, a crit
+    // header, more than the size cap.
+    let signed_by_real = |header: &Value, claims: &Value| {
+        use ed25519_dalek::Signer as _;
+        let k = ed25519_dalek::SigningKey::from_bytes(&real.secret_bytes());
+        let input = format!("{}.{}", b64j(header), b64j(claims));
+        let sig = B64.encode(k.sign(input.as_bytes()).to_bytes());
+        format!("{input}.{sig}")
+    };
+    let good_json = serde_json::to_value(&good).expect("claims");
+    forged.push((
+        "missing kid",
+        signed_by_real(&json!({"alg": "EdDSA", "typ": "JWT"}), &good_json),
+    ));
+    forged.push((
+        "crit",
+        signed_by_real(
+            &json!({"alg": "EdDSA", "typ": "JWT", "kid": kid, "crit": ["exp"]}),
+            &good_json,
+        ),
+    ));
+    let mut big = good_json.clone();
+    big["scope"] = json!(vec!["runs:read"; 1000]);
+    forged.push((
+        "oversized",
+        signed_by_real(&json!({"alg": "EdDSA", "typ": "JWT", "kid": kid}), &big),
+    ));
+    // The control for the three: the same hand-built signing passes with a sane header.
+    assert!(
+        v.verify(&signed_by_real(
+            &json!({"alg": "EdDSA", "typ": "JWT", "kid": kid}),
+            &good_json
+        ))
+        .await
+        .is_ok()
+    );
     // A real token with a widened payload.
     let runed = a.runed().await;
     let mut parts = runed.split('.');
@@ -1063,6 +1099,24 @@ async fn forged_tokens_are_rejected_by_authd_and_the_verifier() {
     assert_eq!(
         v.verify(&named("wrong key")).await,
         Err(AuthError::UnknownKey)
+    );
+    for (what, want) in [
+        ("alg none", JwsError::Alg("none".into())),
+        ("HS256 / raw public key", JwsError::Alg("HS256".into())),
+        ("RS256", JwsError::Alg("RS256".into())),
+        ("missing kid", JwsError::MissingKid),
+        ("crit", JwsError::Header("crit is not supported".into())),
+        ("oversized", JwsError::TooLong),
+    ] {
+        assert_eq!(
+            v.verify(&named(what)).await,
+            Err(AuthError::Malformed(want)),
+            "{what}"
+        );
+    }
+    assert_eq!(
+        v.verify(&named("tampered signature")).await,
+        Err(AuthError::BadSignature)
     );
     assert_eq!(
         v.verify(&named("foreign issuer")).await,

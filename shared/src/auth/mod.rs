@@ -1,5 +1,5 @@
 //! Tokens: the claims, the one scope grammar, the one table of service grants, EdDSA-only
-//! compact JWS, the offline [`Verifier`] every daemon uses, the axum [`Principal`] extractor,
+//! compact JWS (`jsonwebtoken` inside hako's envelope), the offline [`Verifier`] every daemon uses, the axum [`Principal`] extractor,
 //! and the [`AuthdClient`] that talks to authd.
 //!
 //! authd is the only signer. Every other daemon verifies offline against authd's JWKS, polls
@@ -20,7 +20,7 @@ pub use claims::{Claims, TokenType};
 pub use client::{AuthdClient, ClientError, ServiceTokenSource};
 pub use extract::{Principal, bearer};
 pub use grants::{AGENT_SCOPES, SERVICE_GRANTS, scopes, service_grants};
-pub use jws::{Jwk, Jwks, JwsError, Signer};
+pub use jws::{Jwk, Jwks, JwsError, Signer, VerifyingKey};
 pub use verifier::{DEFAULT_ISSUER, Verifier, VerifierConfig};
 
 use axum::http::StatusCode;
@@ -115,6 +115,10 @@ impl From<JwsError> for AuthError {
     fn from(e: JwsError) -> Self {
         match e {
             JwsError::Signature => AuthError::BadSignature,
+            JwsError::Expired => AuthError::Expired,
+            JwsError::NotYetValid => AuthError::NotYetValid,
+            JwsError::Issuer => AuthError::WrongIssuer,
+            JwsError::Claims(why) => AuthError::BadClaims(why),
             other => AuthError::Malformed(other),
         }
     }

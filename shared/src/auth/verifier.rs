@@ -19,12 +19,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use ed25519_dalek::VerifyingKey;
 use sha2::{Digest, Sha256};
 
 use super::claims::{Claims, TokenType};
 use super::client::{AuthdClient, ClientError};
-use super::jws;
+use super::jws::{self, VerifyingKey};
 use super::{AuthError, now_secs};
 use crate::config::{ConfigError, Env};
 
@@ -160,7 +159,7 @@ enum Mode {
     Local,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct KeyEntry {
     key: VerifyingKey,
     /// Unix seconds after which the key no longer verifies (local keys being retired).
@@ -174,7 +173,7 @@ struct CachedToken {
     /// The key that checked the signature. A hit counts only while `kid` still maps to this
     /// very key, so a key replaced under the same kid (or one cached in a race with a key
     /// change) never vouches for the entry.
-    key: VerifyingKey,
+    key: [u8; 32],
 }
 
 /// Cache key: the SHA-256 of the compact token, so the cache keeps no bearer tokens.
@@ -187,6 +186,8 @@ fn digest(token: &str) -> TokenDigest {
 struct Inner {
     mode: Mode,
     cfg: VerifierConfig,
+    /// The claim checks jsonwebtoken applies (issuer and leeway from `cfg`), built once.
+    validation: jsonwebtoken::Validation,
     keys: RwLock<HashMap<String, KeyEntry>>,
     /// When the JWKS was last fetched successfully.
     keys_fetched: Mutex<Option<Instant>>,
@@ -281,6 +282,7 @@ impl Verifier {
         Self {
             inner: Arc::new(Inner {
                 mode,
+                validation: jws::validation(&cfg.issuer, cfg.leeway),
                 cfg,
                 keys: RwLock::new(HashMap::new()),
                 keys_fetched: Mutex::new(None),
@@ -354,14 +356,17 @@ impl Verifier {
             self.check_live(&claims, now)?;
             return Ok(claims);
         }
+        // hako's envelope first (size, shape, alg, kid, crit, small-order R), then the key,
+        // then jsonwebtoken: signature, `exp`/`nbf` with the leeway, required claims, issuer,
+        // no `aud`; then hako's own claim rules, and time again against `now` (as every cache
+        // hit does; `iat` too, which jsonwebtoken does not check).
         let parsed = jws::parse(token)?;
         let key = self.key_for(parsed.kid(), now).await?;
-        parsed.verify(&key)?;
-        let claims: Claims = parsed.payload()?;
+        let claims: Claims = parsed.decode(&key, &self.inner.validation)?;
         self.check_static(&claims)?;
         self.check_live(&claims, now)?;
         let claims = Arc::new(claims);
-        self.remember(digest, Arc::clone(&claims), parsed.kid(), key);
+        self.remember(digest, Arc::clone(&claims), parsed.kid(), key.to_bytes());
         Ok(claims)
     }
 
@@ -379,10 +384,10 @@ impl Verifier {
             (Arc::clone(&hit.claims), hit.kid.clone(), hit.key)
         };
         // Not holding the cache lock while taking the keys lock: the two are never nested.
-        (self.lookup(&kid, now)? == key).then_some(claims)
+        self.key_is(&kid, now, &key).then_some(claims)
     }
 
-    fn remember(&self, digest: TokenDigest, claims: Arc<Claims>, kid: &str, key: VerifyingKey) {
+    fn remember(&self, digest: TokenDigest, claims: Arc<Claims>, kid: &str, key: [u8; 32]) {
         let mut cache = lock(&self.inner.cache);
         if cache.len() >= CACHE_CAP && !cache.contains_key(&digest) {
             // Bounded, O(1) amortised: start over. Entries are only a shortcut.
@@ -440,7 +445,14 @@ impl Verifier {
         if e.drop_at.is_some_and(|d| now >= d) {
             return None;
         }
-        Some(e.key)
+        Some(e.key.clone())
+    }
+
+    /// Whether `kid` is trusted at `now` and maps to the key `bytes`.
+    fn key_is(&self, kid: &str, now: i64, bytes: &[u8; 32]) -> bool {
+        let keys = read(&self.inner.keys);
+        keys.get(kid)
+            .is_some_and(|e| e.drop_at.is_none_or(|d| now < d) && e.key.as_bytes() == bytes)
     }
 
     /// Whether the JWKS was fetched within its TTL.
@@ -558,15 +570,14 @@ impl Verifier {
         i64::try_from(self.inner.cfg.leeway.as_secs()).unwrap_or(i64::MAX / 4)
     }
 
-    /// Trusts `key` under `kid`, until `drop_at` (Unix seconds) when given. A small-order
-    /// (weak) key is refused and logged.
+    /// Trusts `key` under `kid`, until `drop_at` (Unix seconds) when given. (A small-order
+    /// key, which would verify forgeries, cannot be a [`VerifyingKey`].)
     pub fn insert_key(&self, kid: &str, key: VerifyingKey, drop_at: Option<i64>) {
-        // A small-order key would verify forgeries; signature checks rely on never trusting one.
-        if key.is_weak() {
-            tracing::warn!(kid, "refusing a small-order (weak) verification key");
-            return;
-        }
-        let old = write(&self.inner.keys).insert(kid.to_owned(), KeyEntry { key, drop_at });
+        let entry = KeyEntry {
+            key: key.clone(),
+            drop_at,
+        };
+        let old = write(&self.inner.keys).insert(kid.to_owned(), entry);
         // Another key under a known kid: tokens verified by the old one must not pass on a
         // cache hit (hits also compare the key; clearing frees the dead entries).
         if old.is_some_and(|o| o.key != key) {
@@ -644,6 +655,7 @@ async fn poll_revoked(weak: Weak<Inner>, every: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::JwsError;
     use crate::auth::jws::Signer;
 
     fn claims(now: i64) -> Claims {
@@ -827,6 +839,184 @@ mod tests {
             assert!(v.cache_len() <= CACHE_CAP);
         }
         assert!(v.cache_len() >= 1);
+    }
+
+    /// HMAC-SHA256 (RFC 2104), to forge HS256 tokens keyed with the public key.
+    fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
+        let mut k = [0u8; 64];
+        if key.len() > 64 {
+            k[..32].copy_from_slice(&Sha256::digest(key));
+        } else {
+            k[..key.len()].copy_from_slice(key);
+        }
+        let mut inner = Sha256::new();
+        inner.update(k.map(|b| b ^ 0x36));
+        inner.update(msg);
+        let mut outer = Sha256::new();
+        outer.update(k.map(|b| b ^ 0x5c));
+        outer.update(inner.finalize());
+        outer.finalize().into()
+    }
+
+    /// Forged tokens, each built by hand, refused with the error that names what is wrong;
+    /// those whose only fault is in the envelope carry a genuine signature by the trusted key,
+    /// so the envelope alone refuses them.
+    #[tokio::test]
+    async fn forged_tokens_get_the_right_error() {
+        use base64::Engine as _;
+        use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+        use ed25519_dalek::Signer as _;
+        use serde_json::json;
+
+        let s = Signer::generate().unwrap();
+        let v = local(&s); // 5 s leeway
+        let dalek = ed25519_dalek::SigningKey::from_bytes(&s.secret_bytes());
+        let enc = |v: &serde_json::Value| B64.encode(serde_json::to_vec(v).unwrap());
+        // A token with this header and payload, signed by the trusted key.
+        let signed = |h: &serde_json::Value, p: &serde_json::Value| {
+            let input = format!("{}.{}", enc(h), enc(p));
+            let sig = B64.encode(dalek.sign(input.as_bytes()).to_bytes());
+            format!("{input}.{sig}")
+        };
+        let now = now_secs();
+        let good = serde_json::to_value(claims(now)).unwrap();
+        let header = json!({"alg": "EdDSA", "typ": "JWT", "kid": s.kid()});
+        let payload = enc(&good);
+
+        // Controls: the hand-built token and the signer's own pass, so each refusal below is
+        // the forgery's doing.
+        assert_eq!(
+            v.verify(&signed(&header, &good)).await.unwrap().sub,
+            "runed"
+        );
+        assert!(v.verify(&s.sign(&claims(now)).unwrap()).await.is_ok());
+
+        let malformed = |e: JwsError| Err(AuthError::Malformed(e));
+        let mut cases: Vec<(&str, String, Result<(), AuthError>)> = Vec::new();
+        for sig in ["", "AAAA", &B64.encode([0u8; 64])] {
+            let h = enc(&json!({"alg": "none", "typ": "JWT", "kid": s.kid()}));
+            cases.push((
+                "alg none",
+                format!("{h}.{payload}.{sig}"),
+                malformed(JwsError::Alg("none".into())),
+            ));
+        }
+        let jwk = s.jwk();
+        let jwk_json = serde_json::to_vec(&jwk).unwrap();
+        for secret in [
+            &s.verifying_key().to_bytes()[..],
+            jwk.x.as_bytes(),
+            &jwk_json,
+        ] {
+            let h = enc(&json!({"alg": "HS256", "typ": "JWT", "kid": s.kid()}));
+            let input = format!("{h}.{payload}");
+            let mac = B64.encode(hmac_sha256(secret, input.as_bytes()));
+            cases.push((
+                "HS256 keyed with the public key",
+                format!("{input}.{mac}"),
+                malformed(JwsError::Alg("HS256".into())),
+            ));
+        }
+        let h = enc(&json!({"alg": "RS256", "typ": "JWT", "kid": s.kid()}));
+        cases.push((
+            "RS256",
+            format!("{h}.{payload}.{}", B64.encode([7u8; 256])),
+            malformed(JwsError::Alg("RS256".into())),
+        ));
+        let real = signed(&header, &good);
+        let (h, rest) = real.split_once('.').unwrap();
+        let (_, sig) = rest.split_once('.').unwrap();
+        let mut wider = good.clone();
+        wider["scope"] = json!(["runs:*"]);
+        cases.push((
+            "tampered payload",
+            format!("{h}.{}.{sig}", enc(&wider)),
+            Err(AuthError::BadSignature),
+        ));
+        let mut bits = B64.decode(sig).unwrap();
+        bits[40] ^= 0x10;
+        cases.push((
+            "tampered signature",
+            format!("{h}.{payload}.{}", B64.encode(&bits)),
+            Err(AuthError::BadSignature),
+        ));
+        let mut small = [0u8; 64];
+        small[0] = 1; // R = the identity, s = 0
+        cases.push((
+            "small-order R",
+            format!("{h}.{payload}.{}", B64.encode(small)),
+            Err(AuthError::BadSignature),
+        ));
+        let mut c = good.clone();
+        (c["exp"], c["nbf"], c["iat"]) = (json!(now - 60), json!(now - 600), json!(now - 600));
+        cases.push(("expired", signed(&header, &c), Err(AuthError::Expired)));
+        let mut c = good.clone();
+        (c["exp"], c["nbf"]) = (json!(now + 600), json!(now + 60));
+        cases.push((
+            "not yet valid",
+            signed(&header, &c),
+            Err(AuthError::NotYetValid),
+        ));
+        let mut c = good.clone();
+        c["iat"] = json!(now + 60);
+        cases.push((
+            "issued in the future",
+            signed(&header, &c),
+            Err(AuthError::NotYetValid),
+        ));
+        cases.push((
+            "missing kid",
+            signed(&json!({"alg": "EdDSA", "typ": "JWT"}), &good),
+            malformed(JwsError::MissingKid),
+        ));
+        cases.push((
+            "crit",
+            signed(
+                &json!({"alg": "EdDSA", "typ": "JWT", "kid": s.kid(), "crit": ["exp"]}),
+                &good,
+            ),
+            malformed(JwsError::Header("crit is not supported".into())),
+        ));
+        let mut c = good.clone();
+        c["scope"] = json!(vec!["runs:read"; 1000]);
+        let oversized = signed(&header, &c);
+        assert!(oversized.len() > jws::MAX_TOKEN_LEN);
+        cases.push(("oversized", oversized, malformed(JwsError::TooLong)));
+        let mut c = good.clone();
+        c["iss"] = json!("someone-else");
+        cases.push((
+            "foreign issuer",
+            signed(&header, &c),
+            Err(AuthError::WrongIssuer),
+        ));
+        let mut c = good.clone();
+        c["aud"] = json!("runed");
+        cases.push((
+            "aud",
+            signed(&header, &c),
+            Err(AuthError::BadClaims("aud is not accepted".into())),
+        ));
+        let other = Signer::generate().unwrap();
+        cases.push((
+            "another key",
+            other.sign(&claims(now)).unwrap(),
+            Err(AuthError::UnknownKey),
+        ));
+        let forged_input = format!("{}.{payload}", enc(&header));
+        let other_dalek = ed25519_dalek::SigningKey::from_bytes(&other.secret_bytes());
+        let other_sig = B64.encode(other_dalek.sign(forged_input.as_bytes()).to_bytes());
+        cases.push((
+            "another key under the trusted kid",
+            format!("{forged_input}.{other_sig}"),
+            Err(AuthError::BadSignature),
+        ));
+
+        for (what, token, want) in &cases {
+            let got = v.verify(token).await.map(|_| ());
+            assert_eq!(&got, want, "{what}");
+        }
+        // Nothing forged was remembered; the controls were.
+        assert_eq!(v.cache_len(), 2);
     }
 
     #[tokio::test]
