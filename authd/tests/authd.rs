@@ -1714,3 +1714,12 @@ async fn every_route_answers_errors_as_envelopes() {
         "limit=%32 is 2, percent-decoded"
     );
 }
+
+/// The committed OpenAPI document passes an independent validator (openapi-spec-validator).
+#[test]
+fn the_openapi_document_validates() {
+    assert_eq!(
+        hako_shared::testing::validate_openapi(hako_authd::OPENAPI),
+        "3.1.0"
+    );
+}

@@ -6,9 +6,7 @@
 //! authd's own key; with a key authd does not know, or forged as HS256 keyed with the public
 //! key, or `alg: none`, they are refused, by the verifier and by authd itself.
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
 use hako_authd::config::ServiceKeys;
@@ -23,62 +21,7 @@ use serde_json::{Value, json};
 const RUNED_KEY: &str = "runed-key-0123456789abcdef";
 const OPERATOR_KEY: &str = "operator-key-0123456789abcdef";
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .canonicalize()
-        .expect("repo root")
-}
-
-/// Runs `.ci/conformance-venv` (creating or reusing the venv) and answers its python.
-fn conformance_python() -> PathBuf {
-    let root = repo_root();
-    let out = Command::new(root.join(".ci/conformance-venv"))
-        .current_dir(&root)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run .ci/conformance-venv");
-    assert!(
-        out.status.success(),
-        ".ci/conformance-venv failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8(out.stdout).expect("utf-8");
-    let python = PathBuf::from(stdout.lines().last().expect("the venv's python").trim());
-    assert!(python.is_file(), "{} is not a file", python.display());
-    python
-}
-
-/// Runs `script` with the venv's python, `input` as JSON on stdin; answers its JSON stdout.
-fn python(python: &Path, script: &str, input: &Value) -> Value {
-    let mut child = Command::new(python)
-        .args(["-c", script])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start python");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(&serde_json::to_vec(input).expect("json"))
-        .expect("write to python");
-    let out = child.wait_with_output().expect("python runs");
-    assert!(
-        out.status.success(),
-        "python failed ({}): {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "python printed no JSON ({e}): {}",
-            String::from_utf8_lossy(&out.stdout)
-        )
-    })
-}
+use hako_shared::testing::{conformance_python, run_python as python};
 
 /// Verifies each token with PyJWT against the JWKS, exactly as a third party would: the key
 /// is picked by the header's kid from the set, `EdDSA` is the only algorithm allowed, and

@@ -1666,3 +1666,12 @@ async fn daemon_every_route_answers_errors_as_envelopes() {
     }
     rig.stop().await;
 }
+
+/// The committed OpenAPI document passes an independent validator (openapi-spec-validator).
+#[test]
+fn the_openapi_document_validates() {
+    assert_eq!(
+        hako_shared::testing::validate_openapi(hako_runed::OPENAPI),
+        "3.1.0"
+    );
+}

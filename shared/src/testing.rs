@@ -227,6 +227,84 @@ impl ApiClient {
     }
 }
 
+/// The repository's root (tests run from a crate directory one below it).
+pub fn repo_root() -> std::path::PathBuf {
+    let here = std::env::current_dir().expect("cwd");
+    here.ancestors()
+        .find(|d| d.join(".ci/conformance-venv").is_file())
+        .unwrap_or_else(|| panic!("no .ci/conformance-venv above {}", here.display()))
+        .to_owned()
+}
+
+/// The python of the conformance venv (independent implementations hako is checked
+/// against: PyJWT, openapi-spec-validator, …): runs `.ci/conformance-venv`, which creates or
+/// reuses it, so the tests work on a fresh machine too.
+pub fn conformance_python() -> std::path::PathBuf {
+    let root = repo_root();
+    let out = std::process::Command::new(root.join(".ci/conformance-venv"))
+        .current_dir(&root)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run .ci/conformance-venv");
+    assert!(
+        out.status.success(),
+        ".ci/conformance-venv failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let python = std::path::PathBuf::from(stdout.lines().last().expect("the venv's python").trim());
+    assert!(python.is_file(), "{} is not a file", python.display());
+    python
+}
+
+/// Runs `script` with `python`, `input` as JSON on stdin; answers its JSON stdout. A failing
+/// script fails the test with its stderr.
+pub fn run_python(python: &std::path::Path, script: &str, input: &Value) -> Value {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new(python)
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start python");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(&serde_json::to_vec(input).expect("json"))
+        .expect("write to python");
+    let out = child.wait_with_output().expect("python runs");
+    assert!(
+        out.status.success(),
+        "python failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "python printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// Validates an OpenAPI document with openapi-spec-validator (an independent implementation
+/// of the specification); answers the OpenAPI version it checked against.
+pub fn validate_openapi(doc: &str) -> String {
+    const SCRIPT: &str = r#"
+import json, sys
+from openapi_spec_validator import validate
+doc = json.load(sys.stdin)
+validate(doc)
+print(json.dumps({"version": doc["openapi"], "paths": len(doc["paths"])}))
+"#;
+    let doc: Value = serde_json::from_str(doc).expect("the document is JSON");
+    let out = run_python(&conformance_python(), SCRIPT, &doc);
+    out["version"].as_str().unwrap_or_default().to_owned()
+}
+
 /// `/v1/runs/{run_id}` → `/v1/runs/x`.
 fn fill_params(path: &str) -> String {
     path.split('/')
