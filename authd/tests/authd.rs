@@ -23,6 +23,7 @@ use sha2::{Digest, Sha256};
 const RUNED_KEY: &str = "runed-key-0123456789abcdef";
 const ROUTD_KEY: &str = "routd-key-0123456789abcdef";
 const OPERATOR_KEY: &str = "operator-key-0123456789abcdef";
+const CHANNEL_KEY: &str = "channel-test-key-0123456789";
 
 fn service_keys(raw: &str) -> ServiceKeys {
     ServiceKeys::parse(raw).expect("test service keys parse")
@@ -33,7 +34,7 @@ fn config(dir: &Path) -> Config {
         data_dir: dir.to_owned(),
         listen_addr: "127.0.0.1:0".parse().expect("addr"),
         service_keys: service_keys(&format!(
-            "runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY}"
+            "runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY},channel={CHANNEL_KEY}"
         )),
         issuer: DEFAULT_ISSUER.into(),
         service_token_ttl: Duration::from_secs(600),
@@ -289,6 +290,7 @@ async fn service_key_exchange() {
         ("runed", RUNED_KEY),
         ("routd", ROUTD_KEY),
         ("operator", OPERATOR_KEY),
+        ("channel", CHANNEL_KEY),
     ] {
         let r = a.client.service_token(daemon, key).await.expect("exchange");
         let want: Vec<String> = service_grants(daemon)
@@ -310,7 +312,7 @@ async fn service_key_exchange() {
         );
     }
     // Every table entry is what the tests above asked for: production grants, not test ones.
-    assert_eq!(SERVICE_GRANTS.len(), 3);
+    assert_eq!(SERVICE_GRANTS.len(), 4);
 
     // Wrong key, a key of another daemon, unknown daemon, no key, a daemon in the grants
     // table that this install did not configure: one and the same 401.

@@ -10,6 +10,7 @@
 
 #[cfg(feature = "auth")]
 pub mod auth;
+pub mod chat;
 pub mod config;
 pub mod contract;
 #[cfg(feature = "db")]
@@ -30,6 +31,8 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod time;
+#[cfg(feature = "server")]
+pub mod watchers;
 
 pub use folder::GroupFolder;
 

@@ -504,6 +504,29 @@ pub struct RunStatus {
     pub ended_at: Option<String>,
 }
 
+/// One event of `GET /v1/runs/{run_id}/events` (the `data` of each server-sent event; the
+/// event name is the `type`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RunStreamEvent {
+    /// The run changed state.
+    State {
+        /// The run.
+        run_id: String,
+        /// Its new state.
+        state: RunState,
+    },
+    /// The run produced an output block.
+    Output {
+        /// The run.
+        run_id: String,
+        /// The block's place among the run's blocks, from 0.
+        index: usize,
+        /// The block.
+        block: Option<OutputBlock>,
+    },
+}
+
 /// `POST /v1/runs` and `POST /v1/holds` answer (202).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

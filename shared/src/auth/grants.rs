@@ -28,6 +28,12 @@ pub mod scopes {
     pub const GROUPS_READ: &str = "groups:read";
     /// routd: change the group registry.
     pub const GROUPS_WRITE: &str = "groups:write";
+    /// routd: read turns.
+    pub const TURNS_READ: &str = "turns:read";
+    /// routd: read webhook registrations.
+    pub const WEBHOOKS_READ: &str = "webhooks:read";
+    /// routd: register and remove webhooks.
+    pub const WEBHOOKS_WRITE: &str = "webhooks:write";
     /// routd: the agent's tool faces for its own turn.
     pub const TURNS_ACT: &str = "turns:act";
     /// routd: the LLM gateway.
@@ -44,7 +50,10 @@ pub const AGENT_SCOPES: &[&str] = &[scopes::TURNS_ACT, scopes::LLM_CALL, scopes:
 /// - `runed` holds the agent scopes only so that it can delegate them to per-spawn tokens;
 ///   it calls nobody else with authority.
 /// - `routd` drives runs on runed.
-/// - `operator` is the human's CLI: key rotation, audit, revocation, all runs and groups.
+/// - `channel` is a chat adapter (a web chat, a messenger bridge): it posts inbound messages
+///   and reads its chats.
+/// - `operator` is the human's CLI: key rotation, audit, revocation, all runs, groups, chats,
+///   turns and webhooks.
 pub const SERVICE_GRANTS: &[(&str, &[&str])] = &[
     ("runed", AGENT_SCOPES),
     (
@@ -56,6 +65,7 @@ pub const SERVICE_GRANTS: &[(&str, &[&str])] = &[
             scopes::SESSIONS_READ,
         ],
     ),
+    ("channel", &[scopes::MESSAGES_WRITE, scopes::CHATS_READ]),
     (
         "operator",
         &[
@@ -65,6 +75,10 @@ pub const SERVICE_GRANTS: &[(&str, &[&str])] = &[
             "runs:*",
             scopes::SESSIONS_READ,
             "groups:*",
+            "messages:*",
+            "chats:*",
+            scopes::TURNS_READ,
+            "webhooks:*",
         ],
     ),
 ];

@@ -1,0 +1,201 @@
+//! routd's configuration, read once from the environment (see `specs/routd.md`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use hako_shared::auth::VerifierConfig;
+use hako_shared::config::{ConfigError, Env};
+use hako_shared::http::ServeLimits;
+
+/// Everything routd needs to know.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// `ROUTD_LISTEN` or `LISTEN_ADDR`, default `127.0.0.1:8183`.
+    pub listen_addr: SocketAddr,
+    /// `ROUTD_DB`, default `DATA_DIR/routd.db`.
+    pub db_path: PathBuf,
+    /// `RUNED_URL`, default `http://127.0.0.1:8182`.
+    pub runed_url: String,
+    /// `AUTHD_URL` and friends (open dev mode only with `HAKO_OPEN_DEV=1`).
+    pub verifier: VerifierConfig,
+    /// `AUTHD_SERVICE_KEY`: routd's key for its service token (required with `AUTHD_URL`).
+    pub service_key: Option<String>,
+    /// `ROUTD_BODY_LIMIT`, default 256 KiB.
+    pub body_limit: usize,
+    /// `ROUTD_MAX_CONTENT`, default 64 KiB: the longest message text.
+    pub max_content: usize,
+    /// `ROUTD_BATCH_MAX`, default 50: messages one turn takes at most.
+    pub batch_max: usize,
+    /// `ROUTD_MAX_TURN_RETRIES`, default 3: tries after the first, for a turn with no output.
+    pub max_turn_retries: u32,
+    /// `ROUTD_RETRY_BASE`, default 2s: the first retry's backoff (doubling, with jitter).
+    pub retry_base: Duration,
+    /// `ROUTD_RETRY_MAX`, default 5m: the longest backoff.
+    pub retry_max: Duration,
+    /// `ROUTD_WEBHOOK_ATTEMPTS`, default 8.
+    pub webhook_attempts: u32,
+    /// `ROUTD_WEBHOOK_MAX_AGE`, default 1h: a message older than this is not retried.
+    pub webhook_max_age: Duration,
+    /// `ROUTD_WEBHOOK_TIMEOUT`, default 10s: one attempt's limit.
+    pub webhook_timeout: Duration,
+    /// `ROUTD_WEBHOOK_RETRY_BASE`, default 1s: the first redelivery's backoff (doubling,
+    /// with jitter, at most 5 minutes).
+    pub webhook_retry_base: Duration,
+    /// `ROUTD_RUNED_TIMEOUT`, default 10s: a call to runed (not a stream).
+    pub runed_timeout: Duration,
+    /// `ROUTD_MAX_STREAMS_PER_CALLER`, default 16 (and 256 overall): open chat event streams.
+    pub max_streams_per_caller: usize,
+    /// `ROUTD_MAX_STREAMS`.
+    pub max_streams: usize,
+    /// `HAKO_MAX_CONNECTIONS`, `HAKO_HEADER_TIMEOUT`.
+    pub serve: ServeLimits,
+}
+
+impl Config {
+    /// Defaults around a data directory, open dev mode (tests start here).
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        let data_dir = data_dir.into();
+        Self {
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 8183)),
+            db_path: data_dir.join("routd.db"),
+            runed_url: "http://127.0.0.1:8182".into(),
+            verifier: VerifierConfig::default(),
+            service_key: None,
+            body_limit: 256 << 10,
+            max_content: 64 << 10,
+            batch_max: 50,
+            max_turn_retries: 3,
+            retry_base: Duration::from_secs(2),
+            retry_max: Duration::from_secs(300),
+            webhook_attempts: 8,
+            webhook_max_age: Duration::from_secs(3600),
+            webhook_timeout: Duration::from_secs(10),
+            webhook_retry_base: Duration::from_secs(1),
+            runed_timeout: Duration::from_secs(10),
+            max_streams_per_caller: 16,
+            max_streams: 256,
+            serve: ServeLimits::default(),
+        }
+    }
+
+    /// Reads the configuration; every error names the variable (never a key's value).
+    pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        env.reject_empty("DATA_DIR")?;
+        let data_dir = env.path_or("DATA_DIR", "./data");
+        let mut c = Self::new(data_dir);
+        let listen_var = if env.get("ROUTD_LISTEN").is_some() {
+            "ROUTD_LISTEN"
+        } else {
+            "LISTEN_ADDR"
+        };
+        c.listen_addr = env.listen_addr_or(listen_var, "127.0.0.1:8183")?;
+        if let Some(p) = env.path("ROUTD_DB") {
+            c.db_path = p;
+        }
+        env.reject_empty("RUNED_URL")?;
+        c.runed_url = env.string_or("RUNED_URL", &c.runed_url);
+        if !(c.runed_url.starts_with("http://") || c.runed_url.starts_with("https://")) {
+            return Err(ConfigError::Invalid {
+                var: "RUNED_URL".into(),
+                value: c.runed_url.clone(),
+                reason: "expected an http:// or https:// URL".into(),
+            });
+        }
+        c.runed_url = c.runed_url.trim_end_matches('/').to_owned();
+        c.verifier = VerifierConfig::from_env(env)?;
+        c.verifier.check_open_listen(listen_var, c.listen_addr)?;
+        if c.verifier.authd_url.is_some() {
+            c.service_key = Some(env.required("AUTHD_SERVICE_KEY")?);
+        }
+        c.body_limit = env.size_or("ROUTD_BODY_LIMIT", c.body_limit as u64)? as usize;
+        c.max_content = env.size_or("ROUTD_MAX_CONTENT", c.max_content as u64)? as usize;
+        if c.max_content == 0 || c.max_content >= c.body_limit {
+            return Err(ConfigError::Invalid {
+                var: "ROUTD_MAX_CONTENT".into(),
+                value: c.max_content.to_string(),
+                reason: format!(
+                    "must be at least 1 and below ROUTD_BODY_LIMIT ({})",
+                    c.body_limit
+                ),
+            });
+        }
+        c.batch_max = env.parse_or("ROUTD_BATCH_MAX", c.batch_max)?;
+        c.max_turn_retries = env.parse_or("ROUTD_MAX_TURN_RETRIES", c.max_turn_retries)?;
+        c.retry_base = env.duration_or("ROUTD_RETRY_BASE", c.retry_base)?;
+        c.retry_max = env.duration_or("ROUTD_RETRY_MAX", c.retry_max)?;
+        c.webhook_attempts = env.parse_or("ROUTD_WEBHOOK_ATTEMPTS", c.webhook_attempts)?;
+        c.webhook_max_age = env.duration_or("ROUTD_WEBHOOK_MAX_AGE", c.webhook_max_age)?;
+        c.webhook_timeout = env.duration_or("ROUTD_WEBHOOK_TIMEOUT", c.webhook_timeout)?;
+        c.webhook_retry_base = env.duration_or("ROUTD_WEBHOOK_RETRY_BASE", c.webhook_retry_base)?;
+        c.runed_timeout = env.duration_or("ROUTD_RUNED_TIMEOUT", c.runed_timeout)?;
+        c.max_streams = env.parse_or("ROUTD_MAX_STREAMS", c.max_streams)?;
+        c.max_streams_per_caller =
+            env.parse_or("ROUTD_MAX_STREAMS_PER_CALLER", c.max_streams_per_caller)?;
+        for (var, zero) in [
+            ("ROUTD_BATCH_MAX", c.batch_max == 0),
+            ("ROUTD_WEBHOOK_ATTEMPTS", c.webhook_attempts == 0),
+            ("ROUTD_RETRY_BASE", c.retry_base.is_zero()),
+            ("ROUTD_WEBHOOK_RETRY_BASE", c.webhook_retry_base.is_zero()),
+            ("ROUTD_RUNED_TIMEOUT", c.runed_timeout.is_zero()),
+            ("ROUTD_WEBHOOK_TIMEOUT", c.webhook_timeout.is_zero()),
+            ("ROUTD_MAX_STREAMS", c.max_streams == 0),
+            (
+                "ROUTD_MAX_STREAMS_PER_CALLER",
+                c.max_streams_per_caller == 0,
+            ),
+        ] {
+            if zero {
+                return Err(ConfigError::Invalid {
+                    var: var.into(),
+                    value: env.get(var).unwrap_or_default().into(),
+                    reason: "must be more than 0".into(),
+                });
+            }
+        }
+        c.serve = ServeLimits::from_env(env)?;
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_is_read_and_checked() {
+        let c = Config::from_env(&Env::from_pairs([
+            ("DATA_DIR", "/tmp/x"),
+            ("HAKO_OPEN_DEV", "1"),
+            ("RUNED_URL", "http://127.0.0.1:9/"),
+            ("ROUTD_MAX_TURN_RETRIES", "5"),
+        ]))
+        .unwrap();
+        assert_eq!(c.db_path, PathBuf::from("/tmp/x/routd.db"));
+        assert_eq!(c.runed_url, "http://127.0.0.1:9");
+        assert_eq!(c.max_turn_retries, 5);
+        let bad = |pairs: &[(&str, &str)]| {
+            let mut all = vec![("DATA_DIR", "/tmp/x"), ("HAKO_OPEN_DEV", "1")];
+            all.extend_from_slice(pairs);
+            Config::from_env(&Env::from_pairs(all))
+                .unwrap_err()
+                .to_string()
+        };
+        assert!(bad(&[("RUNED_URL", "ftp://x")]).contains("RUNED_URL"));
+        assert!(bad(&[("RUNED_URL", "")]).contains("RUNED_URL is set but empty"));
+        assert!(bad(&[("ROUTD_MAX_CONTENT", "1m")]).contains("ROUTD_MAX_CONTENT"));
+        assert!(bad(&[("ROUTD_BATCH_MAX", "0")]).contains("ROUTD_BATCH_MAX"));
+        assert!(bad(&[("ROUTD_LISTEN", "0.0.0.0:8183")]).contains("loopback"));
+        let e = Config::from_env(&Env::from_pairs([("DATA_DIR", "/tmp/x")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("AUTHD_URL is required"), "{e}");
+        let e = Config::from_env(&Env::from_pairs([
+            ("DATA_DIR", "/tmp/x"),
+            ("AUTHD_URL", "http://127.0.0.1:1"),
+        ]))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("AUTHD_SERVICE_KEY"), "{e}");
+    }
+}

@@ -1,0 +1,377 @@
+//! routd: hako's routing daemon. It keeps the message log (the sole appender), the groups and
+//! the routes that map chats to them, decides when a turn runs (one live turn per folder), asks
+//! runed for the run, turns the agent's output into replies, moves the chat's cursor, and
+//! delivers the replies (server-sent events, signed webhooks). It never touches Docker and
+//! never signs a token. `main.rs` only reads the environment and calls [`start`], so tests run
+//! a real routd in-process on a loopback port.
+
+#![warn(missing_docs)]
+
+mod api;
+mod commands;
+pub mod config;
+mod delivery;
+mod error;
+pub mod metrics;
+pub mod routing;
+pub mod runed;
+pub mod store;
+mod turns;
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use hako_shared::auth::Verifier;
+use hako_shared::chat::MessageKind;
+use hako_shared::http::{Ops, finish};
+use hako_shared::time::unix_millis;
+use tokio::sync::{Notify, broadcast, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+
+use metrics::RoutdMetrics;
+use routing::Routing;
+use runed::RunedClient;
+use store::{NewOutbound, Store, WebhookRow};
+
+/// routd's OpenAPI document as committed (`routd/openapi.json`); a test keeps it equal to
+/// [`openapi`], which the server serves.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+/// routd's OpenAPI document, generated from its handlers and wire types.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    hako_shared::http::document(api::documented())
+}
+
+/// How long shutdown waits for in-flight requests.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// Why routd could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The database failed.
+    #[error("routd.db: {0}")]
+    Db(#[from] hako_shared::db::DbError),
+    /// The authd client, the verifier or the runed client could not be built.
+    #[error("authd: {0}")]
+    Auth(#[from] hako_shared::auth::ClientError),
+    /// The listener failed.
+    #[error("listener: {0}")]
+    Listener(std::io::Error),
+}
+
+/// A message appended to a chat: (chat, seq). Chat streams read the log from there.
+#[derive(Debug, Clone)]
+pub(crate) struct Appended {
+    pub chat: Arc<str>,
+}
+
+/// Everything the daemon's tasks share.
+pub(crate) struct Shared {
+    pub cfg: Config,
+    pub store: Store,
+    pub routing: Routing,
+    pub runed: RunedClient,
+    pub verifier: Verifier,
+    pub metrics: RoutdMetrics,
+    /// Wakes the turn scheduler (a message came in, a turn ended, a route appeared).
+    pub wake: Notify,
+    /// Wakes the webhook worker.
+    pub deliver: Notify,
+    /// A message was appended to a chat.
+    pub appended: broadcast::Sender<Appended>,
+    /// Turns a task is driving now (one driver per turn).
+    pub driving: Mutex<HashSet<String>>,
+    /// The webhooks, cached (the delivery decision is made for every outbound message).
+    pub webhooks: std::sync::RwLock<Vec<WebhookRow>>,
+    /// Open chat streams, bounded.
+    pub watchers: Arc<hako_shared::watchers::Gate>,
+    /// Cancelled at shutdown.
+    pub stopping: CancellationToken,
+    /// The client webhook deliveries go through.
+    pub webhook_http: reqwest::Client,
+}
+
+/// The current time in Unix milliseconds.
+pub(crate) fn now_ms() -> i64 {
+    unix_millis(SystemTime::now())
+}
+
+impl Shared {
+    /// The webhook for a chat: the longest prefix that matches.
+    pub fn webhook_for(&self, chat: &str) -> Option<WebhookRow> {
+        self.webhooks
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|w| chat.starts_with(&w.prefix))
+            .max_by_key(|w| w.prefix.len())
+            .cloned()
+    }
+
+    /// Re-reads the webhooks from the store.
+    pub async fn reload_webhooks(&self) -> Result<(), hako_shared::db::DbError> {
+        let all = self.store.webhooks().await?;
+        *self.webhooks.write().unwrap_or_else(|p| p.into_inner()) = all;
+        Ok(())
+    }
+
+    /// Appends an outbound message (once per id: a replay appends nothing), tells the chat's
+    /// streams and the webhook worker. Returns the seq when it was appended now.
+    pub async fn say(
+        &self,
+        id: String,
+        chat: &str,
+        kind: MessageKind,
+        content: String,
+        turn_id: Option<String>,
+        reply_to: Option<String>,
+    ) -> Result<Option<i64>, hako_shared::db::DbError> {
+        let webhook = self.webhook_for(chat).is_some();
+        let seq = self
+            .store
+            .append_outbound(NewOutbound {
+                id,
+                chat_jid: chat.to_owned(),
+                kind,
+                content,
+                turn_id,
+                reply_to,
+                webhook,
+                now: now_ms(),
+            })
+            .await?;
+        if seq.is_some() {
+            self.metrics.message_out(kind.as_str());
+            let _ = self.appended.send(Appended { chat: chat.into() });
+            if webhook {
+                self.deliver.notify_one();
+            }
+        }
+        Ok(seq)
+    }
+}
+
+/// A running routd. [`Running::shutdown`] stops it; dropping it does too.
+pub struct Running {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+    server: Option<JoinHandle<std::io::Result<()>>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running").field("addr", &self.addr).finish()
+    }
+}
+
+impl Running {
+    /// The address routd listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting requests and stops driving turns (they resume at the next start).
+    pub async fn shutdown(mut self) {
+        self.shared.stopping.cancel();
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(mut h) = self.server.take()
+            && tokio::time::timeout(SHUTDOWN_GRACE, &mut h).await.is_err()
+        {
+            h.abort();
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.shared.stopping.cancel();
+        if let Some(h) = self.server.take() {
+            h.abort();
+        }
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// Starts routd on `listener`: opens (creating and migrating) `routd.db`, resumes the turns
+/// that were live when it stopped, and serves until [`Running::shutdown`].
+pub async fn start(
+    config: Config,
+    listener: tokio::net::TcpListener,
+) -> Result<Running, StartError> {
+    let addr = listener.local_addr().map_err(StartError::Listener)?;
+    let store = Store::open(&config.db_path).await?;
+    let verifier = Verifier::new(config.verifier.clone())?;
+    let runed = RunedClient::new(
+        &config.runed_url,
+        config.verifier.authd_url.as_deref(),
+        config.service_key.as_deref(),
+        config.runed_timeout,
+    )?;
+    if config.verifier.authd_url.is_none() {
+        tracing::warn!(
+            "OPEN MODE (HAKO_OPEN_DEV=1, no AUTHD_URL): routd's API accepts any caller on loopback, and routd calls runed without a token. Local development only."
+        );
+    }
+    let routing = Routing::default();
+    routing.reload(&store).await?;
+    let (appended, _) = broadcast::channel(1024);
+    let webhook_http = reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(config.webhook_timeout)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| hako_shared::auth::ClientError::Transport(e.to_string()))?;
+    let shared = Arc::new(Shared {
+        watchers: hako_shared::watchers::Gate::new(
+            config.max_streams,
+            config.max_streams_per_caller,
+        ),
+        cfg: config,
+        store,
+        routing,
+        runed,
+        verifier,
+        metrics: RoutdMetrics::new(),
+        wake: Notify::new(),
+        deliver: Notify::new(),
+        appended,
+        driving: Mutex::new(HashSet::new()),
+        webhooks: std::sync::RwLock::new(Vec::new()),
+        stopping: CancellationToken::new(),
+        webhook_http,
+    });
+    shared.reload_webhooks().await?;
+
+    let ready = Arc::downgrade(&shared);
+    let ops = Ops {
+        info: api::INFO,
+        metrics: shared.metrics.registry.clone(),
+        ready: Arc::new(move || {
+            let sh = ready.clone();
+            Box::pin(async move {
+                let sh = sh.upgrade().ok_or("routd is stopping")?;
+                sh.store
+                    .ping()
+                    .await
+                    .map_err(|e| format!("routd.db: {e}"))?;
+                sh.runed.authd_ready().await?;
+                sh.runed.health().await?;
+                Ok(())
+            })
+        }),
+    };
+    let (router, _doc) = finish(
+        api::documented().with_state(api::AppState(shared.clone())),
+        ops,
+        shared.cfg.body_limit,
+    );
+    let tasks = vec![
+        tokio::spawn(turns::scheduler(shared.clone())),
+        tokio::spawn(delivery::worker(shared.clone())),
+        tokio::spawn(turns::watch_backlog(shared.clone())),
+    ];
+    turns::resume(&shared).await;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let server = tokio::spawn(hako_shared::http::serve_with(
+        listener,
+        router,
+        async move {
+            let _ = stopped.await;
+        },
+        shared.cfg.serve,
+    ));
+    tracing::info!(%addr, runed = %shared.cfg.runed_url, "routd listening");
+    Ok(Running {
+        addr,
+        shared,
+        stop: Some(stop),
+        server: Some(server),
+        tasks,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    /// The committed document is what the code generates (HAKO_BLESS=1 rewrites it), every
+    /// route is in it with real schemas, and no route is mounted outside it.
+    #[test]
+    fn the_openapi_document_is_generated_and_committed() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        hako_shared::openapi::check_committed(&super::openapi(), &dir.join("openapi.json"))
+            .unwrap();
+        let doc = serde_json::to_value(super::openapi()).unwrap();
+        for (path, op) in [
+            ("/v1/messages", "post"),
+            ("/v1/chats/{jid}/messages", "get"),
+            ("/v1/chats/{jid}/events", "get"),
+            ("/v1/groups/{folder}", "put"),
+            ("/v1/groups/{folder}", "get"),
+            ("/v1/groups/{folder}", "delete"),
+            ("/v1/groups", "get"),
+            ("/v1/routes", "post"),
+            ("/v1/routes", "get"),
+            ("/v1/routes/{id}", "delete"),
+            ("/v1/webhooks", "post"),
+            ("/v1/webhooks", "get"),
+            ("/v1/webhooks/{id}", "delete"),
+            ("/v1/turns/{turn_id}", "get"),
+            ("/v1/turns", "get"),
+            ("/v1/audit", "get"),
+            ("/health", "get"),
+            ("/ready", "get"),
+            ("/metrics", "get"),
+            ("/openapi.json", "get"),
+        ] {
+            assert!(
+                doc["paths"][path][op].is_object(),
+                "{op} {path} is not documented"
+            );
+        }
+        let schemas = &doc["components"]["schemas"];
+        for name in [
+            "PostMessage",
+            "Posted",
+            "MessageView",
+            "GroupConfig",
+            "TurnView",
+            "ErrorBody",
+        ] {
+            assert!(
+                schemas[name]["properties"].is_object(),
+                "{name}: {}",
+                schemas[name]
+            );
+        }
+        for entry in std::fs::read_dir(dir.join("src")).unwrap() {
+            let p = entry.unwrap().path();
+            if p.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&p).unwrap();
+                assert!(
+                    !text.contains(".route(\""),
+                    "{}: a route outside the document",
+                    p.display()
+                );
+            }
+        }
+    }
+}

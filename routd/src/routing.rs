@@ -1,0 +1,171 @@
+//! Which group a chat goes to: the ordered route rules (an exact JID or a glob), first match
+//! wins, then direct addressing (`web:<folder>` goes to that folder). A route counts only
+//! when its group exists: a chat whose rule names a missing group is unrouted, and its
+//! messages wait, stored, until the group or another route appears.
+//!
+//! The table lives in memory (ingest reads it for every message) and is reloaded from the
+//! store whenever a route or a group changes.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, RwLock};
+
+use hako_shared::GroupFolder;
+
+use crate::store::{RouteRow, Store};
+
+/// The longest pattern or chat JID accepted.
+pub const MAX_JID: usize = 256;
+
+/// Whether `text` matches `pattern`: `*` is any run of characters (none included), `?` one
+/// character, anything else itself. Iterative, linear in practice (one backtrack point).
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    let (mut pi, mut ti) = (0usize, 0usize);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// Checks a chat JID or pattern: 1-256 characters, none of them a control character.
+pub fn check_jid(what: &str, jid: &str) -> Result<(), String> {
+    if jid.is_empty() || jid.chars().count() > MAX_JID {
+        return Err(format!("{what} must be 1-{MAX_JID} characters"));
+    }
+    if jid.chars().any(char::is_control) {
+        return Err(format!("{what} holds a control character"));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    routes: Vec<RouteRow>,
+    groups: BTreeSet<String>,
+}
+
+/// The routing table, shared.
+#[derive(Clone, Debug, Default)]
+pub struct Routing {
+    table: Arc<RwLock<Table>>,
+}
+
+impl Routing {
+    /// Reads routes and groups from the store.
+    pub async fn reload(&self, store: &Store) -> Result<(), hako_shared::db::DbError> {
+        let routes = store.routes().await?;
+        let groups = store
+            .groups()
+            .await?
+            .into_iter()
+            .map(|g| g.folder)
+            .collect();
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = Table { routes, groups };
+        Ok(())
+    }
+
+    /// The folder `chat` goes to, if any.
+    pub fn resolve(&self, chat: &str) -> Option<String> {
+        let t = self.table.read().unwrap_or_else(|p| p.into_inner());
+        for r in &t.routes {
+            if glob(&r.pattern, chat) {
+                return t.groups.contains(&r.folder).then(|| r.folder.clone());
+            }
+        }
+        let folder = chat.strip_prefix("web:")?;
+        let folder = GroupFolder::new(folder).ok()?;
+        t.groups
+            .contains(folder.as_str())
+            .then(|| folder.to_string())
+    }
+
+    /// Whether a group exists.
+    pub fn has_group(&self, folder: &str) -> bool {
+        self.table
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .groups
+            .contains(folder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        for (p, t, m) in [
+            ("tg:123", "tg:123", true),
+            ("tg:123", "tg:1234", false),
+            ("tg:*", "tg:", true),
+            ("tg:*", "tg:-100123", true),
+            ("*", "anything", true),
+            ("tg:?23", "tg:123", true),
+            ("tg:?23", "tg:23", false),
+            ("a*b*c", "axxbyyc", true),
+            ("a*b*c", "axxbyy", false),
+            ("*@g.us", "123@g.us", true),
+            ("", "", true),
+            ("", "x", false),
+        ] {
+            assert_eq!(glob(p, t), m, "{p} ~ {t}");
+        }
+        // A pathological pattern stays fast.
+        let t = "a".repeat(10_000);
+        assert!(!glob(&format!("{}b", "*a".repeat(50)), &t));
+    }
+
+    #[test]
+    fn first_rule_wins_and_needs_its_group() {
+        let r = Routing::default();
+        *r.table.write().unwrap() = Table {
+            routes: vec![
+                RouteRow {
+                    id: 1,
+                    position: 10,
+                    pattern: "tg:1".into(),
+                    folder: "missing".into(),
+                },
+                RouteRow {
+                    id: 2,
+                    position: 20,
+                    pattern: "tg:*".into(),
+                    folder: "acme".into(),
+                },
+            ],
+            groups: ["acme".to_owned(), "acme/support".to_owned()].into(),
+        };
+        assert_eq!(r.resolve("tg:1"), None, "its group is missing");
+        assert_eq!(r.resolve("tg:2").as_deref(), Some("acme"));
+        assert_eq!(
+            r.resolve("web:acme/support").as_deref(),
+            Some("acme/support")
+        );
+        assert_eq!(r.resolve("web:../etc"), None);
+        assert_eq!(r.resolve("web:nope"), None);
+        assert_eq!(r.resolve("wa:1"), None);
+    }
+
+    #[test]
+    fn jids_are_checked() {
+        assert!(check_jid("chat_jid", "tg:1").is_ok());
+        assert!(check_jid("chat_jid", "").is_err());
+        assert!(check_jid("chat_jid", &"x".repeat(257)).is_err());
+        assert!(check_jid("chat_jid", "a\nb").is_err());
+    }
+}

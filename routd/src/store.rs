@@ -1,0 +1,1333 @@
+//! `routd.db`: the message log (inbound and outbound, with their states), chats, groups and
+//! their sessions, routes, turns, webhooks and delivery attempts, and the audit log.
+//!
+//! The log is append-only: a message's `seq` is its place, the cursor of history pages and the
+//! id of its server-sent event, so a client that reconnects gets exactly what it missed from
+//! the log. A message's state moves forward only (an inbound message: `pending` →
+//! `answered` | `failed`; an outbound one: `delivering` → `delivered` | `undeliverable`).
+//! Every multi-row change is one transaction.
+
+use std::path::Path;
+
+use hako_shared::chat::{Direction, MessageKind, MessageView, TurnView};
+use hako_shared::db::{Db, DbError, Migration};
+use rusqlite::{OptionalExtension, params};
+use serde::Serialize;
+
+/// The schema, in order.
+pub static MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "messages, chats, groups, sessions, routes, turns, webhooks, deliveries, audit",
+    sql: r#"
+CREATE TABLE messages (
+    seq         INTEGER PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    chat_jid    TEXT NOT NULL,
+    direction   TEXT NOT NULL CHECK (direction IN ('in', 'out')),
+    kind        TEXT NOT NULL CHECK (kind IN ('message', 'command', 'notice')),
+    sender      TEXT NOT NULL,
+    sender_name TEXT,
+    content     TEXT NOT NULL,
+    timestamp   INTEGER NOT NULL,
+    reply_to    TEXT,
+    turn_id     TEXT,
+    state       TEXT NOT NULL,
+    body_hash   TEXT NOT NULL DEFAULT '',
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_at INTEGER,
+    created_at  INTEGER NOT NULL
+);
+CREATE INDEX messages_chat ON messages (chat_jid, seq);
+CREATE INDEX messages_pending ON messages (state, chat_jid) WHERE direction = 'in';
+CREATE INDEX messages_delivering ON messages (next_try_at) WHERE state = 'delivering';
+CREATE TABLE chats (
+    jid        TEXT PRIMARY KEY,
+    cursor     INTEGER NOT NULL DEFAULT 0,
+    updated_at INTEGER NOT NULL
+);
+CREATE TABLE groups (
+    folder        TEXT PRIMARY KEY,
+    name          TEXT NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    grants        TEXT NOT NULL DEFAULT '[]',
+    spec          TEXT NOT NULL DEFAULT '{}',
+    updated_at    INTEGER NOT NULL
+);
+CREATE TABLE sessions (
+    folder     TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE TABLE routes (
+    id         INTEGER PRIMARY KEY,
+    position   INTEGER NOT NULL,
+    pattern    TEXT NOT NULL,
+    folder     TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE turns (
+    turn_id     TEXT PRIMARY KEY,
+    folder      TEXT NOT NULL,
+    chat_jid    TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    attempt     INTEGER NOT NULL DEFAULT 0,
+    run_id      TEXT,
+    outcome     TEXT,
+    error       TEXT,
+    replies     INTEGER NOT NULL DEFAULT 0,
+    next_try_at INTEGER,
+    first_in_at INTEGER NOT NULL,
+    created_at  INTEGER NOT NULL,
+    ended_at    INTEGER
+);
+CREATE INDEX turns_live ON turns (state) WHERE state IN ('starting', 'running', 'waiting');
+CREATE INDEX turns_folder ON turns (folder, created_at);
+CREATE TABLE webhooks (
+    id         INTEGER PRIMARY KEY,
+    prefix     TEXT NOT NULL UNIQUE,
+    url        TEXT NOT NULL,
+    secret     TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE deliveries (
+    id          INTEGER PRIMARY KEY,
+    message_seq INTEGER NOT NULL,
+    webhook_id  INTEGER NOT NULL,
+    attempt     INTEGER NOT NULL,
+    at          INTEGER NOT NULL,
+    status      INTEGER,
+    outcome     TEXT NOT NULL,
+    detail      TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX deliveries_message ON deliveries (message_seq);
+CREATE TABLE audit_log (
+    id      INTEGER PRIMARY KEY,
+    at      INTEGER NOT NULL,
+    actor   TEXT NOT NULL,
+    action  TEXT NOT NULL,
+    folder  TEXT,
+    outcome TEXT NOT NULL,
+    detail  TEXT NOT NULL DEFAULT ''
+);
+"#,
+}];
+
+/// Inbound states.
+pub mod inbound {
+    /// Not answered yet.
+    pub const PENDING: &str = "pending";
+    /// A turn answered it (or ended without retry: stopped, an error reply).
+    pub const ANSWERED: &str = "answered";
+    /// Every try of its turn failed.
+    pub const FAILED: &str = "failed";
+    /// A command routd handled.
+    pub const HANDLED: &str = "handled";
+}
+
+/// Outbound states.
+pub mod outbound {
+    /// No webhook for the chat: it is in the log (and on SSE), nothing more to do.
+    pub const SENT: &str = "sent";
+    /// Waiting for (another) webhook attempt.
+    pub const DELIVERING: &str = "delivering";
+    /// The webhook took it.
+    pub const DELIVERED: &str = "delivered";
+    /// Every attempt failed, or the message grew too old.
+    pub const UNDELIVERABLE: &str = "undeliverable";
+}
+
+/// Turn states.
+pub mod turn {
+    /// About to ask runed for its run (the run id is not known yet).
+    pub const STARTING: &str = "starting";
+    /// Its run is live on runed.
+    pub const RUNNING: &str = "running";
+    /// Waiting for a retry's backoff.
+    pub const WAITING: &str = "waiting";
+    /// Answered.
+    pub const DONE: &str = "done";
+    /// Every try failed.
+    pub const FAILED: &str = "failed";
+    /// Stopped on request.
+    pub const KILLED: &str = "killed";
+}
+
+/// A new inbound message.
+#[derive(Debug, Clone)]
+pub struct NewInbound {
+    /// Message id.
+    pub id: String,
+    /// Chat.
+    pub chat_jid: String,
+    /// `message` or `command`.
+    pub kind: MessageKind,
+    /// Sender.
+    pub sender: String,
+    /// Display name.
+    pub sender_name: Option<String>,
+    /// Text.
+    pub content: String,
+    /// Unix ms.
+    pub timestamp: i64,
+    /// Answered message.
+    pub reply_to: Option<String>,
+    /// Hash of the posted body (a reused id with another body is refused).
+    pub body_hash: String,
+    /// Unix ms.
+    pub now: i64,
+}
+
+/// What became of an inbound message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ingested {
+    /// Appended at `seq`.
+    New(i64),
+    /// The same id and body were posted before, at `seq`.
+    Duplicate(i64),
+    /// The id exists with another body.
+    Conflict,
+}
+
+/// A new outbound message (a reply or a notice).
+#[derive(Debug, Clone)]
+pub struct NewOutbound {
+    /// A stable id: a reply's is `<turn>.<attempt>.<block>`, so a replay never appends twice.
+    pub id: String,
+    /// Chat.
+    pub chat_jid: String,
+    /// `message` or `notice`.
+    pub kind: MessageKind,
+    /// Text.
+    pub content: String,
+    /// The turn that produced it.
+    pub turn_id: Option<String>,
+    /// The message it answers.
+    pub reply_to: Option<String>,
+    /// Whether a webhook takes the chat (then it starts `delivering`).
+    pub webhook: bool,
+    /// Unix ms.
+    pub now: i64,
+}
+
+/// A turn row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnRow {
+    /// Id.
+    pub turn_id: String,
+    /// Folder.
+    pub folder: String,
+    /// Chat.
+    pub chat_jid: String,
+    /// State.
+    pub state: String,
+    /// Attempts started.
+    pub attempt: i64,
+    /// Current run.
+    pub run_id: Option<String>,
+    /// Last outcome.
+    pub outcome: Option<String>,
+    /// Last error.
+    pub error: Option<String>,
+    /// Replies delivered (blocks of the current attempt turned into messages).
+    pub replies: i64,
+    /// When a waiting turn retries (Unix ms).
+    pub next_try_at: Option<i64>,
+    /// The first covered message's arrival (Unix ms), for the turn latency.
+    pub first_in_at: i64,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Unix ms.
+    pub ended_at: Option<i64>,
+}
+
+/// A group row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GroupRow {
+    /// Folder.
+    pub folder: String,
+    /// Name.
+    pub name: String,
+    /// System prompt.
+    pub system_prompt: String,
+    /// Grants (JSON array text).
+    pub grants: String,
+    /// GroupSpec (JSON text).
+    pub spec: String,
+    /// Unix ms.
+    pub updated_at: i64,
+}
+
+/// A route row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteRow {
+    /// Id.
+    pub id: i64,
+    /// Position.
+    pub position: i64,
+    /// Pattern.
+    pub pattern: String,
+    /// Folder.
+    pub folder: String,
+}
+
+/// A webhook row (the secret included: only the delivery worker reads it).
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookRow {
+    /// Id.
+    pub id: i64,
+    /// JID prefix.
+    pub prefix: String,
+    /// URL.
+    pub url: String,
+    /// HMAC key.
+    pub secret: String,
+}
+
+impl std::fmt::Debug for WebhookRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookRow")
+            .field("id", &self.id)
+            .field("prefix", &self.prefix)
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An audit row.
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
+pub struct AuditRow {
+    /// Row id.
+    pub id: i64,
+    /// Unix ms.
+    pub at: i64,
+    /// Token subject.
+    pub actor: String,
+    /// `group.put`, `route.add`, `webhook.add`, …
+    pub action: String,
+    /// The folder, when one is concerned.
+    pub folder: Option<String>,
+    /// `ok` or an error code.
+    pub outcome: String,
+    /// Short facts (never a secret).
+    pub detail: String,
+}
+
+const MSG_COLS: &str = "seq, id, chat_jid, direction, kind, sender, sender_name, content, \
+                        timestamp, reply_to, turn_id, state";
+
+fn message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageView> {
+    let direction: String = r.get(3)?;
+    let kind: String = r.get(4)?;
+    Ok(MessageView {
+        seq: r.get(0)?,
+        id: r.get(1)?,
+        chat_jid: r.get(2)?,
+        direction: if direction == "in" {
+            Direction::In
+        } else {
+            Direction::Out
+        },
+        kind: match kind.as_str() {
+            "command" => MessageKind::Command,
+            "notice" => MessageKind::Notice,
+            _ => MessageKind::Message,
+        },
+        sender: r.get(5)?,
+        sender_name: r.get(6)?,
+        content: r.get(7)?,
+        timestamp: r.get(8)?,
+        reply_to: r.get(9)?,
+        turn_id: r.get(10)?,
+        state: r.get(11)?,
+    })
+}
+
+const TURN_COLS: &str = "turn_id, folder, chat_jid, state, attempt, run_id, outcome, error, \
+                         replies, next_try_at, first_in_at, created_at, ended_at";
+
+fn turn_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TurnRow> {
+    Ok(TurnRow {
+        turn_id: r.get(0)?,
+        folder: r.get(1)?,
+        chat_jid: r.get(2)?,
+        state: r.get(3)?,
+        attempt: r.get(4)?,
+        run_id: r.get(5)?,
+        outcome: r.get(6)?,
+        error: r.get(7)?,
+        replies: r.get(8)?,
+        next_try_at: r.get(9)?,
+        first_in_at: r.get(10)?,
+        created_at: r.get(11)?,
+        ended_at: r.get(12)?,
+    })
+}
+
+/// routd's database. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    db: Db,
+}
+
+impl Store {
+    /// Opens (creating and migrating) the database.
+    pub async fn open(path: &Path) -> Result<Store, DbError> {
+        Ok(Store {
+            db: Db::open(path, MIGRATIONS).await?,
+        })
+    }
+
+    /// Whether the database answers.
+    pub async fn ping(&self) -> Result<(), DbError> {
+        self.db.ping().await
+    }
+
+    // ---- messages ----
+
+    /// Appends an inbound message, unless its id exists (same body: duplicate; else conflict).
+    pub async fn ingest(&self, m: NewInbound) -> Result<Ingested, DbError> {
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let existing: Option<(i64, String)> = tx
+                    .query_row(
+                        "SELECT seq, body_hash FROM messages WHERE id = ?1",
+                        [&m.id],
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()?;
+                if let Some((seq, hash)) = existing {
+                    return Ok(if hash == m.body_hash {
+                        Ingested::Duplicate(seq)
+                    } else {
+                        Ingested::Conflict
+                    });
+                }
+                let state = match m.kind {
+                    MessageKind::Command => inbound::HANDLED,
+                    _ => inbound::PENDING,
+                };
+                tx.execute(
+                    "INSERT INTO messages (id, chat_jid, direction, kind, sender, sender_name, content, \
+                     timestamp, reply_to, state, body_hash, created_at) \
+                     VALUES (?1, ?2, 'in', ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                    params![
+                        m.id,
+                        m.chat_jid,
+                        m.kind.as_str(),
+                        m.sender,
+                        m.sender_name,
+                        m.content,
+                        m.timestamp,
+                        m.reply_to,
+                        state,
+                        m.body_hash,
+                        m.now
+                    ],
+                )?;
+                let seq = tx.last_insert_rowid();
+                tx.execute(
+                    "INSERT INTO chats (jid, cursor, updated_at) VALUES (?1, 0, ?2) \
+                     ON CONFLICT (jid) DO UPDATE SET updated_at = ?2",
+                    params![m.chat_jid, m.now],
+                )?;
+                tx.commit()?;
+                Ok(Ingested::New(seq))
+            })
+            .await
+    }
+
+    /// Appends an outbound message unless its id exists; `Some(seq)` when it was appended.
+    pub async fn append_outbound(&self, o: NewOutbound) -> Result<Option<i64>, DbError> {
+        self.db
+            .call(move |c| {
+                let state = if o.webhook {
+                    outbound::DELIVERING
+                } else {
+                    outbound::SENT
+                };
+                let n = c.execute(
+                    "INSERT OR IGNORE INTO messages (id, chat_jid, direction, kind, sender, content, \
+                     timestamp, reply_to, turn_id, state, next_try_at, created_at) \
+                     VALUES (?1, ?2, 'out', ?3, 'hako', ?4, ?5, ?6, ?7, ?8, ?9, ?5)",
+                    params![
+                        o.id,
+                        o.chat_jid,
+                        o.kind.as_str(),
+                        o.content,
+                        o.now,
+                        o.reply_to,
+                        o.turn_id,
+                        state,
+                        o.webhook.then_some(o.now)
+                    ],
+                )?;
+                Ok((n == 1).then(|| c.last_insert_rowid()))
+            })
+            .await
+    }
+
+    /// A chat's messages in log order: below `before`, above `after`, at most `limit` (the
+    /// newest of the range when only `before` or neither is given).
+    pub async fn messages(
+        &self,
+        chat: &str,
+        before: Option<i64>,
+        after: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<MessageView>, DbError> {
+        let chat = chat.to_owned();
+        self.db
+            .call(move |c| {
+                let rows = if after.is_some() && before.is_none() {
+                    let mut st = c.prepare_cached(&format!(
+                        "SELECT {MSG_COLS} FROM messages WHERE chat_jid = ?1 AND seq > ?2 \
+                         ORDER BY seq LIMIT ?3"
+                    ))?;
+                    st.query_map(params![chat, after, limit as i64], message)?
+                        .collect::<Result<Vec<_>, _>>()?
+                } else {
+                    let mut st = c.prepare_cached(&format!(
+                        "SELECT {MSG_COLS} FROM messages WHERE chat_jid = ?1 \
+                         AND (?2 IS NULL OR seq < ?2) AND (?3 IS NULL OR seq > ?3) \
+                         ORDER BY seq DESC LIMIT ?4"
+                    ))?;
+                    let mut v = st
+                        .query_map(params![chat, before, after, limit as i64], message)?
+                        .collect::<Result<Vec<_>, _>>()?;
+                    v.reverse();
+                    v
+                };
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// One message by seq.
+    pub async fn message(&self, seq: i64) -> Result<Option<MessageView>, DbError> {
+        self.db
+            .call(move |c| {
+                Ok(c.query_row(
+                    &format!("SELECT {MSG_COLS} FROM messages WHERE seq = ?1"),
+                    [seq],
+                    message,
+                )
+                .optional()?)
+            })
+            .await
+    }
+
+    /// Chats with inbound messages that no turn covers yet, oldest first.
+    pub async fn chats_with_pending(&self) -> Result<Vec<String>, DbError> {
+        self.db
+            .call(|c| {
+                let mut st = c.prepare_cached(
+                    "SELECT chat_jid, min(seq) AS first FROM messages \
+                     WHERE direction = 'in' AND state = 'pending' AND turn_id IS NULL \
+                     GROUP BY chat_jid ORDER BY first",
+                )?;
+                let rows = st
+                    .query_map([], |r| r.get(0))?
+                    .collect::<Result<Vec<String>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// A chat's pending, uncovered inbound messages, oldest first, at most `limit`, each
+    /// with its arrival (Unix ms).
+    pub async fn pending_of(
+        &self,
+        chat: &str,
+        limit: usize,
+    ) -> Result<Vec<(MessageView, i64)>, DbError> {
+        let chat = chat.to_owned();
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(&format!(
+                    "SELECT {MSG_COLS}, created_at FROM messages WHERE chat_jid = ?1 AND direction = 'in' \
+                     AND state = 'pending' AND turn_id IS NULL ORDER BY seq LIMIT ?2"
+                ))?;
+                let rows = st
+                    .query_map(params![chat, limit as i64], |r| Ok((message(r)?, r.get(12)?)))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Takes messages back from a turn (a steer runed did not deliver): they wait for the
+    /// next turn.
+    pub async fn uncover(&self, turn_id: &str, seqs: Vec<i64>) -> Result<(), DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                for s in seqs {
+                    tx.execute(
+                        "UPDATE messages SET turn_id = NULL WHERE seq = ?1 AND turn_id = ?2 \
+                         AND state = 'pending'",
+                        params![s, t],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Counts one more reply of a turn; answers the new count.
+    pub async fn add_reply(&self, turn_id: &str) -> Result<i64, DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "UPDATE turns SET replies = replies + 1 WHERE turn_id = ?1",
+                    [&t],
+                )?;
+                Ok(
+                    c.query_row("SELECT replies FROM turns WHERE turn_id = ?1", [&t], |r| {
+                        r.get(0)
+                    })?,
+                )
+            })
+            .await
+    }
+
+    /// The messages a turn covers, in order.
+    pub async fn covered_by(&self, turn_id: &str) -> Result<Vec<MessageView>, DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(&format!(
+                    "SELECT {MSG_COLS} FROM messages WHERE turn_id = ?1 AND direction = 'in' \
+                     ORDER BY seq"
+                ))?;
+                let rows = st
+                    .query_map([&t], message)?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Adds pending messages to a live turn (they were steered into its run). Only messages
+    /// still uncovered move; answers how many did.
+    pub async fn cover(&self, turn_id: &str, seqs: Vec<i64>) -> Result<usize, DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let mut n = 0;
+                for s in seqs {
+                    n += tx.execute(
+                        "UPDATE messages SET turn_id = ?1 WHERE seq = ?2 AND turn_id IS NULL \
+                         AND state = 'pending'",
+                        params![t, s],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(n)
+            })
+            .await
+    }
+
+    // ---- turns ----
+
+    /// Creates a turn covering `seqs` (all must still be uncovered, else nothing changes and
+    /// `false` comes back).
+    pub async fn create_turn(&self, t: TurnRow, seqs: Vec<i64>) -> Result<bool, DbError> {
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let exists: bool = tx
+                    .query_row("SELECT 1 FROM turns WHERE turn_id = ?1", [&t.turn_id], |_| {
+                        Ok(true)
+                    })
+                    .optional()?
+                    .unwrap_or(false);
+                if exists {
+                    return Ok(false);
+                }
+                tx.execute(
+                    &format!("INSERT INTO turns ({TURN_COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13)"),
+                    params![
+                        t.turn_id, t.folder, t.chat_jid, t.state, t.attempt, t.run_id, t.outcome,
+                        t.error, t.replies, t.next_try_at, t.first_in_at, t.created_at, t.ended_at
+                    ],
+                )?;
+                for s in &seqs {
+                    let n = tx.execute(
+                        "UPDATE messages SET turn_id = ?1 WHERE seq = ?2 AND turn_id IS NULL \
+                         AND state = 'pending'",
+                        params![t.turn_id, s],
+                    )?;
+                    if n != 1 {
+                        return Ok(false);
+                    }
+                }
+                tx.commit()?;
+                Ok(true)
+            })
+            .await
+    }
+
+    /// One turn.
+    pub async fn turn(&self, turn_id: &str) -> Result<Option<TurnRow>, DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                Ok(c.query_row(
+                    &format!("SELECT {TURN_COLS} FROM turns WHERE turn_id = ?1"),
+                    [&t],
+                    turn_row,
+                )
+                .optional()?)
+            })
+            .await
+    }
+
+    /// Turns not over (starting, running, waiting), oldest first.
+    pub async fn live_turns(&self) -> Result<Vec<TurnRow>, DbError> {
+        self.db
+            .call(|c| {
+                let mut st = c.prepare_cached(&format!(
+                    "SELECT {TURN_COLS} FROM turns WHERE state IN ('starting', 'running', 'waiting') \
+                     ORDER BY created_at"
+                ))?;
+                let rows = st
+                    .query_map([], turn_row)?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Moves a turn between states (guarded: only from one of `from`); sets what is given.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn update_turn(
+        &self,
+        turn_id: &str,
+        from: &'static [&'static str],
+        to: &'static str,
+        attempt: Option<i64>,
+        run_id: Option<Option<String>>,
+        replies: Option<i64>,
+        next_try_at: Option<Option<i64>>,
+    ) -> Result<bool, DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                let list = from
+                    .iter()
+                    .map(|s| format!("'{s}'"))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let sql = format!(
+                    "UPDATE turns SET state = ?2, \
+                     attempt = COALESCE(?3, attempt), \
+                     run_id = CASE WHEN ?4 THEN ?5 ELSE run_id END, \
+                     replies = COALESCE(?6, replies), \
+                     next_try_at = CASE WHEN ?7 THEN ?8 ELSE next_try_at END \
+                     WHERE turn_id = ?1 AND state IN ({list})"
+                );
+                let n = c.execute(
+                    &sql,
+                    params![
+                        t,
+                        to,
+                        attempt,
+                        run_id.is_some(),
+                        run_id.flatten(),
+                        replies,
+                        next_try_at.is_some(),
+                        next_try_at.flatten()
+                    ],
+                )?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
+    /// Ends a turn: its state, outcome and error, its messages `message_state`, and the chat's
+    /// cursor moved past every message no longer pending. One transaction.
+    pub async fn end_turn(
+        &self,
+        turn_id: &str,
+        state: &'static str,
+        outcome: Option<String>,
+        error: Option<String>,
+        message_state: &'static str,
+        now: i64,
+    ) -> Result<bool, DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let n = tx.execute(
+                    "UPDATE turns SET state = ?2, outcome = ?3, error = ?4, ended_at = ?5, \
+                     next_try_at = NULL WHERE turn_id = ?1 AND state IN ('starting', 'running', 'waiting')",
+                    params![t, state, outcome, error, now],
+                )?;
+                if n != 1 {
+                    return Ok(false);
+                }
+                tx.execute(
+                    "UPDATE messages SET state = ?2 WHERE turn_id = ?1 AND direction = 'in' \
+                     AND state = 'pending'",
+                    params![t, message_state],
+                )?;
+                // The cursor: the last inbound message before the first one still pending.
+                tx.execute(
+                    "UPDATE chats SET cursor = COALESCE( \
+                       (SELECT max(seq) FROM messages m WHERE m.chat_jid = chats.jid AND m.direction = 'in' \
+                        AND m.seq < COALESCE((SELECT min(seq) FROM messages p WHERE p.chat_jid = chats.jid \
+                          AND p.direction = 'in' AND p.state = 'pending'), 9223372036854775807)), cursor), \
+                     updated_at = ?2 \
+                     WHERE jid = (SELECT chat_jid FROM turns WHERE turn_id = ?1)",
+                    params![t, now],
+                )?;
+                tx.commit()?;
+                Ok(true)
+            })
+            .await
+    }
+
+    /// Records a failed try: the outcome and error, kept while the turn waits.
+    pub async fn note_try(
+        &self,
+        turn_id: &str,
+        outcome: Option<String>,
+        error: Option<String>,
+    ) -> Result<(), DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "UPDATE turns SET outcome = ?2, error = ?3 WHERE turn_id = ?1",
+                    params![t, outcome, error],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Whether a folder has a turn that is not over.
+    pub async fn folder_busy(&self, folder: &str) -> Result<Option<TurnRow>, DbError> {
+        let f = folder.to_owned();
+        self.db
+            .call(move |c| {
+                Ok(c.query_row(
+                    &format!(
+                        "SELECT {TURN_COLS} FROM turns WHERE folder = ?1 \
+                         AND state IN ('starting', 'running', 'waiting') ORDER BY created_at LIMIT 1"
+                    ),
+                    [&f],
+                    turn_row,
+                )
+                .optional()?)
+            })
+            .await
+    }
+
+    /// Turns, newest first, filtered by folder (and those below it) and state.
+    pub async fn turns(
+        &self,
+        folder: Option<String>,
+        state: Option<String>,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<TurnRow>, DbError> {
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(&format!(
+                    "SELECT {TURN_COLS} FROM turns WHERE \
+                     (?1 IS NULL OR folder = ?1 OR substr(folder, 1, length(?1) + 1) = ?1 || '/') \
+                     AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR rowid < ?3) \
+                     ORDER BY rowid DESC LIMIT ?4"
+                ))?;
+                let rows = st
+                    .query_map(params![folder, state, before, limit as i64], turn_row)?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// The rowid of a turn (the cursor of turn pages).
+    pub async fn turn_rowid(&self, turn_id: &str) -> Result<Option<i64>, DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                Ok(
+                    c.query_row("SELECT rowid FROM turns WHERE turn_id = ?1", [&t], |r| {
+                        r.get(0)
+                    })
+                    .optional()?,
+                )
+            })
+            .await
+    }
+
+    /// A turn as the API shows it.
+    pub async fn turn_view(&self, t: TurnRow) -> Result<TurnView, DbError> {
+        let covered = self.covered_by(&t.turn_id).await?;
+        Ok(TurnView {
+            turn_id: t.turn_id,
+            folder: t.folder,
+            chat_jid: t.chat_jid,
+            state: t.state,
+            attempt: t.attempt,
+            run_id: t.run_id,
+            outcome: t.outcome,
+            error: t.error,
+            replies: t.replies,
+            messages: covered.into_iter().map(|m| m.id).collect(),
+            created_at: t.created_at,
+            ended_at: t.ended_at,
+        })
+    }
+
+    /// The oldest pending inbound message's arrival per folder of a live or queued turn:
+    /// (chat, created_at) of every chat's oldest pending message.
+    pub async fn oldest_pending(&self) -> Result<Vec<(String, i64)>, DbError> {
+        self.db
+            .call(|c| {
+                let mut st = c.prepare_cached(
+                    "SELECT chat_jid, min(created_at) FROM messages WHERE direction = 'in' \
+                     AND state = 'pending' GROUP BY chat_jid",
+                )?;
+                let rows = st
+                    .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// A chat's cursor.
+    pub async fn cursor(&self, chat: &str) -> Result<i64, DbError> {
+        let chat = chat.to_owned();
+        self.db
+            .call(move |c| {
+                Ok(
+                    c.query_row("SELECT cursor FROM chats WHERE jid = ?1", [&chat], |r| {
+                        r.get(0)
+                    })
+                    .optional()?
+                    .unwrap_or(0),
+                )
+            })
+            .await
+    }
+
+    // ---- groups and sessions ----
+
+    /// Creates or replaces a group.
+    pub async fn put_group(&self, g: GroupRow) -> Result<bool, DbError> {
+        self.db
+            .call(move |c| {
+                let existed: bool = c
+                    .query_row(
+                        "SELECT 1 FROM groups WHERE folder = ?1",
+                        [&g.folder],
+                        |_| Ok(true),
+                    )
+                    .optional()?
+                    .unwrap_or(false);
+                c.execute(
+                    "INSERT INTO groups (folder, name, system_prompt, grants, spec, updated_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (folder) DO UPDATE SET \
+                     name = ?2, system_prompt = ?3, grants = ?4, spec = ?5, updated_at = ?6",
+                    params![
+                        g.folder,
+                        g.name,
+                        g.system_prompt,
+                        g.grants,
+                        g.spec,
+                        g.updated_at
+                    ],
+                )?;
+                Ok(!existed)
+            })
+            .await
+    }
+
+    /// One group.
+    pub async fn group(&self, folder: &str) -> Result<Option<GroupRow>, DbError> {
+        let f = folder.to_owned();
+        self.db
+            .call(move |c| {
+                Ok(c.query_row(
+                    "SELECT folder, name, system_prompt, grants, spec, updated_at FROM groups WHERE folder = ?1",
+                    [&f],
+                    |r| {
+                        Ok(GroupRow {
+                            folder: r.get(0)?,
+                            name: r.get(1)?,
+                            system_prompt: r.get(2)?,
+                            grants: r.get(3)?,
+                            spec: r.get(4)?,
+                            updated_at: r.get(5)?,
+                        })
+                    },
+                )
+                .optional()?)
+            })
+            .await
+    }
+
+    /// Every group, by folder.
+    pub async fn groups(&self) -> Result<Vec<GroupRow>, DbError> {
+        self.db
+            .call(|c| {
+                let mut st = c.prepare_cached(
+                    "SELECT folder, name, system_prompt, grants, spec, updated_at FROM groups ORDER BY folder",
+                )?;
+                let rows = st
+                    .query_map([], |r| {
+                        Ok(GroupRow {
+                            folder: r.get(0)?,
+                            name: r.get(1)?,
+                            system_prompt: r.get(2)?,
+                            grants: r.get(3)?,
+                            spec: r.get(4)?,
+                            updated_at: r.get(5)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Removes a group (and its session and routes); `false` if there was none.
+    pub async fn delete_group(&self, folder: &str) -> Result<bool, DbError> {
+        let f = folder.to_owned();
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let n = tx.execute("DELETE FROM groups WHERE folder = ?1", [&f])?;
+                tx.execute("DELETE FROM sessions WHERE folder = ?1", [&f])?;
+                tx.execute("DELETE FROM routes WHERE folder = ?1", [&f])?;
+                tx.commit()?;
+                Ok(n == 1)
+            })
+            .await
+    }
+
+    /// The agent session of a folder.
+    pub async fn session(&self, folder: &str) -> Result<Option<String>, DbError> {
+        let f = folder.to_owned();
+        self.db
+            .call(move |c| {
+                Ok(c.query_row(
+                    "SELECT session_id FROM sessions WHERE folder = ?1",
+                    [&f],
+                    |r| r.get(0),
+                )
+                .optional()?)
+            })
+            .await
+    }
+
+    /// Sets (`Some`) or clears (`None`, `/new`) a folder's agent session.
+    pub async fn set_session(
+        &self,
+        folder: &str,
+        session: Option<String>,
+        now: i64,
+    ) -> Result<(), DbError> {
+        let f = folder.to_owned();
+        self.db
+            .call(move |c| {
+                match session {
+                    Some(s) => c.execute(
+                        "INSERT INTO sessions (folder, session_id, updated_at) VALUES (?1, ?2, ?3) \
+                         ON CONFLICT (folder) DO UPDATE SET session_id = ?2, updated_at = ?3",
+                        params![f, s, now],
+                    )?,
+                    None => c.execute("DELETE FROM sessions WHERE folder = ?1", [&f])?,
+                };
+                Ok(())
+            })
+            .await
+    }
+
+    // ---- routes ----
+
+    /// Adds a route at `position` (after the last when `None`).
+    pub async fn add_route(
+        &self,
+        pattern: String,
+        folder: String,
+        position: Option<i64>,
+        now: i64,
+    ) -> Result<RouteRow, DbError> {
+        self.db
+            .call(move |c| {
+                let position = match position {
+                    Some(p) => p,
+                    None => c.query_row("SELECT COALESCE(max(position), 0) + 10 FROM routes", [], |r| {
+                        r.get(0)
+                    })?,
+                };
+                c.execute(
+                    "INSERT INTO routes (position, pattern, folder, created_at) VALUES (?1, ?2, ?3, ?4)",
+                    params![position, pattern, folder, now],
+                )?;
+                Ok(RouteRow {
+                    id: c.last_insert_rowid(),
+                    position,
+                    pattern,
+                    folder,
+                })
+            })
+            .await
+    }
+
+    /// Every route, in the order they are tried.
+    pub async fn routes(&self) -> Result<Vec<RouteRow>, DbError> {
+        self.db
+            .call(|c| {
+                let mut st = c.prepare_cached(
+                    "SELECT id, position, pattern, folder FROM routes ORDER BY position, id",
+                )?;
+                let rows = st
+                    .query_map([], |r| {
+                        Ok(RouteRow {
+                            id: r.get(0)?,
+                            position: r.get(1)?,
+                            pattern: r.get(2)?,
+                            folder: r.get(3)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Removes a route; the removed row, if there was one.
+    pub async fn delete_route(&self, id: i64) -> Result<Option<RouteRow>, DbError> {
+        self.db
+            .call(move |c| {
+                let row = c
+                    .query_row(
+                        "SELECT id, position, pattern, folder FROM routes WHERE id = ?1",
+                        [id],
+                        |r| {
+                            Ok(RouteRow {
+                                id: r.get(0)?,
+                                position: r.get(1)?,
+                                pattern: r.get(2)?,
+                                folder: r.get(3)?,
+                            })
+                        },
+                    )
+                    .optional()?;
+                c.execute("DELETE FROM routes WHERE id = ?1", [id])?;
+                Ok(row)
+            })
+            .await
+    }
+
+    // ---- webhooks and deliveries ----
+
+    /// Adds a webhook; `None` when the prefix has one already.
+    pub async fn add_webhook(
+        &self,
+        prefix: String,
+        url: String,
+        secret: String,
+        now: i64,
+    ) -> Result<Option<WebhookRow>, DbError> {
+        self.db
+            .call(move |c| {
+                let n = c.execute(
+                    "INSERT OR IGNORE INTO webhooks (prefix, url, secret, created_at) VALUES (?1, ?2, ?3, ?4)",
+                    params![prefix, url, secret, now],
+                )?;
+                Ok((n == 1).then(|| WebhookRow {
+                    id: c.last_insert_rowid(),
+                    prefix,
+                    url,
+                    secret,
+                }))
+            })
+            .await
+    }
+
+    /// Every webhook.
+    pub async fn webhooks(&self) -> Result<Vec<WebhookRow>, DbError> {
+        self.db
+            .call(|c| {
+                let mut st =
+                    c.prepare_cached("SELECT id, prefix, url, secret FROM webhooks ORDER BY id")?;
+                let rows = st
+                    .query_map([], |r| {
+                        Ok(WebhookRow {
+                            id: r.get(0)?,
+                            prefix: r.get(1)?,
+                            url: r.get(2)?,
+                            secret: r.get(3)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Removes a webhook; whether there was one.
+    pub async fn delete_webhook(&self, id: i64) -> Result<bool, DbError> {
+        self.db
+            .call(move |c| Ok(c.execute("DELETE FROM webhooks WHERE id = ?1", [id])? == 1))
+            .await
+    }
+
+    /// Outbound messages whose next webhook attempt is due, oldest first.
+    pub async fn due_deliveries(
+        &self,
+        now: i64,
+        limit: usize,
+    ) -> Result<Vec<(MessageView, i64)>, DbError> {
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(&format!(
+                    "SELECT {MSG_COLS}, attempts FROM messages WHERE state = 'delivering' \
+                     AND next_try_at <= ?1 ORDER BY next_try_at, seq LIMIT ?2"
+                ))?;
+                let rows = st
+                    .query_map(params![now, limit as i64], |r| {
+                        Ok((message(r)?, r.get(12)?))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// The soonest next webhook attempt, if any message is delivering.
+    pub async fn next_delivery_at(&self) -> Result<Option<i64>, DbError> {
+        self.db
+            .call(|c| {
+                Ok(c.query_row(
+                    "SELECT min(next_try_at) FROM messages WHERE state = 'delivering'",
+                    [],
+                    |r| r.get(0),
+                )?)
+            })
+            .await
+    }
+
+    /// Records one delivery attempt and moves the message on: `delivered`, another try at
+    /// `next` (`Some`), or `undeliverable` (`None` after a failure).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn record_delivery(
+        &self,
+        seq: i64,
+        webhook_id: i64,
+        attempt: i64,
+        status: Option<u16>,
+        ok: bool,
+        detail: String,
+        next: Option<i64>,
+        now: i64,
+    ) -> Result<(), DbError> {
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                tx.execute(
+                    "INSERT INTO deliveries (message_seq, webhook_id, attempt, at, status, outcome, detail) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    params![
+                        seq,
+                        webhook_id,
+                        attempt,
+                        now,
+                        status,
+                        if ok { "ok" } else { "failed" },
+                        detail
+                    ],
+                )?;
+                let (state, next_at) = match (ok, next) {
+                    (true, _) => (outbound::DELIVERED, None),
+                    (false, Some(at)) => (outbound::DELIVERING, Some(at)),
+                    (false, None) => (outbound::UNDELIVERABLE, None),
+                };
+                tx.execute(
+                    "UPDATE messages SET state = ?2, attempts = ?3, next_try_at = ?4 \
+                     WHERE seq = ?1 AND state = 'delivering'",
+                    params![seq, state, attempt, next_at],
+                )?;
+                tx.commit()?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Delivery attempts of a message: (attempt, status, outcome, detail).
+    pub async fn deliveries(
+        &self,
+        seq: i64,
+    ) -> Result<Vec<(i64, Option<u16>, String, String)>, DbError> {
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT attempt, status, outcome, detail FROM deliveries WHERE message_seq = ?1 ORDER BY id",
+                )?;
+                let rows = st
+                    .query_map([seq], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    // ---- audit ----
+
+    /// Appends an audit row.
+    pub async fn audit(&self, a: AuditRow) -> Result<(), DbError> {
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "INSERT INTO audit_log (at, actor, action, folder, outcome, detail) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![a.at, a.actor, a.action, a.folder, a.outcome, a.detail],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Audit rows, newest first, ids below `before`.
+    pub async fn audit_rows(
+        &self,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<AuditRow>, DbError> {
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT id, at, actor, action, folder, outcome, detail FROM audit_log \
+                     WHERE (?1 IS NULL OR id < ?1) ORDER BY id DESC LIMIT ?2",
+                )?;
+                let rows = st
+                    .query_map(params![before, limit as i64], |r| {
+                        Ok(AuditRow {
+                            id: r.get(0)?,
+                            at: r.get(1)?,
+                            actor: r.get(2)?,
+                            action: r.get(3)?,
+                            folder: r.get(4)?,
+                            outcome: r.get(5)?,
+                            detail: r.get(6)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+}

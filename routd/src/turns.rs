@@ -1,0 +1,691 @@
+//! Turns: when a chat's messages go to its group's agent, and what the run's result does to
+//! the chat.
+//!
+//! - **Scheduling** is event driven: an ingest (or a turn's end, a new route) wakes the
+//!   scheduler at once; a one-second tick only catches what a wake could miss. For each chat
+//!   with messages no turn covers, the route gives the folder; one turn is live per folder.
+//!   The batch (the chat's uncovered messages, oldest first, at most `ROUTD_BATCH_MAX`) names
+//!   the turn: its id is derived from the batch, so the same batch always is the same turn,
+//!   and try `n` of a turn asks runed for the run of turn `<turn>.<n>` (runed is idempotent
+//!   on it: a restart asks again and gets the same run).
+//! - A message for a folder whose live turn is its chat's is **steered** into the run; it is
+//!   covered by the turn first, so it is never delivered twice, and uncovered again (for the
+//!   next turn) when runed says the agent did not take it.
+//! - Each turn has one **driver** task: start the run (waiting, not failing, while runed or
+//!   authd does not answer), follow its events (reconnecting; runed replays the stored blocks
+//!   and each reply has a stable id, so nothing is appended twice), then settle: `ok` and
+//!   `error` answer the batch; `timed_out` or `fatal` after a reply is a success (nothing that
+//!   reached the chat is rolled back); with no reply the turn waits a backoff and tries again,
+//!   for real (a new run), up to `ROUTD_MAX_TURN_RETRIES` times, then its messages fail and
+//!   the chat gets a notice; `killed` ends it with a notice, never retried.
+//! - At start every turn that was live is driven again from its stored state.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use hako_shared::GroupFolder;
+use hako_shared::chat::{MessageKind, MessageView};
+use hako_shared::contract::{BlockStatus, Message, OutputBlock};
+use hako_shared::db::DbError;
+use hako_shared::ids::TurnId;
+use hako_shared::runs::{GroupSpec, Outcome, RunRequest, RunStatus, RunStreamEvent};
+use sha2::{Digest, Sha256};
+
+use crate::runed::RunedError;
+use crate::store::{TurnRow, inbound, turn};
+use crate::{Shared, now_ms};
+
+/// The turn id of a batch: `t-` and 24 hex digits of the SHA-256 of the chat and the first
+/// and last message ids.
+pub(crate) fn turn_id_for(chat: &str, first: &str, last: &str) -> String {
+    let mut h = Sha256::new();
+    for part in [chat, first, last] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    let hex: String = h
+        .finalize()
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("t-{hex}")
+}
+
+/// The turn id runed sees for try `attempt` of `turn`.
+fn runed_turn(turn: &str, attempt: i64) -> String {
+    format!("{turn}.{attempt}")
+}
+
+/// The scheduler: starts turns and steers messages, whenever something changes.
+pub(crate) async fn scheduler(sh: Arc<Shared>) {
+    // (turn, seq) pairs runed would not take: they wait for the next turn, not another steer.
+    let mut refused: HashSet<(String, i64)> = HashSet::new();
+    loop {
+        tokio::select! {
+            () = sh.wake.notified() => {}
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            () = sh.stopping.cancelled() => return,
+        }
+        if let Err(e) = schedule(&sh, &mut refused).await {
+            tracing::warn!(error = %e, "scheduling turns failed; tried again shortly");
+        }
+    }
+}
+
+async fn schedule(sh: &Arc<Shared>, refused: &mut HashSet<(String, i64)>) -> Result<(), DbError> {
+    for chat in sh.store.chats_with_pending().await? {
+        let Some(folder) = sh.routing.resolve(&chat) else {
+            continue;
+        };
+        if let Some(live) = sh.store.folder_busy(&folder).await? {
+            if live.chat_jid == chat && live.state == turn::RUNNING && live.run_id.is_some() {
+                steer(sh, &live, refused).await?;
+            }
+            continue;
+        }
+        let batch = sh.store.pending_of(&chat, sh.cfg.batch_max).await?;
+        let (Some((first, first_at)), Some((last, _))) = (batch.first(), batch.last()) else {
+            continue;
+        };
+        let now = now_ms();
+        let row = TurnRow {
+            turn_id: turn_id_for(&chat, &first.id, &last.id),
+            folder,
+            chat_jid: chat.clone(),
+            state: turn::STARTING.into(),
+            attempt: 1,
+            run_id: None,
+            outcome: None,
+            error: None,
+            replies: 0,
+            next_try_at: None,
+            first_in_at: *first_at,
+            created_at: now,
+            ended_at: None,
+        };
+        let id = row.turn_id.clone();
+        let seqs = batch.iter().map(|(m, _)| m.seq).collect();
+        if sh.store.create_turn(row, seqs).await? {
+            tracing::info!(turn = %id, chat = %chat, messages = batch.len(), "turn created");
+            spawn_driver(sh, id);
+        }
+    }
+    refused.retain(|(t, _)| sh.driving_contains(t));
+    Ok(())
+}
+
+/// Steers a chat's uncovered messages into its live turn's run.
+async fn steer(
+    sh: &Arc<Shared>,
+    live: &TurnRow,
+    refused: &mut HashSet<(String, i64)>,
+) -> Result<(), DbError> {
+    let Some(run_id) = live.run_id.as_deref() else {
+        return Ok(());
+    };
+    let pending: Vec<MessageView> = sh
+        .store
+        .pending_of(&live.chat_jid, sh.cfg.batch_max)
+        .await?
+        .into_iter()
+        .map(|(m, _)| m)
+        .filter(|m| !refused.contains(&(live.turn_id.clone(), m.seq)))
+        .collect();
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let seqs: Vec<i64> = pending.iter().map(|m| m.seq).collect();
+    // Covered before the steer: a message is never handed to the agent twice.
+    let covered = sh.store.cover(&live.turn_id, seqs.clone()).await?;
+    if covered != seqs.len() {
+        sh.store.uncover(&live.turn_id, seqs).await?;
+        return Ok(());
+    }
+    let texts = pending.iter().map(|m| m.content.clone()).collect();
+    let delivered = match sh.runed.steer(run_id, texts).await {
+        Ok(r) if r.delivered => true,
+        Ok(r) => {
+            tracing::info!(turn = %live.turn_id, reason = ?r.reason, "steer not taken; the messages wait for the next turn");
+            false
+        }
+        Err(e) => {
+            tracing::info!(turn = %live.turn_id, error = %e, "steer failed; the messages wait for the next turn");
+            false
+        }
+    };
+    if !delivered {
+        sh.store.uncover(&live.turn_id, seqs.clone()).await?;
+        refused.extend(seqs.into_iter().map(|s| (live.turn_id.clone(), s)));
+    } else {
+        tracing::info!(turn = %live.turn_id, messages = pending.len(), "steered into the live run");
+    }
+    Ok(())
+}
+
+impl Shared {
+    fn driving_contains(&self, turn: &str) -> bool {
+        self.driving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(turn)
+    }
+}
+
+/// Drives the turns that were live when routd stopped.
+pub(crate) async fn resume(sh: &Arc<Shared>) {
+    match sh.store.live_turns().await {
+        Ok(turns) => {
+            for t in turns {
+                tracing::info!(turn = %t.turn_id, state = %t.state, "resuming a turn");
+                spawn_driver(sh, t.turn_id);
+            }
+        }
+        Err(e) => tracing::error!(error = %e, "reading live turns failed"),
+    }
+    sh.wake.notify_one();
+}
+
+/// Starts the one driver of a turn (a second call for the same turn does nothing).
+pub(crate) fn spawn_driver(sh: &Arc<Shared>, turn_id: String) {
+    if !sh
+        .driving
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(turn_id.clone())
+    {
+        return;
+    }
+    let sh = sh.clone();
+    let span = tracing::info_span!("turn", turn = %turn_id);
+    tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            if let Err(e) = drive(&sh, &turn_id).await {
+                tracing::warn!(error = %e, "driving the turn failed; resumed at the next start or wake");
+            }
+            sh.driving
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&turn_id);
+            sh.wake.notify_one();
+        },
+        span,
+    ));
+}
+
+/// Backoff for outages: 0.5 s doubling to 30 s.
+struct Outage(Duration);
+
+impl Outage {
+    fn next(&mut self) -> Duration {
+        let d = self.0;
+        self.0 = (self.0 * 2).min(Duration::from_secs(30));
+        d
+    }
+}
+
+/// Sleeps `d` unless routd stops first (then `false`).
+async fn pause(sh: &Shared, d: Duration) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(d) => true,
+        () = sh.stopping.cancelled() => false,
+    }
+}
+
+async fn drive(sh: &Arc<Shared>, turn_id: &str) -> Result<(), DbError> {
+    let mut outage = Outage(Duration::from_millis(500));
+    loop {
+        if sh.stopping.is_cancelled() {
+            return Ok(());
+        }
+        let Some(t) = sh.store.turn(turn_id).await? else {
+            return Ok(());
+        };
+        match t.state.as_str() {
+            turn::STARTING => match start_run(sh, &t).await? {
+                Ok(run_id) => {
+                    sh.metrics.runed_down.set(0);
+                    outage = Outage(Duration::from_millis(500));
+                    tracing::info!(run = %run_id, attempt = t.attempt, "run started");
+                    sh.store
+                        .update_turn(
+                            turn_id,
+                            &[turn::STARTING],
+                            turn::RUNNING,
+                            None,
+                            Some(Some(run_id)),
+                            None,
+                            None,
+                        )
+                        .await?;
+                }
+                Err(RunedError::Unavailable(why)) => {
+                    sh.metrics.runed_down.set(1);
+                    tracing::warn!(%why, "cannot start the run yet; the turn waits");
+                    if !pause(sh, outage.next()).await {
+                        return Ok(());
+                    }
+                }
+                Err(e @ RunedError::Refused { .. }) => {
+                    let why = format!("could not start: {e}");
+                    finish(
+                        sh,
+                        &t,
+                        turn::FAILED,
+                        None,
+                        Some(why.clone()),
+                        inbound::FAILED,
+                    )
+                    .await?;
+                    notice(
+                        sh,
+                        &t,
+                        "failed",
+                        format!("The agent could not be started ({e})."),
+                    )
+                    .await?;
+                }
+            },
+            turn::RUNNING => {
+                let run_id = t.run_id.clone().unwrap_or_default();
+                match follow(sh, &t, &run_id).await {
+                    Ok(status) => {
+                        sh.metrics.runed_down.set(0);
+                        settle(sh, turn_id, status).await?;
+                    }
+                    Err(RunedError::Refused { status: 404, .. }) => {
+                        // runed has no such run (its database was reset): a try without output.
+                        settle_failed_try(
+                            sh,
+                            turn_id,
+                            None,
+                            "runed no longer knows the run".into(),
+                        )
+                        .await?;
+                    }
+                    Err(e) => {
+                        if matches!(e, RunedError::Unavailable(_)) {
+                            sh.metrics.runed_down.set(1);
+                        }
+                        tracing::warn!(error = %e, "lost the run's events; following again shortly");
+                        if !pause(sh, outage.next()).await {
+                            return Ok(());
+                        }
+                    }
+                }
+            }
+            turn::WAITING => {
+                let wait = t.next_try_at.map_or(0, |at| (at - now_ms()).max(0)) as u64;
+                if !pause(sh, Duration::from_millis(wait)).await {
+                    return Ok(());
+                }
+                sh.store
+                    .update_turn(
+                        turn_id,
+                        &[turn::WAITING],
+                        turn::STARTING,
+                        Some(t.attempt + 1),
+                        Some(None),
+                        Some(0),
+                        Some(None),
+                    )
+                    .await?;
+                tracing::info!(attempt = t.attempt + 1, "trying the turn again");
+            }
+            _ => return Ok(()),
+        }
+    }
+}
+
+/// Asks runed for try `attempt`'s run. The outer error is routd's own (its database).
+async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<String, RunedError>, DbError> {
+    let refused = |message: String| RunedError::Refused {
+        status: 400,
+        code: "invalid_turn".into(),
+        message,
+    };
+    let Some(group) = sh.store.group(&t.folder).await? else {
+        return Ok(Err(refused(format!(
+            "the group {} no longer exists",
+            t.folder
+        ))));
+    };
+    let (Ok(folder), Ok(turn_id)) = (
+        GroupFolder::new(&t.folder),
+        TurnId::new(runed_turn(&t.turn_id, t.attempt)),
+    ) else {
+        return Ok(Err(refused("the turn's folder or id is invalid".into())));
+    };
+    let covered = sh.store.covered_by(&t.turn_id).await?;
+    let messages = covered
+        .iter()
+        .map(|m| {
+            let mut msg = Message::user(m.content.clone());
+            msg.extra.insert("id".into(), m.id.clone().into());
+            msg.extra.insert("sender".into(), m.sender.clone().into());
+            if let Some(n) = &m.sender_name {
+                msg.extra.insert("sender_name".into(), n.clone().into());
+            }
+            msg.extra.insert("timestamp".into(), m.timestamp.into());
+            msg
+        })
+        .collect();
+    let group_spec: GroupSpec = serde_json::from_str(&group.spec).unwrap_or_default();
+    let grants: Vec<String> = serde_json::from_str(&group.grants).unwrap_or_default();
+    let req = RunRequest {
+        folder,
+        turn_id,
+        session_id: sh.store.session(&t.folder).await?.unwrap_or_default(),
+        messages,
+        system_prompt: group.system_prompt,
+        grants,
+        sender_jid: covered
+            .first()
+            .map(|m| m.sender.clone())
+            .unwrap_or_default(),
+        secrets: Default::default(),
+        group: group_spec,
+    };
+    Ok(sh.runed.create_run(&req).await.map(|c| c.run_id))
+}
+
+/// Follows a run to its end: every block becomes what it means for the chat as it arrives.
+/// Returns the run's final status.
+async fn follow(sh: &Shared, t: &TurnRow, run_id: &str) -> Result<RunStatus, RunedError> {
+    let mut events = sh.runed.events(run_id).await?;
+    loop {
+        let next = tokio::select! {
+            e = events.next() => e?,
+            () = sh.stopping.cancelled() => return Err(RunedError::Unavailable("routd is stopping".into())),
+        };
+        match next {
+            Some(RunStreamEvent::Output {
+                index,
+                block: Some(block),
+                ..
+            }) => {
+                on_block(sh, t, index, &block)
+                    .await
+                    .map_err(|e| RunedError::Unavailable(format!("routd.db: {e}")))?;
+            }
+            Some(RunStreamEvent::State { state, .. }) if state.is_terminal() => break,
+            Some(_) => {}
+            None => break,
+        }
+    }
+    let status = sh.runed.run(run_id, Duration::ZERO).await?;
+    if !status.state.is_terminal() {
+        return Err(RunedError::Unavailable(
+            "the event stream ended before the run".into(),
+        ));
+    }
+    // Whatever the stream may have missed: replies have stable ids, nothing goes out twice.
+    for (index, block) in status.outputs.iter().enumerate() {
+        on_block(sh, t, index, block)
+            .await
+            .map_err(|e| RunedError::Unavailable(format!("routd.db: {e}")))?;
+    }
+    Ok(status)
+}
+
+/// One output block: a reply for the chat (`ok` and `error` with text), and the session.
+async fn on_block(sh: &Shared, t: &TurnRow, index: usize, b: &OutputBlock) -> Result<(), DbError> {
+    if let Some(sid) = b.new_session_id.as_deref().filter(|s| !s.is_empty()) {
+        sh.store
+            .set_session(&t.folder, Some(sid.to_owned()), now_ms())
+            .await?;
+    }
+    let text = match b.status {
+        BlockStatus::Ok => b.result.clone(),
+        BlockStatus::Error => b
+            .result
+            .clone()
+            .filter(|r| !r.trim().is_empty())
+            .or_else(|| b.error.as_ref().map(|e| format!("Error: {e}"))),
+        BlockStatus::Fatal => None,
+    };
+    let Some(text) = text.filter(|x| !x.trim().is_empty()) else {
+        return Ok(());
+    };
+    let reply_to = sh
+        .store
+        .covered_by(&t.turn_id)
+        .await?
+        .last()
+        .map(|m| m.id.clone());
+    let id = format!("{}.{}.{}", t.turn_id, t.attempt, index);
+    if sh
+        .say(
+            id,
+            &t.chat_jid,
+            MessageKind::Message,
+            text,
+            Some(t.turn_id.clone()),
+            reply_to,
+        )
+        .await?
+        .is_some()
+        && sh.store.add_reply(&t.turn_id).await? == 1
+    {
+        let latency = (now_ms() - t.first_in_at).max(0) as f64 / 1000.0;
+        sh.metrics.turn_latency.observe(latency);
+    }
+    Ok(())
+}
+
+/// What the run's end does to the turn and its chat.
+async fn settle(sh: &Shared, turn_id: &str, status: RunStatus) -> Result<(), DbError> {
+    let Some(t) = sh.store.turn(turn_id).await? else {
+        return Ok(());
+    };
+    let answered = t.replies > 0;
+    let outcome = status.outcome.map(|o| o.as_str().to_owned());
+    match status.outcome {
+        Some(Outcome::Ok) => {
+            finish(sh, &t, turn::DONE, outcome, None, inbound::ANSWERED).await?;
+        }
+        Some(Outcome::Error) => {
+            finish(
+                sh,
+                &t,
+                turn::DONE,
+                outcome,
+                status.error.clone(),
+                inbound::ANSWERED,
+            )
+            .await?;
+            if !answered {
+                let why = status.error.unwrap_or_else(|| "no detail".into());
+                notice(
+                    sh,
+                    &t,
+                    "error",
+                    format!("The agent could not answer: {why}"),
+                )
+                .await?;
+            }
+        }
+        Some(Outcome::Killed) => {
+            finish(
+                sh,
+                &t,
+                turn::KILLED,
+                outcome,
+                status.error.clone(),
+                inbound::ANSWERED,
+            )
+            .await?;
+            notice(sh, &t, "killed", "The agent was stopped.".into()).await?;
+        }
+        // A timeout or a fatal end after a reply: the reply stands, nothing is rolled back.
+        Some(Outcome::TimedOut | Outcome::Fatal) | None if answered => {
+            finish(
+                sh,
+                &t,
+                turn::DONE,
+                outcome,
+                status.error.clone(),
+                inbound::ANSWERED,
+            )
+            .await?;
+        }
+        _ => {
+            let why = status.error.clone().unwrap_or_else(|| {
+                format!(
+                    "the run ended {}",
+                    outcome.as_deref().unwrap_or("without an outcome")
+                )
+            });
+            settle_failed_try(sh, turn_id, outcome, why).await?;
+        }
+    }
+    Ok(())
+}
+
+/// A try that gave the chat nothing: wait and try again (a new run), or, after the last try,
+/// fail the turn's messages and tell the chat.
+async fn settle_failed_try(
+    sh: &Shared,
+    turn_id: &str,
+    outcome: Option<String>,
+    why: String,
+) -> Result<(), DbError> {
+    let Some(t) = sh.store.turn(turn_id).await? else {
+        return Ok(());
+    };
+    let tries = i64::from(sh.cfg.max_turn_retries) + 1;
+    if t.attempt < tries {
+        let exp = 2u32.saturating_pow(u32::try_from(t.attempt - 1).unwrap_or(u32::MAX));
+        let base = sh.cfg.retry_base.saturating_mul(exp).min(sh.cfg.retry_max);
+        let delay = base + jitter(base / 4);
+        sh.store
+            .note_try(turn_id, outcome, Some(why.clone()))
+            .await?;
+        sh.store
+            .update_turn(
+                turn_id,
+                &[turn::RUNNING, turn::STARTING],
+                turn::WAITING,
+                None,
+                None,
+                None,
+                Some(Some(now_ms() + delay.as_millis() as i64)),
+            )
+            .await?;
+        sh.metrics.turn_retried();
+        tracing::info!(attempt = t.attempt, ?delay, %why, "no reply; the turn is tried again");
+    } else {
+        finish(
+            sh,
+            &t,
+            turn::FAILED,
+            outcome,
+            Some(why.clone()),
+            inbound::FAILED,
+        )
+        .await?;
+        notice(
+            sh,
+            &t,
+            "failed",
+            format!("The agent could not answer after {tries} tries ({why})."),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Up to `max` of random delay.
+fn jitter(max: Duration) -> Duration {
+    let mut b = [0u8; 4];
+    let _ = getrandom::fill(&mut b);
+    let ms = max.as_millis() as u64;
+    if ms == 0 {
+        return Duration::ZERO;
+    }
+    Duration::from_millis(u64::from(u32::from_le_bytes(b)) % ms)
+}
+
+/// Ends a turn and wakes the scheduler (the folder is free).
+async fn finish(
+    sh: &Shared,
+    t: &TurnRow,
+    state: &'static str,
+    outcome: Option<String>,
+    error: Option<String>,
+    message_state: &'static str,
+) -> Result<(), DbError> {
+    if sh
+        .store
+        .end_turn(&t.turn_id, state, outcome, error, message_state, now_ms())
+        .await?
+    {
+        sh.metrics.turn_ended(state);
+        tracing::info!(state, "turn ended");
+    }
+    sh.wake.notify_one();
+    Ok(())
+}
+
+/// A notice from routd to the turn's chat (once per turn and kind).
+async fn notice(sh: &Shared, t: &TurnRow, what: &str, text: String) -> Result<(), DbError> {
+    sh.say(
+        format!("{}.notice.{what}", t.turn_id),
+        &t.chat_jid,
+        MessageKind::Notice,
+        text,
+        Some(t.turn_id.clone()),
+        None,
+    )
+    .await
+    .map(drop)
+}
+
+/// Every few seconds: the age of the oldest unanswered message per folder (the red flag).
+pub(crate) async fn watch_backlog(sh: Arc<Shared>) {
+    let mut seen: HashSet<String> = HashSet::new();
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            () = sh.stopping.cancelled() => return,
+        }
+        let Ok(rows) = sh.store.oldest_pending().await else {
+            continue;
+        };
+        let now = now_ms();
+        let mut by_folder: HashMap<String, i64> = HashMap::new();
+        for (chat, at) in rows {
+            let folder = sh
+                .routing
+                .resolve(&chat)
+                .unwrap_or_else(|| "(unrouted)".into());
+            let age = (now - at).max(0) / 1000;
+            let e = by_folder.entry(folder).or_insert(0);
+            *e = (*e).max(age);
+        }
+        for f in seen.difference(&by_folder.keys().cloned().collect()) {
+            sh.metrics.oldest_unanswered(f, 0);
+        }
+        for (f, age) in &by_folder {
+            sh.metrics.oldest_unanswered(f, *age);
+        }
+        seen = by_folder.into_keys().collect();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_names_its_turn() {
+        let a = turn_id_for("tg:1", "m1", "m3");
+        assert_eq!(a, turn_id_for("tg:1", "m1", "m3"));
+        assert_ne!(a, turn_id_for("tg:1", "m1", "m4"));
+        assert_ne!(a, turn_id_for("tg:2", "m1", "m3"));
+        // Parts cannot run into one another.
+        assert_ne!(turn_id_for("a", "bc", "d"), turn_id_for("ab", "c", "d"));
+        assert!(hako_shared::ids::is_valid_id(&runed_turn(&a, 4)));
+    }
+}

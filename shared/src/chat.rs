@@ -1,0 +1,303 @@
+//! Wire types of routd, the routing plane: messages and chats, groups and routes, turns,
+//! webhooks. Channel adapters, the CLI and the tests speak these; routd serves them.
+
+use serde::{Deserialize, Serialize};
+
+use crate::folder::GroupFolder;
+use crate::runs::GroupSpec;
+
+/// Which way a message went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Direction {
+    /// From the chat to hako.
+    In,
+    /// From hako (the agent, or routd itself) to the chat.
+    Out,
+}
+
+impl Direction {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Direction::In => "in",
+            Direction::Out => "out",
+        }
+    }
+}
+
+/// What a message is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum MessageKind {
+    /// A chat message (inbound), or the agent's reply (outbound).
+    Message,
+    /// A slash command routd handled itself (`/new`, `/stop`, `/ping`, `/chatid`).
+    Command,
+    /// A notice from routd to the chat (a command's answer, a turn stopped or failed).
+    Notice,
+}
+
+impl MessageKind {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageKind::Message => "message",
+            MessageKind::Command => "command",
+            MessageKind::Notice => "notice",
+        }
+    }
+}
+
+/// `POST /v1/messages` body: one inbound chat message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PostMessage {
+    /// The channel's id for the message (1-128 of `[A-Za-z0-9._:-]`); posting the same id
+    /// again with the same body is answered as a duplicate, with another body refused. Made
+    /// up when absent.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The chat, e.g. `tg:-100123` or `web:acme/support` (1-256 printable characters).
+    pub chat_jid: String,
+    /// Who wrote it (1-256 printable characters).
+    pub sender: String,
+    /// Their display name (at most 256 characters).
+    #[serde(default)]
+    pub sender_name: Option<String>,
+    /// The text (at most `ROUTD_MAX_CONTENT` bytes, 64 KiB by default).
+    pub content: String,
+    /// When it was written, Unix milliseconds (routd's clock when absent).
+    #[serde(default)]
+    pub timestamp: Option<i64>,
+    /// The id of the message it answers.
+    #[serde(default)]
+    pub reply_to: Option<String>,
+}
+
+/// `POST /v1/messages` answer (201 new, 200 duplicate).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Posted {
+    /// The message id.
+    pub id: String,
+    /// Its place in the log (the chat's event id).
+    pub seq: i64,
+    /// The chat.
+    pub chat_jid: String,
+    /// Whether a route takes the chat to a group now (if not, the message waits, stored, for
+    /// a route to appear).
+    pub routed: bool,
+    /// The group folder the chat routes to, when routed.
+    pub folder: Option<String>,
+    /// Whether this id was posted before (with the same body).
+    pub duplicate: bool,
+}
+
+/// A message as routd serves it (history and events).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MessageView {
+    /// Its place in the log: increasing, the cursor of history pages and the SSE event id.
+    pub seq: i64,
+    /// The message id (outbound ones are stable: `<turn>.<attempt>.<block>` for replies).
+    pub id: String,
+    /// The chat.
+    pub chat_jid: String,
+    /// In or out.
+    pub direction: Direction,
+    /// Message, command or notice.
+    pub kind: MessageKind,
+    /// Who wrote it (`hako` for outbound).
+    pub sender: String,
+    /// Their display name.
+    pub sender_name: Option<String>,
+    /// The text.
+    pub content: String,
+    /// Unix milliseconds.
+    pub timestamp: i64,
+    /// The message it answers.
+    pub reply_to: Option<String>,
+    /// The turn that answered it (inbound) or produced it (outbound).
+    pub turn_id: Option<String>,
+    /// Inbound: `pending`, `answered`, `failed` or `handled` (commands). Outbound: `sent`
+    /// (no webhook for the chat), `delivering`, `delivered` or `undeliverable`.
+    pub state: String,
+}
+
+/// `GET /v1/chats/{jid}/messages` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MessagePage {
+    /// Messages in log order.
+    pub messages: Vec<MessageView>,
+    /// Pass as `before` for older messages; absent when there are none.
+    pub next_before: Option<i64>,
+}
+
+/// `PUT /v1/groups/{folder}` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct GroupConfig {
+    /// A display name (1-128 characters).
+    pub name: String,
+    /// The system prompt of the group's turns.
+    #[serde(default)]
+    pub system_prompt: String,
+    /// Grant rules handed to the agent.
+    #[serde(default)]
+    pub grants: Vec<String>,
+    /// The container settings of the group's runs (checked as runed checks them).
+    #[serde(default)]
+    pub group: GroupSpec,
+}
+
+/// A group as routd serves it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GroupView {
+    /// The folder.
+    pub folder: GroupFolder,
+    /// The display name.
+    pub name: String,
+    /// The system prompt of the group's turns.
+    pub system_prompt: String,
+    /// Grant rules handed to the agent.
+    pub grants: Vec<String>,
+    /// The container settings of the group's runs.
+    pub group: GroupSpec,
+    /// The agent session the next turn resumes, if any.
+    pub session_id: Option<String>,
+    /// Unix ms.
+    pub updated_at: i64,
+}
+
+/// `GET /v1/groups` answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct GroupList {
+    /// The groups the caller covers, by folder.
+    pub groups: Vec<GroupView>,
+}
+
+/// `POST /v1/routes` body: chats whose JID matches `pattern` go to `folder`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NewRoute {
+    /// A chat JID, exactly, or a glob: `*` any run of characters, `?` one (1-256 characters).
+    pub pattern: String,
+    /// The group folder.
+    pub folder: GroupFolder,
+    /// Where it goes in the order (lower first); after the last rule when absent.
+    #[serde(default)]
+    pub position: Option<i64>,
+}
+
+/// A route rule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RouteView {
+    /// Its id.
+    pub id: i64,
+    /// The pattern.
+    pub pattern: String,
+    /// The folder.
+    pub folder: String,
+    /// Its place in the order.
+    pub position: i64,
+}
+
+/// `GET /v1/routes` answer, in the order they are tried.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RouteList {
+    /// The rules, first match wins; `web:<folder>` chats go to their folder without one.
+    pub routes: Vec<RouteView>,
+}
+
+/// `POST /v1/webhooks` body: outbound messages of chats whose JID starts with `prefix` are
+/// POSTed to `url`, signed with `secret`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NewWebhook {
+    /// The channel: a JID prefix such as `tg:` (1-64 characters; one webhook per prefix).
+    pub prefix: String,
+    /// `http://` or `https://` URL.
+    pub url: String,
+    /// The HMAC-SHA256 key of the signatures (16-256 bytes); never shown again.
+    pub secret: String,
+}
+
+/// A webhook as routd serves it (never its secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WebhookView {
+    /// Its id.
+    pub id: i64,
+    /// The channel prefix.
+    pub prefix: String,
+    /// The URL.
+    pub url: String,
+}
+
+/// `GET /v1/webhooks` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WebhookList {
+    /// The webhooks.
+    pub webhooks: Vec<WebhookView>,
+}
+
+/// What a webhook receiver gets for each outbound message (the body routd signs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WebhookDelivery {
+    /// The message.
+    pub message: MessageView,
+}
+
+/// A turn: one agent run (and its retries) answering a batch of a chat's messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TurnView {
+    /// The turn id (derived from the batch).
+    pub turn_id: String,
+    /// The folder.
+    pub folder: String,
+    /// The chat.
+    pub chat_jid: String,
+    /// `starting`, `running`, `waiting` (a retry's backoff), `done`, `failed` or `killed`.
+    pub state: String,
+    /// Attempts made so far (1 for the first run).
+    pub attempt: i64,
+    /// The current (or last) run on runed.
+    pub run_id: Option<String>,
+    /// The last run's outcome.
+    pub outcome: Option<String>,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// Replies delivered to the chat.
+    pub replies: i64,
+    /// The ids of the messages it answers (its batch and what was steered in).
+    pub messages: Vec<String>,
+    /// Unix ms.
+    pub created_at: i64,
+    /// Unix ms.
+    pub ended_at: Option<i64>,
+}
+
+/// `GET /v1/turns` answer, newest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TurnList {
+    /// The turns.
+    pub turns: Vec<TurnView>,
+    /// Pass as `before` for the next page.
+    pub next_before: Option<i64>,
+}
