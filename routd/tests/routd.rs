@@ -1,0 +1,965 @@
+//! routd end to end: a real authd, runed and routd (in-process on loopback ports, or the
+//! `routd` binary where a test kills it), real `hako-agent` containers, real databases, a
+//! webhook receiver on loopback. Every assertion is what the chat sees: its history, its
+//! event stream, its webhook.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hako_shared::auth::AuthdClient;
+use hako_shared::auth::wire::MintRequest;
+use hako_shared::chat::MessageView;
+use hako_shared::config::Env;
+use hako_shared::testing::ApiClient;
+use serde_json::{Value, json};
+
+const RUNED_KEY: &str = "runed-test-key-0123456789";
+const ROUTD_KEY: &str = "routd-test-key-0123456789";
+const OPERATOR_KEY: &str = "operator-test-key-0123456789";
+const CHANNEL_KEY: &str = "channel-test-key-0123456789";
+const LIMIT: Duration = Duration::from_secs(120);
+
+struct Rig {
+    dir: tempfile::TempDir,
+    authd: Option<hako_authd::Running>,
+    runed: Option<hako_runed::Running>,
+    runed_addr: Option<std::net::SocketAddr>,
+    routd: Option<hako_routd::Running>,
+    /// The `routd` binary (tests that kill it), and its base URL.
+    child: Option<(std::process::Child, String)>,
+    routd_port: u16,
+    runed_env: Vec<(String, String)>,
+    routd_env: Vec<(String, String)>,
+    operator: String,
+    channel: String,
+}
+
+impl Rig {
+    async fn new(runed_env: &[(&str, &str)], routd_env: &[(&str, &str)]) -> Rig {
+        let image = hako_deploy::ensure_agent_image()
+            .await
+            .expect("agent image");
+        let dir = tempfile::tempdir().unwrap();
+        let acfg = hako_authd::Config::from_env(&Env::from_pairs([
+            ("DATA_DIR", dir.path().join("authd").display().to_string()),
+            (
+                "AUTHD_SERVICE_KEYS",
+                format!(
+                    "runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY},channel={CHANNEL_KEY}"
+                ),
+            ),
+            ("AUTHD_CLOCK_SKEW", "1s".into()),
+        ]))
+        .unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authd = hako_authd::start(acfg, l).await.unwrap();
+        let client = AuthdClient::new(&authd.url()).unwrap();
+        let operator = client
+            .service_token("operator", OPERATOR_KEY)
+            .await
+            .unwrap()
+            .token;
+        let channel = client
+            .service_token("channel", CHANNEL_KEY)
+            .await
+            .unwrap()
+            .token;
+        let own = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
+        };
+        let mut runed_env = own(runed_env);
+        runed_env.push(("CONTAINER_IMAGE".into(), image));
+        let routd_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut rig = Rig {
+            dir,
+            authd: Some(authd),
+            runed: None,
+            runed_addr: None,
+            routd: None,
+            child: None,
+            routd_port,
+            runed_env,
+            routd_env: own(routd_env),
+            operator,
+            channel,
+        };
+        rig.start_runed().await;
+        rig.start_routd().await;
+        rig
+    }
+
+    fn authd_url(&self) -> String {
+        self.authd.as_ref().unwrap().url()
+    }
+
+    fn runed_url(&self) -> String {
+        format!("http://{}", self.runed_addr.unwrap())
+    }
+
+    async fn start_runed(&mut self) {
+        let mut pairs: Vec<(String, String)> = vec![
+            (
+                "DATA_DIR".into(),
+                self.dir.path().join("runed").display().to_string(),
+            ),
+            ("AUTHD_URL".into(), self.authd_url()),
+            ("AUTHD_SERVICE_KEY".into(), RUNED_KEY.into()),
+            ("AUTHD_CLOCK_SKEW".into(), "1s".into()),
+            ("AUTHD_REVOKED_POLL".into(), "1s".into()),
+            ("MAX_CONTAINERS".into(), "4".into()),
+            ("RUNED_RUN_TIMEOUT".into(), "60s".into()),
+            ("RUNED_STOP_GRACE".into(), "1s".into()),
+        ];
+        pairs.extend(self.runed_env.iter().cloned());
+        let cfg = hako_runed::Config::from_env(&Env::from_pairs(pairs)).unwrap();
+        // The same port on a restart, so routd finds runed where it was.
+        let addr = self
+            .runed_addr
+            .unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
+        let l = tokio::net::TcpListener::bind(addr).await.unwrap();
+        self.runed_addr = Some(l.local_addr().unwrap());
+        self.runed = Some(hako_runed::start(cfg, l).await.unwrap());
+    }
+
+    fn routd_pairs(&self) -> Vec<(String, String)> {
+        let mut pairs: Vec<(String, String)> = vec![
+            (
+                "DATA_DIR".into(),
+                self.dir.path().join("routd").display().to_string(),
+            ),
+            ("AUTHD_URL".into(), self.authd_url()),
+            ("AUTHD_SERVICE_KEY".into(), ROUTD_KEY.into()),
+            ("AUTHD_CLOCK_SKEW".into(), "1s".into()),
+            ("RUNED_URL".into(), self.runed_url()),
+            ("ROUTD_RETRY_BASE".into(), "200ms".into()),
+            ("ROUTD_WEBHOOK_RETRY_BASE".into(), "100ms".into()),
+            (
+                "ROUTD_LISTEN".into(),
+                format!("127.0.0.1:{}", self.routd_port),
+            ),
+        ];
+        pairs.extend(self.routd_env.iter().cloned());
+        pairs
+    }
+
+    async fn start_routd(&mut self) {
+        let cfg = hako_routd::Config::from_env(&Env::from_pairs(self.routd_pairs())).unwrap();
+        let l = tokio::net::TcpListener::bind(cfg.listen_addr)
+            .await
+            .unwrap();
+        self.routd = Some(hako_routd::start(cfg, l).await.unwrap());
+    }
+
+    /// Runs routd from its binary instead (a test that kills it with SIGKILL).
+    async fn spawn_routd_binary(&mut self) {
+        if let Some(r) = self.routd.take() {
+            r.shutdown().await;
+        }
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_routd"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit());
+        for (k, v) in self.routd_pairs() {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("routd starts");
+        let base = format!("http://127.0.0.1:{}", self.routd_port);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        loop {
+            if let Ok(r) = http.get(format!("{base}/health")).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "routd did not come up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.child = Some((child, base));
+    }
+
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.routd_port)
+    }
+
+    fn api(&self) -> ApiClient {
+        ApiClient::new(self.base())
+    }
+
+    async fn mint(&self, scope: &[&str], folder: Option<&str>, ttl: u64) -> String {
+        AuthdClient::new(&self.authd_url())
+            .unwrap()
+            .mint(
+                &self.operator,
+                &MintRequest {
+                    scope: scope.iter().map(|s| (*s).to_owned()).collect(),
+                    folder: folder.map(str::to_owned),
+                    ttl_seconds: Some(ttl),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+            .token
+    }
+
+    /// A group and a route for `chat` to it.
+    async fn group_for(&self, folder: &str, chat: &str) {
+        let f = folder.replace('/', "%2F");
+        let (s, v) = self
+            .api()
+            .put(
+                &self.operator,
+                &format!("/v1/groups/{f}"),
+                json!({"name": folder}),
+            )
+            .await;
+        assert!(s == 201 || s == 200, "{v}");
+        let (s, v) = self
+            .api()
+            .post(
+                &self.operator,
+                "/v1/routes",
+                json!({"pattern": chat, "folder": folder}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+
+    async fn say(&self, chat: &str, id: &str, text: &str) -> Value {
+        let (s, v) = self
+            .api()
+            .post(
+                &self.channel,
+                "/v1/messages",
+                json!({"id": id, "chat_jid": chat, "sender": "alice", "content": text}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v
+    }
+
+    async fn history(&self, chat: &str) -> Vec<MessageView> {
+        let (s, v) = self
+            .api()
+            .get(
+                &self.operator,
+                &format!("/v1/chats/{}/messages?limit=1000", enc(chat)),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        serde_json::from_value(v["messages"].clone()).unwrap()
+    }
+
+    /// Waits until the chat's history satisfies `done`; answers it.
+    async fn wait_for(
+        &self,
+        chat: &str,
+        what: &str,
+        done: impl Fn(&[MessageView]) -> bool,
+    ) -> Vec<MessageView> {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let h = self.history(chat).await;
+            if done(&h) {
+                return h;
+            }
+            assert!(Instant::now() < deadline, "{what}: {h:#?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn turn(&self, turn_id: &str) -> Value {
+        let (s, v) = self
+            .api()
+            .get(&self.operator, &format!("/v1/turns/{turn_id}"))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        v
+    }
+
+    async fn stop(mut self) {
+        if let Some((mut c, _)) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(r) = self.routd.take() {
+            r.shutdown().await;
+        }
+        if let Some(r) = self.runed.take() {
+            let runner = r.runner();
+            r.shutdown().await;
+            if let Some(runner) = runner {
+                let _ = runner.cleanup_orphans(&Default::default()).await;
+            }
+        }
+        if let Some(a) = self.authd.take() {
+            let _ = a.shutdown().await;
+        }
+    }
+}
+
+fn enc(s: &str) -> String {
+    s.replace('%', "%25").replace('/', "%2F")
+}
+
+/// The outbound replies (not notices) of a history, their texts.
+fn replies(h: &[MessageView]) -> Vec<String> {
+    h.iter()
+        .filter(|m| {
+            m.direction == hako_shared::chat::Direction::Out
+                && m.kind == hako_shared::chat::MessageKind::Message
+        })
+        .map(|m| m.content.clone())
+        .collect()
+}
+
+fn notices(h: &[MessageView]) -> Vec<String> {
+    h.iter()
+        .filter(|m| m.kind == hako_shared::chat::MessageKind::Notice)
+        .map(|m| m.content.clone())
+        .collect()
+}
+
+/// Reads server-sent events from `url` until `n` arrived (or the limit): (id, data).
+async fn sse(url: &str, token: &str, last_event_id: Option<i64>, n: usize) -> Vec<(i64, Value)> {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut req = http.get(url).bearer_auth(token);
+    if let Some(id) = last_event_id {
+        req = req.header("last-event-id", id.to_string());
+    }
+    let mut resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{url}");
+    let mut buf = String::new();
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while out.len() < n {
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("{n} events within the limit; got {out:?}"))
+            .unwrap()
+            .expect("the stream stays open");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let ev: String = buf.drain(..end + 2).collect();
+            let mut id = None;
+            let mut data = None;
+            for l in ev.lines() {
+                if let Some(v) = l.strip_prefix("id:") {
+                    id = v.trim().parse().ok();
+                }
+                if let Some(v) = l.strip_prefix("data:") {
+                    data = serde_json::from_str(v.trim()).ok();
+                }
+            }
+            if let (Some(id), Some(data)) = (id, data) {
+                out.push((id, data));
+            }
+        }
+    }
+    out
+}
+
+/// A webhook receiver on loopback: records every request, fails the first `fail_first`.
+#[derive(Clone, Default)]
+struct Receiver {
+    got: Arc<Mutex<Vec<(HashMap<String, String>, Vec<u8>, u16)>>>,
+    fail_first: Arc<AtomicUsize>,
+}
+
+impl Receiver {
+    async fn start(fail_first: usize) -> (Receiver, String) {
+        let r = Receiver::default();
+        r.fail_first.store(fail_first, Ordering::SeqCst);
+        let state = r.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let st = state.clone();
+                    async move {
+                        let h = headers
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned()))
+                            .collect();
+                        let fail = st
+                            .fail_first
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok();
+                        let status = if fail { 503 } else { 200 };
+                        st.got.lock().unwrap().push((h, body.to_vec(), status));
+                        axum::http::StatusCode::from_u16(status).unwrap()
+                    }
+                },
+            ),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        (r, url)
+    }
+
+    fn requests(&self) -> Vec<(HashMap<String, String>, Vec<u8>, u16)> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+/// Checks a webhook signature with Python's hmac (an implementation routd does not share).
+fn signature_ok(secret: &str, headers: &HashMap<String, String>, body: &[u8]) -> bool {
+    const SCRIPT: &str = r#"
+import hashlib, hmac, json, sys
+i = json.load(sys.stdin)
+mac = hmac.new(i["secret"].encode(), (i["ts"] + "." + i["body"]).encode(), hashlib.sha256).hexdigest()
+print(json.dumps({"ok": hmac.compare_digest("v1=" + mac, i["sig"])}))
+"#;
+    let python = hako_shared::testing::conformance_python();
+    let out = hako_shared::testing::run_python(
+        &python,
+        SCRIPT,
+        &json!({
+            "secret": secret,
+            "ts": headers.get("x-hako-timestamp").cloned().unwrap_or_default(),
+            "sig": headers.get("x-hako-signature").cloned().unwrap_or_default(),
+            "body": String::from_utf8_lossy(body),
+        }),
+    );
+    out["ok"] == true
+}
+
+/// A message in, the agent's echo out: in the history, on the chat's event stream, and on a
+/// signed webhook; the turn records what ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_in_and_the_reply_out_on_sse_and_webhook() {
+    let rig = Rig::new(&[], &[]).await;
+    let chat = "tg:100";
+    rig.group_for("team/a", chat).await;
+    let (recv, url) = Receiver::start(0).await;
+    let secret = "webhook-secret-0123456789";
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            "/v1/webhooks",
+            json!({"prefix": "tg:", "url": url, "secret": secret}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    assert!(v.get("secret").is_none(), "the secret is never shown: {v}");
+    // A stream open before the message: it sees the message and the reply.
+    let events_url = format!("{}/v1/chats/{}/events", rig.base(), enc(chat));
+    let op = rig.operator.clone();
+    let stream = tokio::spawn(async move { sse(&events_url, &op, None, 2).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let posted = rig.say(chat, "msg-1", "hello, hako").await;
+    assert_eq!(
+        (posted["routed"].as_bool(), posted["folder"].as_str()),
+        (Some(true), Some("team/a"))
+    );
+    // The reply goes out as it streams; the turn ends (and answers the message) after.
+    let h = rig
+        .wait_for(chat, "the reply", |h| {
+            !replies(h).is_empty() && h[0].state == "answered"
+        })
+        .await;
+    assert_eq!(replies(&h), ["hello, hako"]);
+    let reply = h
+        .iter()
+        .find(|m| m.content == "hello, hako" && m.direction == hako_shared::chat::Direction::Out)
+        .unwrap();
+    assert_eq!(reply.reply_to.as_deref(), Some("msg-1"));
+    let inbound = &h[0];
+    assert_eq!(
+        (inbound.id.as_str(), inbound.state.as_str()),
+        ("msg-1", "answered")
+    );
+    let events = stream.await.unwrap();
+    assert_eq!(events[0].1["id"], "msg-1");
+    assert_eq!(events[1].1["content"], "hello, hako");
+    assert!(events[0].0 < events[1].0, "event ids are the log's seqs");
+    // The webhook: one signed delivery of the reply, keyed by its id.
+    let deadline = Instant::now() + LIMIT;
+    while recv.requests().is_empty() {
+        assert!(Instant::now() < deadline, "no webhook delivery");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (headers, body, _) = recv.requests()[0].clone();
+    assert!(signature_ok(secret, &headers, &body), "{headers:?}");
+    assert!(!signature_ok("another-secret-0123456789", &headers, &body));
+    assert_eq!(headers["idempotency-key"], reply.id);
+    let delivered: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(delivered["message"]["content"], "hello, hako");
+    let turn = rig.turn(reply.turn_id.as_deref().unwrap()).await;
+    assert_eq!(
+        (
+            turn["state"].as_str(),
+            turn["outcome"].as_str(),
+            turn["attempt"].as_i64(),
+            turn["replies"].as_i64()
+        ),
+        (Some("done"), Some("ok"), Some(1), Some(1)),
+        "{turn}"
+    );
+    assert_eq!(turn["messages"], json!(["msg-1"]));
+    assert!(turn["run_id"].as_str().unwrap().starts_with("run-"));
+    let h = rig
+        .wait_for(chat, "delivered", |h| {
+            h.iter().any(|m| m.state == "delivered")
+        })
+        .await;
+    assert_eq!(h.iter().filter(|m| m.state == "delivered").count(), 1);
+    rig.stop().await;
+}
+
+/// Three messages arriving while the chat's turn is live: each is answered (steered into the
+/// live run, or in the next turn), none lost, none twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn messages_during_a_live_turn_are_all_answered_once() {
+    // The run stays up 4 s after its reply, taking follow-ups.
+    let rig = Rig::new(&[("RUNED_IDLE_TIMEOUT", "4s")], &[]).await;
+    let chat = "tg:200";
+    rig.group_for("steer", chat).await;
+    rig.say(chat, "s-1", "/sleep 2\nfirst").await;
+    // Wait until the turn runs, then three more.
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let (_, v) = rig
+            .api()
+            .get(&rig.operator, "/v1/turns?state=running")
+            .await;
+        if !v["turns"].as_array().unwrap().is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the turn never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (id, text) in [("s-2", "second"), ("s-3", "third"), ("s-4", "fourth")] {
+        rig.say(chat, id, text).await;
+    }
+    let h = rig
+        .wait_for(chat, "every message answered", |h| {
+            h.iter()
+                .filter(|m| m.direction == hako_shared::chat::Direction::In)
+                .all(|m| m.state == "answered")
+        })
+        .await;
+    let all = replies(&h).join("\n");
+    for word in ["first", "second", "third", "fourth"] {
+        assert_eq!(
+            all.matches(word).count(),
+            1,
+            "{word} answered exactly once: {all:?}"
+        );
+    }
+    rig.stop().await;
+}
+
+/// A turn whose run says `fatal` with no output is tried again, really (a new run), then its
+/// messages fail and the chat gets a notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_fatal_turn_is_retried_then_failed_with_a_notice() {
+    let rig = Rig::new(&[], &[("ROUTD_MAX_TURN_RETRIES", "1")]).await;
+    let chat = "tg:300";
+    rig.group_for("fatal", chat).await;
+    rig.say(chat, "f-1", "/fatal boom\n/exit 1").await;
+    let h = rig
+        .wait_for(chat, "the failure notice", |h| !notices(h).is_empty())
+        .await;
+    assert!(replies(&h).is_empty(), "{h:?}");
+    let n = notices(&h);
+    assert_eq!(n.len(), 1, "{n:?}");
+    assert!(n[0].contains("after 2 tries"), "{n:?}");
+    assert_eq!(h[0].state, "failed");
+    let turn = rig.turn(h[0].turn_id.as_deref().unwrap()).await;
+    assert_eq!(
+        (
+            turn["state"].as_str(),
+            turn["attempt"].as_i64(),
+            turn["outcome"].as_str()
+        ),
+        (Some("failed"), Some(2), Some("fatal")),
+        "{turn}"
+    );
+    // Two real runs on runed, one per try.
+    let runed = hako_shared::testing::ApiClient::new(rig.runed_url());
+    let (s, v) = runed.get(&rig.operator, "/v1/sessions?folder=fatal").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 2, "{v}");
+    rig.stop().await;
+}
+
+/// Slash commands: `/ping`, `/chatid`, `/new` (a fresh session next turn) and `/stop` (the
+/// live run killed; the turn ends `killed` with a notice and is never retried). None of them
+/// reaches the agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slash_commands_new_stop_ping_chatid() {
+    let rig = Rig::new(&[], &[]).await;
+    let chat = "tg:400";
+    rig.group_for("cmds", chat).await;
+    rig.say(chat, "c-1", "/ping").await;
+    rig.say(chat, "c-2", "/chatid").await;
+    let h = rig
+        .wait_for(chat, "answers", |h| notices(h).len() == 2)
+        .await;
+    assert_eq!(notices(&h)[0], "pong");
+    assert!(notices(&h)[1].contains("tg:400") && notices(&h)[1].contains("cmds"));
+    assert!(
+        h.iter()
+            .filter(|m| m.kind == hako_shared::chat::MessageKind::Command)
+            .all(|m| m.state == "handled")
+    );
+    // A session the agent announces is sent on the next turn; /new drops it.
+    rig.say(chat, "c-3", "/session s-77").await;
+    rig.wait_for(chat, "the session reply", |h| {
+        replies(h).iter().any(|r| r == "session: s-77")
+    })
+    .await;
+    let (_, g) = rig.api().get(&rig.operator, "/v1/groups/cmds").await;
+    assert_eq!(g["session_id"], "s-77", "{g}");
+    rig.say(chat, "c-4", "/echo-input").await;
+    let h = rig.wait_for(chat, "echo", |h| replies(h).len() == 2).await;
+    assert!(
+        replies(&h)[1].contains(r#""sessionId":"s-77""#),
+        "{:?}",
+        replies(&h)
+    );
+    rig.say(chat, "c-5", "/new").await;
+    rig.wait_for(chat, "new", |h| notices(h).len() == 3).await;
+    let (_, g) = rig.api().get(&rig.operator, "/v1/groups/cmds").await;
+    assert!(g["session_id"].is_null(), "{g}");
+    rig.say(chat, "c-6", "/echo-input").await;
+    let h = rig.wait_for(chat, "echo", |h| replies(h).len() == 3).await;
+    assert!(
+        replies(&h)[2].contains(r#""sessionId":"""#),
+        "{:?}",
+        replies(&h)
+    );
+    // /stop during a long run.
+    rig.say(chat, "c-7", "/sleep 60").await;
+    let deadline = Instant::now() + LIMIT;
+    let turn_id = loop {
+        let (_, v) = rig
+            .api()
+            .get(&rig.operator, "/v1/turns?state=running")
+            .await;
+        if let Some(t) = v["turns"].as_array().unwrap().first() {
+            break t["turn_id"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the long run never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    rig.say(chat, "c-8", "/stop").await;
+    let h = rig
+        .wait_for(chat, "stopped", |h| {
+            notices(h).iter().any(|n| n.contains("was stopped"))
+        })
+        .await;
+    assert!(
+        notices(&h).iter().any(|n| n == "Stopped."),
+        "{:?}",
+        notices(&h)
+    );
+    let turn = rig.turn(&turn_id).await;
+    assert_eq!(
+        (turn["state"].as_str(), turn["attempt"].as_i64()),
+        (Some("killed"), Some(1))
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        rig.turn(&turn_id).await["attempt"],
+        1,
+        "a kill is never retried"
+    );
+    rig.stop().await;
+}
+
+/// A client reconnecting with `Last-Event-ID` gets exactly what it missed, from the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sse_resumes_from_last_event_id() {
+    let rig = Rig::new(&[], &[]).await;
+    let chat = "web:resume";
+    let (s, v) = rig
+        .api()
+        .put(&rig.operator, "/v1/groups/resume", json!({"name": "r"}))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    rig.say(chat, "r-1", "one").await;
+    rig.wait_for(chat, "reply one", |h| replies(h).len() == 1)
+        .await;
+    rig.say(chat, "r-2", "two").await;
+    let h = rig
+        .wait_for(chat, "reply two", |h| replies(h).len() == 2)
+        .await;
+    assert_eq!(h.len(), 4);
+    let url = format!("{}/v1/chats/{}/events", rig.base(), enc(chat));
+    let got = sse(&url, &rig.operator, Some(h[0].seq), 3).await;
+    let ids: Vec<i64> = got.iter().map(|(id, _)| *id).collect();
+    assert_eq!(ids, h[1..].iter().map(|m| m.seq).collect::<Vec<_>>());
+    assert_eq!(got[2].1["content"], "two");
+    rig.stop().await;
+}
+
+/// routd killed with SIGKILL while a turn runs: restarted, it follows the same run to its end;
+/// the reply is delivered once, and nothing runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn routd_killed_mid_turn_resumes_it() {
+    let mut rig = Rig::new(&[], &[]).await;
+    rig.spawn_routd_binary().await;
+    let chat = "tg:600";
+    rig.group_for("crash", chat).await;
+    rig.say(chat, "k-1", "/sleep 3\nsurvivor").await;
+    let deadline = Instant::now() + LIMIT;
+    let (turn_id, run_id) = loop {
+        let (_, v) = rig
+            .api()
+            .get(&rig.operator, "/v1/turns?state=running")
+            .await;
+        if let Some(t) = v["turns"].as_array().unwrap().first() {
+            break (
+                t["turn_id"].as_str().unwrap().to_owned(),
+                t["run_id"].as_str().unwrap().to_owned(),
+            );
+        }
+        assert!(Instant::now() < deadline, "the run never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let (mut child, _) = rig.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    rig.spawn_routd_binary().await;
+    let h = rig
+        .wait_for(chat, "the reply after the restart", |h| {
+            !replies(h).is_empty()
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let h2 = rig.history(chat).await;
+    assert_eq!(h.len(), h2.len(), "nothing more arrives");
+    assert_eq!(replies(&h2), ["slept 3 s\nsurvivor"]);
+    let turn = rig.turn(&turn_id).await;
+    assert_eq!(
+        (
+            turn["state"].as_str(),
+            turn["attempt"].as_i64(),
+            turn["run_id"].as_str()
+        ),
+        (Some("done"), Some(1), Some(run_id.as_str())),
+        "the same run, followed to its end: {turn}"
+    );
+    rig.stop().await;
+}
+
+/// runed away for a while: the turn waits (visible in `/ready`, the metric and the turn's
+/// state) and runs when runed is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn runed_down_then_back() {
+    let mut rig = Rig::new(&[], &[]).await;
+    let chat = "tg:700";
+    rig.group_for("outage", chat).await;
+    rig.runed.take().unwrap().shutdown().await;
+    rig.say(chat, "o-1", "patience").await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let r = http
+        .get(format!("{}/ready", rig.base()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["message"].as_str().unwrap().contains("runed"), "{v}");
+    let metrics = http
+        .get(format!("{}/metrics", rig.base()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("routd_runed_unavailable 1"), "{metrics}");
+    let (_, v) = rig
+        .api()
+        .get(&rig.operator, "/v1/turns?state=starting")
+        .await;
+    assert_eq!(v["turns"].as_array().unwrap().len(), 1, "{v}");
+    assert!(replies(&rig.history(chat).await).is_empty());
+    rig.start_runed().await;
+    let h = rig
+        .wait_for(chat, "the reply once runed is back", |h| {
+            !replies(h).is_empty()
+        })
+        .await;
+    assert_eq!(replies(&h), ["patience"]);
+    rig.stop().await;
+}
+
+/// A webhook receiver that fails, then recovers: the message is retried (same idempotency
+/// key, every attempt recorded) until delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_webhook_is_retried_until_it_recovers() {
+    let rig = Rig::new(&[], &[]).await;
+    let chat = "wa:800";
+    rig.group_for("hooks", chat).await;
+    let (recv, url) = Receiver::start(2).await;
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            "/v1/webhooks",
+            json!({"prefix": "wa:", "url": url, "secret": "0123456789abcdef"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    rig.say(chat, "w-1", "ring").await;
+    let h = rig
+        .wait_for(chat, "delivered", |h| {
+            h.iter().any(|m| m.state == "delivered")
+        })
+        .await;
+    let reqs = recv.requests();
+    assert_eq!(
+        reqs.iter().map(|r| r.2).collect::<Vec<_>>(),
+        [503, 503, 200]
+    );
+    let keys: Vec<&String> = reqs.iter().map(|r| &r.0["idempotency-key"]).collect();
+    assert!(
+        keys.iter().all(|k| *k == keys[0]),
+        "one key for every attempt"
+    );
+    let reply = h.iter().find(|m| m.state == "delivered").unwrap();
+    assert_eq!(&reply.id, keys[0]);
+    rig.stop().await;
+}
+
+/// Ingress: malformed and unknown input refused with the envelope; a chat without a route is
+/// stored and answered once a route appears; ids are idempotent; tokens are checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ingress_is_checked_and_nothing_is_dropped() {
+    let rig = Rig::new(&[], &[]).await;
+    let api = rig.api();
+    let post = |token: String, body: Value| {
+        let api = api.clone();
+        async move { api.post(&token, "/v1/messages", body).await }
+    };
+    let (s, v) = api
+        .raw(
+            reqwest::Method::POST,
+            "/v1/messages",
+            Some(&rig.channel),
+            "application/json",
+            "{not json",
+        )
+        .await;
+    assert_eq!((s, v["error"].as_str()), (400, Some("invalid_json")));
+    let (s, v) = post(
+        rig.channel.clone(),
+        json!({"chat_jid": "x:1", "sender": "a", "content": "c", "admin": true}),
+    )
+    .await;
+    assert_eq!((s, v["error"].as_str()), (400, Some("invalid_json")), "{v}");
+    let (s, v) = post(
+        rig.channel.clone(),
+        json!({"chat_jid": "x:1", "sender": "a", "content": "x".repeat(70_000)}),
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (400, Some("invalid_request")),
+        "{v}"
+    );
+    assert!(v["message"].as_str().unwrap().contains("content"), "{v}");
+    let (s, v) = post(
+        rig.channel.clone(),
+        json!({"chat_jid": "x:1", "sender": "a", "content": "c", "id": "bad id"}),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    // No route yet: stored, reported, answered later.
+    let (s, v) = post(
+        rig.channel.clone(),
+        json!({"id": "late-1", "chat_jid": "x:1", "sender": "a", "content": "waiting"}),
+    )
+    .await;
+    assert_eq!((s, v["routed"].as_bool()), (201, Some(false)), "{v}");
+    let (s, v) = post(
+        rig.channel.clone(),
+        json!({"id": "late-1", "chat_jid": "x:1", "sender": "a", "content": "waiting"}),
+    )
+    .await;
+    assert_eq!((s, v["duplicate"].as_bool()), (200, Some(true)), "{v}");
+    let (s, v) = post(
+        rig.channel.clone(),
+        json!({"id": "late-1", "chat_jid": "x:1", "sender": "a", "content": "other"}),
+    )
+    .await;
+    assert_eq!((s, v["error"].as_str()), (409, Some("id_conflict")), "{v}");
+    rig.group_for("late", "x:*").await;
+    let h = rig
+        .wait_for("x:1", "answered after the route", |h| {
+            !replies(h).is_empty()
+        })
+        .await;
+    assert_eq!(replies(&h), ["waiting"]);
+    assert_eq!(
+        h.iter()
+            .filter(|m| m.direction == hako_shared::chat::Direction::In)
+            .count(),
+        1
+    );
+    // Tokens.
+    let body = json!({"chat_jid": "x:2", "sender": "a", "content": "c"});
+    let (s, v) = post("forged.token.here".into(), body.clone()).await;
+    assert_eq!(s, 401, "{v}");
+    let short = rig.mint(&["messages:write"], None, 1).await;
+    tokio::time::sleep(Duration::from_millis(3200)).await;
+    let (s, v) = post(short, body.clone()).await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (401, Some("token_expired")),
+        "{v}"
+    );
+    let reader = rig.mint(&["chats:read"], None, 60).await;
+    let (s, v) = post(reader, body.clone()).await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (403, Some("insufficient_scope")),
+        "{v}"
+    );
+    let foreign = rig
+        .mint(&["messages:write", "chats:read"], Some("other"), 60)
+        .await;
+    let (s, v) = post(foreign.clone(), body.clone()).await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (403, Some("folder_forbidden")),
+        "{v}"
+    );
+    let (s, _) = api.get(&foreign, "/v1/chats/x%3A1/messages").await;
+    assert_eq!(s, 404, "another folder's chat is not there for it");
+    let own = rig
+        .mint(&["messages:write", "chats:read"], Some("late"), 60)
+        .await;
+    let (s, v) = post(own.clone(), body).await;
+    assert_eq!(s, 201, "a folder-bound caller posts to its own chats: {v}");
+    let (s, _) = api.get(&own, "/v1/chats/x%3A1/messages").await;
+    assert_eq!(s, 200);
+    // The sweep: every route, every bad input, always the envelope.
+    let sent = api.sweep_errors(hako_routd::OPENAPI, &rig.operator).await;
+    assert!(sent > 50, "{sent}");
+    rig.stop().await;
+}
+
+/// The committed OpenAPI document passes an independent validator (openapi-spec-validator).
+#[test]
+fn the_openapi_document_validates() {
+    assert_eq!(
+        hako_shared::testing::validate_openapi(hako_routd::OPENAPI),
+        "3.1.0"
+    );
+}
