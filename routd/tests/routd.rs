@@ -367,10 +367,13 @@ async fn sse(url: &str, token: &str, last_event_id: Option<i64>, n: usize) -> Ve
     out
 }
 
+/// One request a receiver got: its headers, its body, the status it answered.
+type Got = (HashMap<String, String>, Vec<u8>, u16);
+
 /// A webhook receiver on loopback: records every request, fails the first `fail_first`.
 #[derive(Clone, Default)]
 struct Receiver {
-    got: Arc<Mutex<Vec<(HashMap<String, String>, Vec<u8>, u16)>>>,
+    got: Arc<Mutex<Vec<Got>>>,
     fail_first: Arc<AtomicUsize>,
 }
 
@@ -406,7 +409,7 @@ impl Receiver {
         (r, url)
     }
 
-    fn requests(&self) -> Vec<(HashMap<String, String>, Vec<u8>, u16)> {
+    fn requests(&self) -> Vec<Got> {
         self.got.lock().unwrap().clone()
     }
 }
