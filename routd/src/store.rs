@@ -43,8 +43,10 @@ CREATE INDEX messages_delivering ON messages (next_try_at) WHERE state = 'delive
 CREATE TABLE chats (
     jid        TEXT PRIMARY KEY,
     cursor     INTEGER NOT NULL DEFAULT 0,
+    pending    INTEGER NOT NULL DEFAULT 0,
     updated_at INTEGER NOT NULL
 );
+CREATE INDEX chats_pending ON chats (jid) WHERE pending > 0;
 CREATE TABLE groups (
     folder        TEXT PRIMARY KEY,
     name          TEXT NOT NULL,
@@ -426,10 +428,11 @@ impl Store {
                     ],
                 )?;
                 let seq = tx.last_insert_rowid();
+                let pending = i64::from(state == inbound::PENDING);
                 tx.execute(
-                    "INSERT INTO chats (jid, cursor, updated_at) VALUES (?1, 0, ?2) \
-                     ON CONFLICT (jid) DO UPDATE SET updated_at = ?2",
-                    params![m.chat_jid, m.now],
+                    "INSERT INTO chats (jid, cursor, pending, updated_at) VALUES (?1, 0, ?3, ?2) \
+                     ON CONFLICT (jid) DO UPDATE SET updated_at = ?2, pending = pending + ?3",
+                    params![m.chat_jid, m.now, pending],
                 )?;
                 tx.commit()?;
                 Ok(Ingested::New(seq))
@@ -517,14 +520,14 @@ impl Store {
             .await
     }
 
-    /// Chats with inbound messages that no turn covers yet, oldest first.
+    /// Chats with inbound messages not answered yet, least recently changed first (the
+    /// scheduler then looks for the ones no turn covers). A per-chat count keeps this small
+    /// however many messages wait (an unrouted chat's backlog, say).
     pub async fn chats_with_pending(&self) -> Result<Vec<String>, DbError> {
         self.db
             .call(|c| {
                 let mut st = c.prepare_cached(
-                    "SELECT chat_jid, min(seq) AS first FROM messages \
-                     WHERE direction = 'in' AND state = 'pending' AND turn_id IS NULL \
-                     GROUP BY chat_jid ORDER BY first",
+                    "SELECT jid FROM chats WHERE pending > 0 ORDER BY updated_at",
                 )?;
                 let rows = st
                     .query_map([], |r| r.get(0))?
@@ -772,10 +775,15 @@ impl Store {
                 if n != 1 {
                     return Ok(false);
                 }
-                tx.execute(
+                let ended = tx.execute(
                     "UPDATE messages SET state = ?2 WHERE turn_id = ?1 AND direction = 'in' \
                      AND state = 'pending'",
                     params![t, message_state],
+                )?;
+                tx.execute(
+                    "UPDATE chats SET pending = max(0, pending - ?2) \
+                     WHERE jid = (SELECT chat_jid FROM turns WHERE turn_id = ?1)",
+                    params![t, ended as i64],
                 )?;
                 // The cursor: the last inbound message before the first one still pending.
                 tx.execute(
