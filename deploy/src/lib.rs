@@ -16,6 +16,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bollard::Docker;
 use bollard::query_parameters::{
@@ -146,6 +147,8 @@ pub struct Pipeline {
     root: PathBuf,
     target_dir: PathBuf,
     docker: Docker,
+    /// Builds this pipeline started (see [`Pipeline::builds`]).
+    builds: AtomicUsize,
 }
 
 impl Pipeline {
@@ -156,6 +159,7 @@ impl Pipeline {
             target_dir: root.join("target").join("images"),
             root,
             docker,
+            builds: AtomicUsize::new(0),
         }
     }
 
@@ -297,8 +301,16 @@ impl Pipeline {
         Ok(self.target_dir.join(TARGET).join(PROFILE).join(spec.bin))
     }
 
+    /// How many builds ([`Pipeline::build`], directly or through [`Pipeline::ensure`]) this
+    /// pipeline has started. A rebuild of unchanged sources cannot be seen on the image
+    /// (Docker's layer cache hands back the same image id), so the tests count here.
+    pub fn builds(&self) -> usize {
+        self.builds.load(Ordering::SeqCst)
+    }
+
     /// Compiles and builds `spec`'s image as `<name>:<hash>` and `<name>:latest`.
     pub async fn build(&self, spec: &ImageSpec, hash: &str) -> Result<(), DeployError> {
+        self.builds.fetch_add(1, Ordering::SeqCst);
         let binary = self.compile(spec).await?;
         let dockerfile = self.root.join("deploy").join(spec.dockerfile);
         let context = build_context(&dockerfile, &binary, spec.bin)?;
@@ -477,6 +489,7 @@ mod tests {
             root: root.to_owned(),
             target_dir: root.join("target/images"),
             docker: Docker::connect_with_unix_defaults().expect("client builds without I/O"),
+            builds: AtomicUsize::new(0),
         }
     }
 
