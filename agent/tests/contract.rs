@@ -293,6 +293,68 @@ impl Agent {
         }
     }
 
+    /// How many times stderr says `needle`.
+    fn stderr_count(&self, needle: &str) -> usize {
+        self.stderr_text().matches(needle).count()
+    }
+
+    /// Waits until stderr has said `needle` at least `n` times.
+    fn wait_stderr_count(&self, needle: &str, n: usize, within: Duration) {
+        let until = Instant::now() + within;
+        while self.stderr_count(needle) < n {
+            assert!(
+                Instant::now() < until,
+                "stderr said {needle:?} {} times, not {n}: {}",
+                self.stderr_count(needle),
+                self.stderr_text()
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Waits until the agent is idle: every thread of it asleep in the kernel (state `S`)
+    /// on a few reads in a row, as it is while it waits for follow-ups.
+    fn wait_idle(&self, within: Duration) {
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let until = Instant::now() + within;
+        let mut quiet = 0;
+        while quiet < 5 {
+            let asleep = std::fs::read_dir(&tasks)
+                .unwrap()
+                .filter_map(Result::ok)
+                .all(|t| {
+                    let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+                    // `pid (comm) S …`: the state follows the last parenthesis.
+                    stat.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('S'))
+                });
+            quiet = if asleep { quiet + 1 } else { 0 };
+            assert!(Instant::now() < until, "the agent never went idle");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Waits until no signal `sig` is pending for the process: it was delivered.
+    fn wait_delivered(&self, sig: Signal, within: Duration) {
+        let bit = 1u64 << (sig.as_raw() - 1);
+        let status = format!("/proc/{}/status", self.child.id());
+        let until = Instant::now() + within;
+        loop {
+            let text = std::fs::read_to_string(&status).unwrap_or_default();
+            let pending = ["SigPnd:", "ShdPnd:"].iter().any(|f| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(f))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+                    .is_some_and(|m| m & bit != 0)
+            });
+            if !pending {
+                return;
+            }
+            assert!(Instant::now() < until, "signal {sig:?} still pending");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     fn stderr_text(&self) -> String {
         String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
     }
@@ -449,29 +511,43 @@ fn files_before_close_are_processed_in_name_order() {
     assert!(a.inbox().join("zz-after-close.json").exists());
 }
 
+/// The median of `samples`.
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
 #[test]
 fn sigusr1_wakes_within_100ms_with_the_default_500ms_poll() {
     let a = Agent::run(with_dir(), &input("first"));
     assert_eq!(a.ok_result(T), "first");
     a.wait_stderr("waiting for follow-ups", T);
-    for i in 0..3 {
-        std::thread::sleep(Duration::from_millis(30));
+    // Each wake is taken from idle (the agent asleep in its poll), and each goes through the
+    // signal (it logs the wake). The latency is the median of several: one sample on a
+    // loaded machine says little, and the 500 ms poll alone would put it near 250 ms.
+    let mut latencies = Vec::new();
+    for i in 0..7 {
+        a.wait_idle(T);
         a.follow_up(&format!("{i:04}.json"), &format!("steer {i}"));
         let sent = Instant::now();
         a.signal(Signal::USR1);
         let (at, b) = a.block(T);
         assert_eq!(b["result"], format!("steer {i}"));
-        let latency = at - sent;
-        assert!(
-            latency < Duration::from_millis(100),
-            "reply {latency:?} after SIGUSR1"
-        );
+        latencies.push(at.saturating_duration_since(sent));
+        a.wait_stderr_count("SIGUSR1: checking for follow-ups", i + 1, T);
     }
+    let m = median(latencies.clone());
+    assert!(
+        m < Duration::from_millis(100),
+        "median reply {m:?} after SIGUSR1: {latencies:?}"
+    );
 }
 
 #[test]
 fn sigusr1_is_the_only_wake_with_a_long_poll() {
-    // With a one-minute poll, only the signal can produce a reply this fast.
+    // With a one-minute poll, nothing answers a follow-up until the signal, and then it is
+    // answered well within the minute: the reply is caused by the signal. Its latency is
+    // the median of several wakes.
     let opts = Opts {
         env: env(&[("HAKO_POLL_INTERVAL_MS", "60000")]),
         ..with_dir()
@@ -479,13 +555,22 @@ fn sigusr1_is_the_only_wake_with_a_long_poll() {
     let a = Agent::run(opts, &input("first"));
     assert_eq!(a.ok_result(T), "first");
     a.wait_stderr("waiting for follow-ups", T);
-    a.follow_up("0001.json", "steer");
-    a.no_block(Duration::from_millis(300));
-    let sent = Instant::now();
-    a.signal(Signal::USR1);
-    let (at, b) = a.block(T);
-    assert_eq!(b["result"], "steer");
-    assert!(at - sent < Duration::from_millis(100), "{:?}", at - sent);
+    let mut latencies = Vec::new();
+    for i in 0..5 {
+        a.wait_idle(T);
+        a.follow_up(&format!("{i:04}.json"), &format!("steer {i}"));
+        a.no_block(Duration::from_millis(if i == 0 { 300 } else { 50 }));
+        let sent = Instant::now();
+        a.signal(Signal::USR1);
+        let (at, b) = a.block(T);
+        assert_eq!(b["result"], format!("steer {i}"));
+        latencies.push(at.saturating_duration_since(sent));
+    }
+    let m = median(latencies.clone());
+    assert!(
+        m < Duration::from_millis(100),
+        "median reply {m:?} after SIGUSR1: {latencies:?}"
+    );
 }
 
 #[test]
@@ -493,7 +578,8 @@ fn sigusr1_before_input_does_not_kill() {
     let mut a = Agent::start(Opts::default());
     a.wait_stderr("started", T);
     a.signal(Signal::USR1);
-    std::thread::sleep(Duration::from_millis(50));
+    // Delivered (no longer pending); then the agent still takes its input and answers.
+    a.wait_delivered(Signal::USR1, T);
     assert!(a.still_running());
     a.send_line(&input("still here").to_string());
     a.close_stdin();
@@ -630,11 +716,12 @@ fn ignore_sigterm_keeps_running_until_close() {
     a.wait_stderr("waiting for follow-ups", T);
     a.signal(Signal::TERM);
     a.wait_stderr("SIGTERM ignored", T);
-    std::thread::sleep(Duration::from_millis(300));
+    // Handled and ignored: it is still there, and answers after it.
     assert!(a.still_running());
     a.follow_up("0001.json", "still answering");
     a.signal(Signal::USR1);
     assert_eq!(a.ok_result(T), "still answering");
+    assert!(a.still_running());
     a.drop_file("_close", b"");
     a.signal(Signal::USR1);
     assert_eq!(a.wait(T).code(), Some(0));

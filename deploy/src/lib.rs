@@ -16,6 +16,7 @@ use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bollard::Docker;
 use bollard::query_parameters::{
@@ -27,6 +28,20 @@ use sha2::{Digest, Sha256};
 
 /// The Rust target every image binary is built for (static glibc, see the README).
 pub const TARGET: &str = "x86_64-unknown-linux-gnu";
+/// The flags every image binary is compiled with (a static C runtime).
+pub const RUSTFLAGS: &str = "-C target-feature=+crt-static";
+/// The cargo profile of image binaries.
+const PROFILE: &str = "release";
+/// Workspace files that shape every binary: the manifest and lock file (versions, features,
+/// profiles), the toolchain pin and cargo's configuration (flags, target settings).
+const ROOT_INPUTS: &[&str] = &[
+    "Cargo.toml",
+    "Cargo.lock",
+    "rust-toolchain.toml",
+    "rust-toolchain",
+    ".cargo/config.toml",
+    ".cargo/config",
+];
 /// Label carrying an image's content hash.
 pub const LABEL_HASH: &str = "io.hako.image.hash";
 /// Label carrying an image's name (`hako-agent`, …).
@@ -132,6 +147,8 @@ pub struct Pipeline {
     root: PathBuf,
     target_dir: PathBuf,
     docker: Docker,
+    /// Builds this pipeline started (see [`Pipeline::builds`]).
+    builds: AtomicUsize,
 }
 
 impl Pipeline {
@@ -142,6 +159,7 @@ impl Pipeline {
             target_dir: root.join("target").join("images"),
             root,
             docker,
+            builds: AtomicUsize::new(0),
         }
     }
 
@@ -159,28 +177,37 @@ impl Pipeline {
             })
     }
 
-    /// The content hash of everything that determines `spec`'s image: the workspace manifest
-    /// and lock file, the Dockerfile and every file under the spec's source directories
-    /// (excluding `tests/`, `benches/` and hidden files, which do not change the binary).
-    pub fn content_hash(&self, spec: &ImageSpec) -> Result<String, DeployError> {
-        let mut files = vec![
-            self.root.join("Cargo.toml"),
-            self.root.join("Cargo.lock"),
-            self.root.join("deploy").join(spec.dockerfile),
-        ];
+    /// The files whose contents determine `spec`'s image: the workspace manifest and lock
+    /// file, the toolchain and cargo configuration if any (their absence is part of the state),
+    /// the Dockerfile, and every file under the spec's source directories except their
+    /// top-level `tests/`, `benches/` and `target/` and hidden files, which do not change the
+    /// binary. Sorted; the hash reads them in this order.
+    pub fn hash_inputs(&self, spec: &ImageSpec) -> Result<Vec<PathBuf>, DeployError> {
+        let mut files: Vec<PathBuf> = ROOT_INPUTS.iter().map(|f| self.root.join(f)).collect();
+        files.push(self.root.join("deploy").join(spec.dockerfile));
         for dir in spec.sources {
-            collect_files(&self.root.join(dir), &mut files)?;
+            collect_files(&self.root.join(dir), true, &mut files)?;
         }
         files.sort();
+        files.dedup();
+        Ok(files)
+    }
+
+    /// The content hash of everything that determines `spec`'s image: how it is compiled
+    /// (target, flags, profile) and the contents of [`Pipeline::hash_inputs`].
+    pub fn content_hash(&self, spec: &ImageSpec) -> Result<String, DeployError> {
+        let files = self.hash_inputs(spec)?;
         let mut h = Sha256::new();
-        h.update(spec.package.as_bytes());
-        h.update(b"\0");
-        h.update(spec.bin.as_bytes());
+        for part in [spec.package, spec.bin, TARGET, RUSTFLAGS, PROFILE] {
+            h.update(part.as_bytes());
+            h.update(b"\0");
+        }
         for f in &files {
             let rel = f.strip_prefix(&self.root).unwrap_or(f);
             let data = match std::fs::read(f) {
                 Ok(d) => d,
-                // Cargo.lock may be absent on a first checkout; its absence is part of the state.
+                // Cargo.lock may be absent on a first checkout, the toolchain file and cargo
+                // config usually are: their absence is part of the state.
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
                 Err(e) => return Err(io_err(f)(e)),
             };
@@ -237,7 +264,8 @@ impl Pipeline {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let args = [
             "build",
-            "--release",
+            "--profile",
+            PROFILE,
             "--target",
             TARGET,
             "-p",
@@ -246,7 +274,7 @@ impl Pipeline {
             spec.bin,
         ];
         let command = format!(
-            "RUSTFLAGS='-C target-feature=+crt-static' CARGO_TARGET_DIR={} cargo {}",
+            "RUSTFLAGS='{RUSTFLAGS}' CARGO_TARGET_DIR={} cargo {}",
             self.target_dir.display(),
             args.join(" ")
         );
@@ -255,7 +283,7 @@ impl Pipeline {
             .args(args)
             .current_dir(&self.root)
             .env("CARGO_TARGET_DIR", &self.target_dir)
-            .env("RUSTFLAGS", "-C target-feature=+crt-static")
+            .env("RUSTFLAGS", RUSTFLAGS)
             .env_remove("CARGO_ENCODED_RUSTFLAGS")
             .env_remove("CARGO_BUILD_TARGET")
             .stdin(Stdio::null())
@@ -270,11 +298,19 @@ impl Pipeline {
                 command,
             });
         }
-        Ok(self.target_dir.join(TARGET).join("release").join(spec.bin))
+        Ok(self.target_dir.join(TARGET).join(PROFILE).join(spec.bin))
+    }
+
+    /// How many builds ([`Pipeline::build`], directly or through [`Pipeline::ensure`]) this
+    /// pipeline has started. A rebuild of unchanged sources cannot be seen on the image
+    /// (Docker's layer cache hands back the same image id), so the tests count here.
+    pub fn builds(&self) -> usize {
+        self.builds.load(Ordering::SeqCst)
     }
 
     /// Compiles and builds `spec`'s image as `<name>:<hash>` and `<name>:latest`.
     pub async fn build(&self, spec: &ImageSpec, hash: &str) -> Result<(), DeployError> {
+        self.builds.fetch_add(1, Ordering::SeqCst);
         let binary = self.compile(spec).await?;
         let dockerfile = self.root.join("deploy").join(spec.dockerfile);
         let context = build_context(&dockerfile, &binary, spec.bin)?;
@@ -350,7 +386,10 @@ impl Pipeline {
     }
 }
 
-fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DeployError> {
+/// Every file under `dir`, skipping hidden entries and, at a crate's top level (`top`), the
+/// directories that never reach the binary (`tests/`, `benches/`, `target/`). A directory
+/// of that name deeper down (`src/tests/`, a module) is source and counts.
+fn collect_files(dir: &Path, top: bool, out: &mut Vec<PathBuf>) -> Result<(), DeployError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(e) => e,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
@@ -360,13 +399,14 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DeployError> 
         let entry = entry.map_err(io_err(dir))?;
         let name = entry.file_name();
         let name = name.to_string_lossy();
-        if name.starts_with('.') || matches!(name.as_ref(), "target" | "tests" | "benches") {
+        if name.starts_with('.') || (top && matches!(name.as_ref(), "target" | "tests" | "benches"))
+        {
             continue;
         }
         let path = entry.path();
         let ft = entry.file_type().map_err(io_err(&path))?;
         if ft.is_dir() {
-            collect_files(&path, out)?;
+            collect_files(&path, false, out)?;
         } else if ft.is_file() {
             out.push(path);
         }
@@ -449,6 +489,7 @@ mod tests {
             root: root.to_owned(),
             target_dir: root.join("target/images"),
             docker: Docker::connect_with_unix_defaults().expect("client builds without I/O"),
+            builds: AtomicUsize::new(0),
         }
     }
 
@@ -478,6 +519,114 @@ mod tests {
         assert_ne!(h1, h2, "a source change changes the hash");
         std::fs::write(dir.join("deploy/agent.Dockerfile"), "FROM scratch\n").unwrap();
         assert_ne!(h2, p.content_hash(&AGENT).unwrap(), "the Dockerfile counts");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The workspace crates each image's binary is built from (its package and its normal
+    /// and build dependencies, transitively, that live in this workspace), from
+    /// `cargo metadata`: every one must lie under a hashed source directory, or a change to
+    /// it would ship under an old tag. (The agent once linked hako-deploy, whose sources were
+    /// not hashed.)
+    #[test]
+    fn every_workspace_crate_a_binary_is_built_from_is_hashed() {
+        let root = workspace_root();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = std::process::Command::new(cargo)
+            .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+            .args(["--filter-platform", TARGET])
+            .current_dir(&root)
+            .output()
+            .expect("cargo metadata runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let meta: serde_json::Value = serde_json::from_slice(&out.stdout).expect("metadata");
+        let packages = meta["packages"].as_array().expect("packages");
+        let nodes = meta["resolve"]["nodes"].as_array().expect("resolve");
+        let local_dir = |id: &str| -> Option<PathBuf> {
+            let p = packages.iter().find(|p| p["id"] == id)?;
+            // Registry and git crates are pinned by Cargo.lock; path crates are sources.
+            if !p["source"].is_null() {
+                return None;
+            }
+            Some(Path::new(p["manifest_path"].as_str()?).parent()?.to_owned())
+        };
+        for spec in IMAGES {
+            let start = packages
+                .iter()
+                .find(|p| p["name"] == spec.package)
+                .and_then(|p| p["id"].as_str())
+                .unwrap_or_else(|| panic!("{}: no package {}", spec.name, spec.package));
+            let mut seen = vec![start.to_owned()];
+            let mut todo = vec![start.to_owned()];
+            let mut local = Vec::new();
+            while let Some(id) = todo.pop() {
+                local.extend(local_dir(&id));
+                let node = nodes.iter().find(|n| n["id"] == id.as_str()).expect("node");
+                for dep in node["deps"].as_array().expect("deps") {
+                    let shipped = dep["dep_kinds"]
+                        .as_array()
+                        .expect("dep_kinds")
+                        .iter()
+                        .any(|k| k["kind"].is_null() || k["kind"] == "build");
+                    let pkg = dep["pkg"].as_str().expect("pkg").to_owned();
+                    if shipped && !seen.contains(&pkg) {
+                        seen.push(pkg.clone());
+                        todo.push(pkg);
+                    }
+                }
+            }
+            assert!(
+                local.iter().any(|d| d.ends_with(spec.sources[1])),
+                "{}: its own crate is local",
+                spec.name
+            );
+            for dir in &local {
+                assert!(
+                    spec.sources.iter().any(|s| dir.starts_with(root.join(s))),
+                    "{}: its binary is built from {} (a dependency of {}), which the content \
+                     hash does not cover: add it to the spec's sources (hashed: {:?})",
+                    spec.name,
+                    dir.display(),
+                    spec.package,
+                    spec.sources
+                );
+            }
+            // And each of those crates' sources is among the hash inputs.
+            let pipeline = Pipeline::new(Docker::connect_with_unix_defaults().expect("client"));
+            let inputs = pipeline.hash_inputs(spec).expect("inputs");
+            for dir in &local {
+                let lib = ["src/lib.rs", "src/main.rs"].map(|f| dir.join(f));
+                assert!(
+                    lib.iter().any(|f| inputs.contains(f)),
+                    "{}: {} is not hashed",
+                    spec.name,
+                    dir.display()
+                );
+                assert!(inputs.contains(&dir.join("Cargo.toml")));
+            }
+        }
+    }
+
+    #[test]
+    fn nested_test_modules_and_cargo_config_count() {
+        let dir = std::env::temp_dir().join(format!("hako-deploy-nested-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for d in ["shared/src/tests", "agent/src", "deploy"] {
+            std::fs::create_dir_all(dir.join(d)).unwrap();
+        }
+        std::fs::write(dir.join("Cargo.toml"), "[workspace]").unwrap();
+        std::fs::write(dir.join("deploy/agent.Dockerfile"), "FROM scratch").unwrap();
+        let p = pipeline_at(&dir);
+        let h1 = p.content_hash(&AGENT).unwrap();
+        std::fs::write(dir.join("shared/src/tests/mod.rs"), "pub fn f() {}").unwrap();
+        let h2 = p.content_hash(&AGENT).unwrap();
+        assert_ne!(h1, h2, "a module directory named tests is source");
+        std::fs::create_dir_all(dir.join(".cargo")).unwrap();
+        std::fs::write(dir.join(".cargo/config.toml"), "[build]\nrustflags = []").unwrap();
+        assert_ne!(h2, p.content_hash(&AGENT).unwrap(), "cargo's config counts");
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -18,52 +18,24 @@ use hako_shared::runs::{Outcome, RunRequest, RunState};
 use hako_shared::time::unix_millis;
 use tokio_util::sync::CancellationToken;
 
-use crate::daemon::{
-    Event, Live, Pending, Shared, finalize, forward, remove_containers, retry_revocations,
-    revoke_tokens,
-};
 use crate::queue::Kind;
+use crate::record::{
+    end_without_container, finalize, forward, remove_containers, retry_revocations,
+};
 use crate::runner::outcome::{Ending, decide};
 use crate::runner::{Adoption, LiveRun, RunControl, RunEnd};
-use crate::store::{Finish, SpawnRow};
-
-/// The TTL of a hold, stored in its request column.
-#[derive(serde::Serialize, serde::Deserialize)]
-pub(crate) struct HoldInfo {
-    pub ttl_ms: u64,
-}
+use crate::state::{HoldInfo, Live, Pending, Shared};
+use crate::store::SpawnRow;
 
 async fn fail(sh: &Shared, row: &SpawnRow, why: &str) {
-    end_without_container(sh, row, RunState::Error, Outcome::Fatal, why.to_owned()).await;
-}
-
-/// Ends a run that has no container to supervise, and revokes its spawn tokens.
-async fn end_without_container(
-    sh: &Shared,
-    row: &SpawnRow,
-    state: RunState,
-    outcome: Outcome,
-    why: String,
-) {
-    let f = Finish {
-        state,
-        outcome,
-        exit_code: None,
-        error: Some(why),
-        truncated: false,
-        container_id: None,
-        started_at: None,
-        ended_at: unix_millis(SystemTime::now()),
-    };
-    let from = [RunState::Queued, RunState::Starting, RunState::Running];
-    if let Ok(true) = sh.store.finish(&row.run_id, &from, f).await {
-        sh.metrics.finished(outcome);
-        sh.emit(Event::State {
-            run_id: row.run_id.clone(),
-            state,
-        });
-    }
-    revoke_tokens(sh, &row.run_id).await;
+    end_without_container(
+        sh,
+        &row.run_id,
+        RunState::Error,
+        Outcome::Fatal,
+        Some(why.to_owned()),
+    )
+    .await;
 }
 
 /// A starting or running run whose container is gone after a restart: what it stored
@@ -83,7 +55,7 @@ async fn decide_from_stored(sh: &Shared, row: &SpawnRow) {
         },
         &statuses,
     );
-    end_without_container(sh, row, v.state, v.outcome, why.into()).await;
+    end_without_container(sh, &row.run_id, v.state, v.outcome, Some(why.into())).await;
 }
 
 /// Restores the queue and re-adopts containers. Runs once, when Docker first answers.
@@ -229,15 +201,7 @@ pub(crate) async fn readopt_after_outage(
             adopt_with(&sh, row, container_id, folder, control, false).await;
         }
         // Stopping: the row stays unfinished and the next start re-adopts it.
-        _ => {
-            let mut s = sh.sched();
-            if let Some(l) = s.live.remove(&run_id) {
-                s.queue.release(&l.folder, l.kind);
-            }
-            drop(s);
-            sh.gauges();
-            sh.wake.notify_one();
-        }
+        _ => sh.release(&run_id),
     }
 }
 
@@ -300,12 +264,6 @@ async fn adopt_with(
             finalize(&sh, &row.folder, &row.turn_id, &row.session_id, &report).await;
             remove_containers(&sh, &report).await;
         }
-        let mut s = sh.sched();
-        if let Some(l) = s.live.remove(&row.run_id) {
-            s.queue.release(&l.folder, l.kind);
-        }
-        drop(s);
-        sh.gauges();
-        sh.wake.notify_one();
+        sh.release(&row.run_id);
     });
 }

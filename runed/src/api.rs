@@ -26,10 +26,9 @@ use tokio::sync::broadcast;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::adopt::HoldInfo;
-use crate::daemon::{Event, MAX_SECRETS_BYTES, Pending, Shared, new_run_id};
 use crate::error::ApiFailure;
 use crate::queue::Kind;
+use crate::state::{Event, HoldInfo, MAX_SECRETS_BYTES, Pending, Shared, new_run_id};
 use crate::store::{AuditRow, Inserted, SpawnRow};
 
 /// The router's state.

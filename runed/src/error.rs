@@ -9,7 +9,7 @@ use hako_shared::db::DbError;
 use hako_shared::http::ApiError;
 use hako_shared::runs::GroupSpecError;
 
-use crate::daemon::{MAX_SECRETS_BYTES, QueueFull};
+use crate::state::{MAX_SECRETS_BYTES, QueueFull};
 use crate::watchers::Full;
 
 /// Why a request failed.

@@ -9,7 +9,7 @@ use std::time::SystemTime;
 use hako_shared::auth::now_secs;
 use hako_shared::time::unix_millis;
 
-use crate::daemon::Shared;
+use crate::state::Shared;
 
 /// One pass. Returns the rows pruned and containers removed.
 pub(crate) async fn collect(sh: &Shared) -> (usize, usize) {
@@ -21,7 +21,7 @@ pub(crate) async fn collect(sh: &Shared) -> (usize, usize) {
             0
         }
     };
-    let revoked = crate::daemon::retry_revocations(sh).await;
+    let revoked = crate::record::retry_revocations(sh).await;
     if revoked > 0 {
         tracing::info!(revoked, "revoked spawn tokens whose revocation had failed");
     }

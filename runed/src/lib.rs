@@ -15,6 +15,8 @@ mod error;
 mod gc;
 pub mod metrics;
 pub mod queue;
+mod record;
+mod state;
 pub mod store;
 pub mod tokens;
 pub mod watchers;
@@ -31,12 +33,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
-pub use daemon::Event;
+pub use state::Event;
 
-use daemon::{Sched, Shared};
 use metrics::DaemonMetrics;
 use queue::FairQueue;
 use runner::Runner;
+use state::{Sched, Shared};
 use store::Store;
 use tokens::Broker;
 
@@ -151,7 +153,7 @@ pub async fn start(
     let addr = listener.local_addr().map_err(StartError::Listener)?;
     let store = Store::open(&config.db_path).await?;
     // A missing socket is not fatal: runs queue and `/ready` says why until it appears.
-    let runner = match daemon::connect(&config) {
+    let runner = match state::connect(&config) {
         Ok(r) => Some(r),
         Err(why) => {
             tracing::warn!(%why, "docker is unavailable");
@@ -164,7 +166,7 @@ pub async fn start(
         config.service_key.as_deref(),
     )?;
     let metrics = DaemonMetrics::new(config.runner.run_timeout);
-    let (events, _) = broadcast::channel(daemon::EVENT_RING);
+    let (events, _) = broadcast::channel(state::EVENT_RING);
     let watchers = watchers::Gate::new(config.max_streams, config.max_streams_per_caller);
     let shared = Arc::new(Shared {
         sched: std::sync::Mutex::new(Sched {
@@ -243,6 +245,79 @@ pub async fn start(
 
 #[cfg(test)]
 mod tests {
+    /// The daemon's modules depend on each other one way: `state` at the bottom, then
+    /// `record`, `adopt`, `daemon`; the runner (shared with the CLI) on none of them. A
+    /// `crate::x` in module `m` is an edge m → x; the graph must have no cycle.
+    #[test]
+    fn module_dependencies_have_no_cycle() {
+        use std::collections::{BTreeMap, BTreeSet};
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let mut files = Vec::new();
+        let mut stack = vec![src.clone()];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    stack.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    files.push(p);
+                }
+            }
+        }
+        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for f in files {
+            let rel = f.strip_prefix(&src).unwrap();
+            let module = rel.iter().next().unwrap().to_string_lossy();
+            let module = module.trim_end_matches(".rs").to_owned();
+            if module == "lib" || module == "main" {
+                continue;
+            }
+            let text = std::fs::read_to_string(&f).unwrap();
+            // Test modules may reach anywhere.
+            let text = text.split("#[cfg(test)]").next().unwrap();
+            let deps = edges.entry(module.clone()).or_default();
+            for (i, _) in text.match_indices("crate::") {
+                let name: String = text[i + 7..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() && name != module {
+                    deps.insert(name);
+                }
+            }
+        }
+        assert!(edges.contains_key("state") && edges.contains_key("adopt"));
+        for m in ["daemon", "adopt", "record", "state", "api"] {
+            assert!(
+                !edges["runner"].contains(m),
+                "the runner must not depend on the daemon's {m}"
+            );
+        }
+        // Depth-first search for a cycle, naming it.
+        fn visit(
+            m: &str,
+            edges: &BTreeMap<String, BTreeSet<String>>,
+            path: &mut Vec<String>,
+            done: &mut BTreeSet<String>,
+        ) {
+            if let Some(at) = path.iter().position(|p| p == m) {
+                panic!("module cycle: {} -> {m}", path[at..].join(" -> "));
+            }
+            if !done.insert(m.to_owned()) {
+                return;
+            }
+            path.push(m.to_owned());
+            for d in edges.get(m).into_iter().flatten() {
+                visit(d, edges, path, done);
+            }
+            path.pop();
+        }
+        let mut done = BTreeSet::new();
+        for m in edges.keys() {
+            visit(m, &edges, &mut Vec::new(), &mut done);
+        }
+    }
+
     /// The committed document is what the code generates (HAKO_BLESS=1 rewrites it), and
     /// routes are only ever registered through it: no handler is mounted with a bare
     /// `.route(` that the document would not list.

@@ -349,13 +349,28 @@ async fn secrets_never_leave_stdin() {
     assert!(!line(&r, "env:").contains("ANTHROPIC"));
     let all = format!("{:?}{}", r.blocks, r.log);
     assert!(!all.contains(&canary) && !all.contains(&token));
+    // Everything the run left on disk is read, and what must be there was read: the run
+    // log, the settings, the env file (a search that read nothing would find nothing).
+    let log_file = r.log_file.clone().expect("a run log file");
     for needle in [&canary, &token] {
-        assert!(
-            files_containing(rig.tmp.path(), needle.as_bytes()).is_empty(),
-            "secret on disk"
-        );
+        let search = files_containing(rig.tmp.path(), needle.as_bytes());
+        assert!(search.hits.is_empty(), "secret on disk: {:?}", search.hits);
+        for must in ["settings.json", "env", ".claude.json"] {
+            assert!(
+                search
+                    .read
+                    .iter()
+                    .any(|p| p.file_name().is_some_and(|n| n == must)),
+                "{must} not read: {:?}",
+                search.read
+            );
+        }
+        assert!(search.read.contains(&log_file), "{:?}", search.read);
+        assert!(search.bytes > 0);
     }
-    assert!(r.log_file.is_some());
+    // The search does find what is there.
+    let search = files_containing(rig.tmp.path(), r.run_id.as_bytes());
+    assert!(search.hits.contains(&log_file), "{:?}", search.hits);
 }
 
 /// Blocks arrive as events, in order, while the container still runs.
@@ -397,15 +412,15 @@ async fn blocks_stream_in_order_before_the_run_ends() {
 #[tokio::test]
 async fn hundred_megabytes_of_noise_keep_memory_bounded() {
     let rig = Rig::new().await;
-    let before = vm_hwm_kib();
+    let watch = MemWatch::start();
     let (r, _) = rig
         .run(rig.spec(
             "acme",
             "/flood 50m stdout\n/fake-marker\n/flood 50m stdout\n/flood 2m stderr\n/fake-marker\nend",
         ))
         .await;
-    let grown = vm_hwm_kib().saturating_sub(before);
-    eprintln!("runner peak memory growth over 100 MB of noise: {grown} KiB");
+    let (grown, kept) = watch.growth();
+    eprintln!("runner memory over 100 MB of noise: peak +{grown} KiB, after +{kept} KiB");
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert_eq!(
         r.blocks.len(),
@@ -424,7 +439,14 @@ async fn hundred_megabytes_of_noise_keep_memory_bounded() {
         .unwrap();
     assert!(noise >= 100_000_000, "{noise}");
     assert!(r.log.len() < 100 << 10, "log bounded: {}", r.log.len());
-    assert!(grown < 16 * 1024, "runner memory grew by {grown} KiB");
+    assert!(
+        grown < 16 * 1024,
+        "runner memory peaked {grown} KiB above its start"
+    );
+    assert!(
+        kept < 16 * 1024,
+        "runner memory kept {kept} KiB after the run"
+    );
 }
 
 /// Invalid JSON between markers is logged and skipped; the run goes on.

@@ -1,14 +1,27 @@
 //! The container runner: one agent turn in one locked-down container. This is the seam:
 //! runed and the `hako` CLI both call [`Runner::run`], unchanged.
 //!
-//! The lifecycle follows the seed step by step: EnsureRunning → CleanupOrphans → resolve the
-//! group path → BuildMounts → validate extra mounts → seedSettings → seedSkills → env file →
-//! StartSidecars → create/attach/start the agent, write the input line → stream output
-//! through the sentinel parser → timeout (stop with grace, kill) → StopSidecars → remove
-//! and confirm the container is gone → outcome, log.
+//! A run's life, one room each:
+//!
+//! | step | module |
+//! |---|---|
+//! | check the group, create and seed the folder's directories, write the env file | `prepare` |
+//! | start the sidecars; create, attach and start the agent; write its input line | `launch` |
+//! | follow it to its end: output, the ceiling, kill, detach, idle close (a state machine) | `supervise` |
+//! | keep what it said within the caps; render its log | `supervision` |
+//! | decide the outcome, write the log, report; remove the containers afterwards | `finish` (`outcome`) |
+//! | steer it and tell it to finish while it runs | `steer` |
+//! | supervise a container again after a restart | `adopt` |
+//!
+//! This file holds the public types and the entry points; `docker` (every Docker call, each
+//! with a deadline), `mounts` (the mount table), `sentinel` (the output parser), `storage`
+//! and `safefs` (the data root, never following a link) and `seed` serve the steps above.
 
+mod adopt;
 pub mod config;
 pub mod docker;
+mod finish;
+mod launch;
 pub mod mounts;
 pub mod mountsec;
 pub mod outcome;
@@ -17,41 +30,32 @@ pub mod runlog;
 pub mod safefs;
 pub mod seed;
 pub mod sentinel;
+mod steer;
 pub mod storage;
+mod supervise;
 mod supervision;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bollard::Docker;
-use bollard::container::LogOutput;
-use bollard::query_parameters::{
-    AttachContainerOptionsBuilder, LogsOptionsBuilder, WaitContainerOptionsBuilder,
-};
-use futures_util::stream::BoxStream;
-use futures_util::{StreamExt, TryStreamExt};
-use tokio::io::AsyncWriteExt;
+use futures_util::StreamExt;
 use tokio::sync::{RwLock, mpsc};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use hako_shared::GroupFolder;
-use hako_shared::contract::{
-    CLOSE_FILE, ContainerInput, FollowUp, MARKER_END_ENV, MARKER_START_ENV, Markers, OutputBlock,
-    QUERY_TIMEOUT_ENV,
-};
-use hako_shared::runs::{GroupSpec, Network, Outcome, RunState, SidecarSpec};
+use hako_shared::contract::{ContainerInput, OutputBlock};
+use hako_shared::runs::{GroupSpec, Outcome, RunState};
 
 pub use config::RunnerConfig;
-use docker::{ContainerSpec, DockerError, Limits, labels};
-use hako_shared::layout::{self, FolderDir};
+use docker::{DockerError, labels};
+use launch::Launched;
 use mounts::Layout;
-use outcome::{Ending, decide};
-use prepare::Prepared;
-use safefs::{Owner, SafeDir};
+use outcome::Ending;
+use safefs::Owner;
 use storage::Storage;
+use supervise::Supervisor;
 use supervision::{Supervision, secrets_of};
 
 /// Errors before a run could be attempted, and around steering.
@@ -292,11 +296,6 @@ pub struct Runner {
     storage: Arc<Storage>,
 }
 
-static STEER_SEQ: AtomicU64 = AtomicU64::new(0);
-
-/// Label: the run's deadline, in Unix milliseconds (so re-adoption needs no database).
-const LABEL_DEADLINE: &str = "io.hako.deadline";
-
 impl Runner {
     /// A runner over `cfg`, creating the data root and its top-level directories.
     pub fn new(docker: Docker, mut cfg: RunnerConfig) -> Result<Runner, RunError> {
@@ -402,26 +401,15 @@ impl Runner {
         st.sidecars = !spec.group.sidecars.is_empty();
         let ceiling = self.cfg.ceiling(spec.group.timeout.map(|t| t.0));
         if control.kill.is_cancelled() {
-            return self
-                .finish(st, Ending::Killed(None), &live, &spec.run_id)
-                .await;
+            return self.finish(st, Ending::Killed(None), &live).await;
         }
-        let prepared = match self.prepare(&spec).await {
-            Ok(p) => p,
-            Err(e) => {
-                return self.finish(st, Ending::from(&e), &live, &spec.run_id).await;
-            }
-        };
-        if let Err(e) = self.start_sidecars(&spec, &prepared).await {
-            return self.finish(st, Ending::from(&e), &live, &spec.run_id).await;
-        }
-        let deadline = Instant::now() + ceiling;
-        let (id, output) = match self.launch(&spec, &prepared, ceiling, &live).await {
-            Ok(v) => v,
-            Err(e) => {
-                st.container_id = live.container_id();
-                return self.finish(st, Ending::from(&e), &live, &spec.run_id).await;
-            }
+        let Launched {
+            id,
+            output,
+            deadline,
+        } = match self.start_run(&spec, ceiling, &live).await {
+            Ok(l) => l,
+            Err(e) => return self.finish(st, Ending::from(&e), &live).await,
         };
         st.container_id = Some(id.clone());
         st.started_at = Some(SystemTime::now());
@@ -430,666 +418,13 @@ impl Runner {
                 container_id: id.clone(),
             })
             .await;
-        let ending = self
-            .supervise(
-                &mut st, &id, output, deadline, spec.close, &events, &control, &live,
-            )
-            .await;
-        match ending {
-            None => RunEnd::Detached,
-            Some(ending) => self.finish(st, ending, &live, &spec.run_id).await,
-        }
-    }
-
-    /// Re-adopts a container of this install after a restart: its output is read back from
-    /// the start (blocks below `blocks_seen` are not re-sent), then it is supervised to the
-    /// end like any run. A container that already exited is finalized from its logs.
-    pub async fn adopt(
-        &self,
-        a: Adoption,
-        events: mpsc::Sender<RunEvent>,
-        control: RunControl,
-        live: Arc<LiveRun>,
-    ) -> RunEnd {
-        let mut st = Supervision::adopted(&self.cfg, &a.run_id, &a.folder, a.prior);
-        st.container_id = Some(a.container_id.clone());
-        live.set_container(&a.container_id);
-        let t = self.cfg.docker_timeout;
-        let info = match docker::bounded(
-            "inspect",
-            t,
-            &a.container_id,
-            self.docker.inspect_container(&a.container_id, None),
-        )
-        .await
-        {
-            Ok(i) => i,
-            Err(e) => {
-                let terminal = matches!(e, DockerError::NotFound(_));
-                return self
-                    .finish(
-                        st,
-                        Ending::Failed {
-                            error: format!("re-adoption: {e}"),
-                            terminal,
-                        },
-                        &live,
-                        &a.run_id,
-                    )
-                    .await;
-            }
-        };
-        let running = info.state.as_ref().and_then(|s| s.running).unwrap_or(false);
-        let deadline_ms: Option<i64> = info
-            .config
-            .as_ref()
-            .and_then(|c| c.labels.as_ref())
-            .and_then(|l| l.get(LABEL_DEADLINE))
-            .and_then(|v| v.parse().ok());
-        let now_ms = hako_shared::time::unix_millis(SystemTime::now());
-        let remaining = deadline_ms.map_or(self.cfg.run_timeout, |d| {
-            Duration::from_millis((d - now_ms).max(0) as u64)
-        });
-        let opts = LogsOptionsBuilder::new()
-            .follow(running)
-            .stdout(true)
-            .stderr(true)
-            .build();
-        let output = self
-            .docker
-            .logs(&a.container_id, Some(opts))
-            .map_err(|e| DockerError::from_bollard(e, "logs"))
-            .boxed();
-        if running {
-            *live.gate.write().await = true;
-        }
-        let ending = self
-            .supervise(
-                &mut st,
-                &a.container_id,
-                output,
-                Instant::now() + remaining,
-                a.close,
-                &events,
-                &control,
-                &live,
-            )
-            .await;
-        match ending {
-            None => RunEnd::Detached,
-            Some(ending) => self.finish(st, ending, &live, &a.run_id).await,
-        }
-    }
-
-    fn base_labels(
-        &self,
-        run_id: &str,
-        folder: &GroupFolder,
-        role: &str,
-    ) -> HashMap<String, String> {
-        HashMap::from([
-            (labels::INSTALL.to_owned(), self.cfg.install_id.clone()),
-            (labels::FOLDER.to_owned(), folder.to_string()),
-            (labels::RUN.to_owned(), run_id.to_owned()),
-            (labels::ROLE.to_owned(), role.to_owned()),
-        ])
-    }
-
-    fn container_name(&self, run_id: &str, suffix: &str) -> String {
-        let clean: String = run_id
-            .chars()
-            .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
-            .take(64)
-            .collect();
-        format!("hako-{}-{clean}{suffix}", self.cfg.install_id)
-    }
-
-    fn network_for(&self, g: &GroupSpec) -> String {
-        match g.network {
-            Network::None | Network::Allowlist => "none".into(),
-            Network::Open => self.cfg.open_network.clone(),
-        }
-    }
-
-    async fn start_sidecars(&self, spec: &RunSpec, p: &Prepared) -> Result<(), RunError> {
-        let cfg = &self.cfg;
-        let mut sc_dir: Option<SafeDir> = None;
-        for sc in &spec.group.sidecars {
-            let socket = seed::sidecar_socket(&sc.name);
-            let spec_c = self.sidecar_spec(spec, sc, &socket, p);
-            let id = docker::create(&self.docker, &spec_c, cfg.docker_timeout).await?;
-            docker::bounded(
-                "start",
-                cfg.docker_timeout,
-                &id,
-                self.docker.start_container(&id, None),
-            )
-            .await?;
-            if sc_dir.is_none() {
-                sc_dir = Some(
-                    self.storage
-                        .root()
-                        .subdir(&layout::dir_rel(&spec.folder, FolderDir::Sidecars))?,
-                );
-            }
-            let Some(dir) = sc_dir.as_ref() else { continue };
-            let sock_name = format!("{}.sock", sc.name);
-            let deadline = Instant::now() + cfg.sidecar_ready;
-            loop {
-                if dir.kind(&sock_name)? == Some(rustix::fs::FileType::Socket) {
-                    break;
-                }
-                let running = docker::bounded(
-                    "inspect",
-                    cfg.docker_timeout,
-                    &id,
-                    self.docker.inspect_container(&id, None),
-                )
-                .await?
-                .state
-                .and_then(|s| s.running)
-                .unwrap_or(false);
-                if !running {
-                    return Err(RunError::Invalid(format!(
-                        "sidecar {:?} exited before creating its socket",
-                        sc.name
-                    )));
-                }
-                if Instant::now() >= deadline {
-                    return Err(RunError::Invalid(format!(
-                        "sidecar {:?} did not create {socket} within {:?}",
-                        sc.name, cfg.sidecar_ready
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        Ok(())
-    }
-
-    fn sidecar_spec(
-        &self,
-        spec: &RunSpec,
-        sc: &SidecarSpec,
-        socket: &str,
-        p: &Prepared,
-    ) -> ContainerSpec {
-        ContainerSpec {
-            name: self.container_name(&spec.run_id, &format!("-sc-{}", sc.name)),
-            image: sc.image.clone(),
-            user: format!("{}:{}", self.cfg.agent_user.uid, self.cfg.agent_user.gid),
-            env: vec![format!("HAKO_SIDECAR_SOCKET={socket}")],
-            cmd: (!sc.command.is_empty()).then(|| {
-                sc.command
-                    .iter()
-                    .map(|a| a.replace("{socket}", socket))
-                    .collect()
-            }),
-            mounts: p.sidecar_mounts.clone(),
-            network: "none".into(),
-            limits: Limits {
-                memory: sc.memory.map_or(256 << 20, |m| m.0 as i64),
-                cpus: sc.cpus.unwrap_or(0.5),
-                pids: 128,
-            },
-            labels: self.base_labels(&spec.run_id, &spec.folder, "sidecar"),
-            stdin: false,
-        }
-    }
-
-    async fn launch(
-        &self,
-        spec: &RunSpec,
-        p: &Prepared,
-        ceiling: Duration,
-        live: &LiveRun,
-    ) -> Result<(String, BoxStream<'static, Result<LogOutput, DockerError>>), RunError> {
-        let cfg = &self.cfg;
-        let g = &spec.group;
-        let mut env = vec![
-            format!("HOME={}", mounts::HOME),
-            format!(
-                "{QUERY_TIMEOUT_ENV}={}",
-                config::query_timeout(ceiling).as_millis()
-            ),
-            format!("ARIZUKO_FOLDER={}", spec.folder),
-        ];
-        if cfg.markers != Markers::default() {
-            env.push(format!("{MARKER_START_ENV}={}", cfg.markers.start));
-            env.push(format!("{MARKER_END_ENV}={}", cfg.markers.end));
-        }
-        let mut labels = self.base_labels(&spec.run_id, &spec.folder, "agent");
-        labels.insert(labels::TURN.to_owned(), spec.turn_id.clone());
-        let deadline_ms = hako_shared::time::unix_millis(SystemTime::now() + ceiling);
-        labels.insert(LABEL_DEADLINE.to_owned(), deadline_ms.to_string());
-        let cspec = ContainerSpec {
-            name: self.container_name(&spec.run_id, ""),
-            image: g.image.clone().unwrap_or_else(|| cfg.default_image.clone()),
-            user: format!("{}:{}", cfg.agent_user.uid, cfg.agent_user.gid),
-            env,
-            cmd: None,
-            mounts: p.mounts.clone(),
-            network: self.network_for(g),
-            limits: g.limits(&cfg.limits),
-            labels,
-            stdin: true,
-        };
-        let t = cfg.docker_timeout;
-        let id = docker::create(&self.docker, &cspec, t).await?;
-        live.set_container(&id);
-        let opts = AttachContainerOptionsBuilder::new()
-            .stdin(true)
-            .stdout(true)
-            .stderr(true)
-            .stream(true)
-            .logs(false)
-            .build();
-        let attached = docker::bounded(
-            "attach",
-            t,
-            &id,
-            self.docker.attach_container(&id, Some(opts)),
-        )
-        .await?;
-        docker::bounded("start", t, &id, self.docker.start_container(&id, None)).await?;
-        let mut input = spec.input.clone();
-        input.folder = spec.folder.to_string();
-        input.turn_id = spec.turn_id.clone();
-        input.run_id = spec.run_id.clone();
-        let mut line = serde_json::to_vec(&input).map_err(|e| RunError::Invalid(e.to_string()))?;
-        line.push(b'\n');
-        let mut stdin = attached.input;
-        let write = async {
-            stdin.write_all(&line).await?;
-            stdin.flush().await?;
-            stdin.shutdown().await
-        };
-        match tokio::time::timeout(t, write).await {
-            Ok(Ok(())) => {}
-            // The agent may exit before reading its input; its output decides the outcome.
-            Ok(Err(e)) => {
-                tracing::warn!(run = %spec.run_id, error = %e, "writing the input line failed")
-            }
-            Err(_) => return Err(DockerError::Timeout("stdin", t).into()),
-        }
-        drop(line);
-        *live.gate.write().await = true;
-        let output = attached
-            .output
-            .map_err(|e| DockerError::from_bollard(e, "attach"))
-            .boxed();
-        Ok((id, output))
-    }
-
-    /// Follows a started container to its end. `None` means detached.
-    #[allow(clippy::too_many_arguments)]
-    async fn supervise(
-        &self,
-        st: &mut Supervision,
-        id: &str,
-        mut output: BoxStream<'static, Result<LogOutput, DockerError>>,
-        deadline: Instant,
-        close: CloseWhen,
-        events: &mpsc::Sender<RunEvent>,
-        control: &RunControl,
-        live: &LiveRun,
-    ) -> Option<Ending> {
-        let cfg = &self.cfg;
-        let t = cfg.docker_timeout;
-        let wait_opts = WaitContainerOptionsBuilder::new()
-            .condition("not-running")
-            .build();
-        let docker = self.docker.clone();
-        let wait_id = id.to_owned();
-        let mut wait = Box::pin(async move {
-            let mut s = docker.wait_container(&wait_id, Some(wait_opts));
-            match s.next().await {
-                Some(Ok(r)) => Ok(r.status_code),
-                Some(Err(bollard::errors::Error::DockerContainerWaitError { code, .. })) => {
-                    Ok(code)
-                }
-                Some(Err(e)) => Err(DockerError::from_bollard(e, &wait_id)),
-                None => Err(DockerError::Api(
-                    "wait stream ended without a status".into(),
-                )),
-            }
-        });
-        let far = Instant::now() + Duration::from_secs(365 * 86_400);
-        let mut exit: Option<i64> = None;
-        let mut output_open = true;
-        let mut drain_until: Option<Instant> = None;
-        let mut stopping: Option<(Ending, Instant)> = None;
-        let mut close_at: Option<Instant> = None;
-        let mut closed = false;
-        let mut stop_task: Option<tokio::task::JoinHandle<()>> = None;
-        loop {
-            if exit.is_some() && !output_open {
-                break;
-            }
-            tokio::select! {
-                biased;
-                () = control.detach.cancelled(), if stopping.is_none() => {
-                    return None;
-                }
-                () = control.kill.cancelled(), if !matches!(stopping, Some((Ending::Killed(_), _))) => {
-                    stopping = Some((Ending::Killed(None), Instant::now() + cfg.kill_grace + t));
-                    stop_task = Some(self.spawn_stop(id, cfg.kill_grace));
-                }
-                () = tokio::time::sleep_until(deadline), if stopping.is_none() => {
-                    tracing::info!(run = %st.run_id, "run ceiling reached; stopping");
-                    stopping = Some((Ending::TimedOut(None), Instant::now() + cfg.stop_grace + t));
-                    stop_task = Some(self.spawn_stop(id, cfg.stop_grace));
-                }
-                item = output.next(), if output_open => match item {
-                    Some(Ok(frame)) => {
-                        let new_blocks = st.frame(frame);
-                        for (index, block) in new_blocks {
-                            // A slow consumer must not hold off the ceiling or a kill: the
-                            // wait is bounded, and the block stays in the report anyway.
-                            let limit = deadline.min(Instant::now() + t);
-                            tokio::select! {
-                                r = events.send(RunEvent::Block { index, block }) => drop(r),
-                                () = control.kill.cancelled() => {}
-                                () = tokio::time::sleep_until(limit) => {
-                                    tracing::warn!(run = %st.run_id, index, "event consumer too slow; block kept in the report only");
-                                }
-                            }
-                            if let CloseWhen::Idle(d) = close && !closed {
-                                close_at = Some(Instant::now() + d);
-                            }
-                        }
-                    }
-                    Some(Err(e)) => {
-                        tracing::warn!(run = %st.run_id, error = %e, "output stream failed");
-                        output_open = false;
-                    }
-                    None => output_open = false,
-                },
-                () = tokio::time::sleep_until(close_at.unwrap_or(far)), if close_at.is_some() && !closed => {
-                    closed = true;
-                    close_at = None;
-                    if let Err(e) = self.close(live).await {
-                        tracing::debug!(run = %st.run_id, error = %e, "close");
-                    }
-                }
-                r = &mut wait, if exit.is_none() => {
-                    live.ended.cancel();
-                    match r {
-                        Ok(code) => exit = Some(code),
-                        Err(e) => {
-                            // The wait broke (Docker restarted?): ask once more for the state.
-                            match docker::bounded("inspect", t, id, self.docker.inspect_container(id, None)).await {
-                                Ok(info) if info.state.as_ref().and_then(|s| s.running) == Some(false) => {
-                                    exit = Some(info.state.and_then(|s| s.exit_code).unwrap_or(-1));
-                                }
-                                _ => {
-                                    if let Some(task) = stop_task.take() { task.abort(); }
-                                    return Some(Ending::Failed { error: format!("lost the container: {e}"), terminal: false });
-                                }
-                            }
-                        }
-                    }
-                    // Attach can stay open after exit on some engines: drain briefly, then stop.
-                    drain_until = Some(Instant::now() + Duration::from_secs(2));
-                }
-                () = tokio::time::sleep_until(drain_until.unwrap_or(far)), if drain_until.is_some() && output_open => {
-                    output_open = false;
-                }
-                () = tokio::time::sleep_until(stopping.as_ref().map_or(far, |s| s.1)), if stopping.is_some() && exit.is_none() => {
-                    // Stop and kill did not end it in time: give up on a clean ending.
-                    let Some((ending, _)) = stopping.take() else { continue };
-                    live.ended.cancel();
-                    return Some(match ending {
-                        Ending::Killed(_) => Ending::Killed(None),
-                        _ => Ending::TimedOut(None),
-                    });
-                }
-            }
-        }
-        if let Some(task) = stop_task {
-            let _ = task.await;
-        }
-        let code = exit.unwrap_or(-1);
-        Some(match stopping {
-            Some((Ending::Killed(_), _)) => Ending::Killed(Some(code)),
-            Some((_, _)) => Ending::TimedOut(Some(code)),
-            None => Ending::Exited(code),
-        })
-    }
-
-    fn spawn_stop(&self, id: &str, grace: Duration) -> tokio::task::JoinHandle<()> {
-        let docker = self.docker.clone();
-        let id = id.to_owned();
-        let t = self.cfg.docker_timeout;
-        tokio::spawn(async move {
-            let secs = grace.as_secs().min(i32::MAX as u64) as i32;
-            let opts = bollard::query_parameters::StopContainerOptionsBuilder::new()
-                .t(secs)
-                .build();
-            if let Err(e) = docker::bounded(
-                "stop",
-                grace + t,
-                &id,
-                docker.stop_container(&id, Some(opts)),
-            )
-            .await
-            {
-                tracing::debug!(container = %id, error = %e, "stop");
-                let _ = docker::signal(&docker, &id, "SIGKILL", t).await;
-            }
-        })
-    }
-
-    /// Ends a run's supervision and reports it. The containers are left for
-    /// [`Runner::remove_containers`], which the caller runs *after* it has recorded the
-    /// report: a process killed between the two finds the run ended (and removes the
-    /// leftover as an orphan), never an answered run without its container.
-    async fn finish(
-        &self,
-        mut st: Supervision,
-        ending: Ending,
-        live: &LiveRun,
-        run_id: &str,
-    ) -> RunEnd {
-        live.ended.cancel();
-        // Wait for in-flight steers to settle, then refuse new ones.
-        *live.gate.write().await = false;
-        let exit_code = match &ending {
-            Ending::Exited(c) => Some(*c),
-            Ending::TimedOut(c) | Ending::Killed(c) => *c,
-            Ending::Failed { .. } => None,
-        };
-        let verdict = decide(&ending, &st.statuses());
-        let ended_at = SystemTime::now();
-        let log = st.render_log(&verdict, exit_code, ended_at);
-        let log_file = match st.logs_dir(self.storage.root()) {
-            Some(dir) => {
-                let (stamp, run, text, keep) = (
-                    hako_shared::time::compact(ended_at),
-                    run_id.to_owned(),
-                    log.clone(),
-                    self.cfg.log_files,
-                );
-                tokio::task::spawn_blocking(move || {
-                    runlog::write_file(&dir, &stamp, &run, &text, keep)
-                })
-                .await
-                .ok()
-                .and_then(|r| {
-                    r.map_err(|e| tracing::warn!(run = run_id, error = %e, "writing the run log"))
-                        .ok()
-                })
-            }
-            None => None,
-        };
-        if st.container_id.is_none() {
-            st.container_id = live.container_id();
-        }
-        RunEnd::Finished(Box::new(RunReport {
-            run_id: run_id.to_owned(),
-            state: verdict.state,
-            outcome: verdict.outcome,
-            terminal: verdict.terminal,
-            blocks: std::mem::take(&mut st.blocks),
-            truncated: st.truncated,
-            exit_code,
-            error: verdict.error,
-            log,
-            log_file,
-            container_id: st.container_id.take(),
-            sidecars: st.sidecars,
-            started_at: st.started_at,
-            ended_at,
-        }))
-    }
-
-    /// Removes a finished run's containers, its sidecars and its agent, together, and checks
-    /// they are gone. Returns what could not be removed (a later orphan cleanup retries).
-    pub async fn remove_containers(&self, report: &RunReport) -> Vec<String> {
-        let t = self.cfg.docker_timeout;
-        let run_id = report.run_id.as_str();
-        let sidecars = async {
-            let mut errors = Vec::new();
-            if !report.sidecars {
-                return errors;
-            }
-            match docker::list_install(&self.docker, &self.cfg.install_id, t).await {
-                Ok(list) => {
-                    let removals = list
-                        .iter()
-                        .filter(|c| {
-                            c.run_id() == Some(run_id)
-                                && c.labels.get(labels::ROLE).map(String::as_str) == Some("sidecar")
-                        })
-                        .map(|c| async move {
-                            docker::stop_and_remove(&self.docker, &c.id, Duration::from_secs(2), t)
-                                .await
-                                .map_err(|e| format!("sidecar {}: {e}", c.id))
-                        });
-                    for r in futures_util::future::join_all(removals).await {
-                        errors.extend(r.err());
-                    }
-                }
-                Err(e) => errors.push(format!("listing sidecars: {e}")),
-            }
-            errors
-        };
-        let agent = async {
-            match &report.container_id {
-                Some(id) => docker::remove(&self.docker, id, t)
-                    .await
-                    .map_err(|e| format!("container {id}: {e}"))
-                    .err(),
-                None => None,
-            }
-        };
-        let (mut errors, agent_error) = tokio::join!(sidecars, agent);
-        errors.extend(agent_error);
-        for e in &errors {
-            tracing::error!(run = run_id, "cleanup: {e}");
-        }
-        errors
-    }
-
-    /// Sends follow-up `messages` to a live run, exactly once: the file is written under a
-    /// temp name and renamed, the agent is woken with SIGUSR1, and the follow-up counts as
-    /// delivered only if the agent takes (unlinks) the file. Otherwise the runner takes it
-    /// back (its own unlink), reports it as not delivered, and no file is left behind. The
-    /// one unlink that succeeds decides, so there is no double delivery and no loss.
-    pub async fn steer(
-        &self,
-        live: &LiveRun,
-        messages: &[String],
-    ) -> Result<SteerReport, RunError> {
-        let gate = live.gate.read().await;
-        if !*gate || live.ended.is_cancelled() {
-            return Err(RunError::NotLive(live.run_id.clone()));
-        }
-        let id = live
-            .container_id()
-            .ok_or_else(|| RunError::NotLive(live.run_id.clone()))?;
-        let input = self.input_dir(&live.folder)?;
-        let ms = hako_shared::time::unix_millis(SystemTime::now());
-        let name = format!(
-            "{ms:013}-{:06}.json",
-            STEER_SEQ.fetch_add(1, Ordering::Relaxed) % 1_000_000
+        let supervisor = Supervisor::new(
+            self, &mut st, &id, output, deadline, spec.close, &events, &control, &live,
         );
-        let body = serde_json::to_vec(&FollowUp {
-            content: messages.join("\n\n"),
-        })
-        .map_err(|e| RunError::Invalid(e.to_string()))?;
-        let tmp = format!(".{name}.tmp");
-        input.create_new(&tmp, &body, 0o644, None)?;
-        input.rename(&tmp, &name)?;
-        let reason;
-        if let Err(e) = docker::signal(&self.docker, &id, "SIGUSR1", self.cfg.docker_timeout).await
-        {
-            reason = Some(format!("could not signal the agent: {e}"));
-        } else {
-            let deadline = Instant::now() + self.cfg.steer_wait;
-            loop {
-                if input.kind(&name)?.is_none() {
-                    return Ok(SteerReport {
-                        delivered: true,
-                        reason: None,
-                    });
-                }
-                if live.ended.is_cancelled() {
-                    reason = Some("the run ended before the agent took the follow-up".into());
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    reason = Some(format!(
-                        "the agent did not take the follow-up within {:?}",
-                        self.cfg.steer_wait
-                    ));
-                    break;
-                }
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(5)) => {}
-                    () = live.ended.cancelled() => {}
-                }
-            }
+        match supervisor.run().await {
+            None => RunEnd::Detached,
+            Some(ending) => self.finish(st, ending, &live).await,
         }
-        drop(gate);
-        // Take it back; if the agent won the race, it was delivered after all.
-        if input.remove(&name)? {
-            Ok(SteerReport {
-                delivered: false,
-                reason,
-            })
-        } else {
-            Ok(SteerReport {
-                delivered: true,
-                reason: None,
-            })
-        }
-    }
-
-    /// Tells the agent to finish: drops `_close` and wakes it.
-    pub async fn close(&self, live: &LiveRun) -> Result<(), RunError> {
-        if live.closed.swap(true, Ordering::SeqCst) {
-            return Ok(());
-        }
-        let input = self.input_dir(&live.folder)?;
-        input.write_atomic(CLOSE_FILE, b"", 0o644, None)?;
-        if let Some(id) = live.container_id()
-            && !live.ended.is_cancelled()
-        {
-            match docker::signal(&self.docker, &id, "SIGUSR1", self.cfg.docker_timeout).await {
-                // It ended meanwhile: nothing left to close.
-                Ok(()) | Err(DockerError::NotRunning(_) | DockerError::NotFound(_)) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
-    }
-
-    fn input_dir(&self, folder: &GroupFolder) -> Result<SafeDir, RunError> {
-        Ok(self
-            .storage
-            .root()
-            .subdir(&layout::dir_rel(folder, FolderDir::Input))?)
     }
 
     /// Empties the trash now (agent-made trees moved aside by earlier runs).

@@ -334,37 +334,113 @@ pub async fn derived_image(docker: &Docker, base: &str, name: &str, tail: &str) 
     tag
 }
 
-/// Every regular file under `dir` (no symlink followed) whose bytes contain `needle`.
-pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
-    let mut hits = Vec::new();
+/// What a search of files read and found.
+#[derive(Debug, Default)]
+pub struct Search {
+    /// Every regular file read, whole.
+    pub read: Vec<PathBuf>,
+    /// How many bytes that was.
+    pub bytes: u64,
+    /// The files whose bytes contain the needle.
+    pub hits: Vec<PathBuf>,
+}
+
+/// Reads every regular file under `dir` (no symlink followed: a link is not a file of the
+/// tree) and reports those whose bytes contain `needle`, with what was read. A directory or
+/// file that cannot be read fails the test: a search that skipped it could pass having
+/// looked at nothing.
+pub fn files_containing(dir: &Path, needle: &[u8]) -> Search {
+    assert!(!needle.is_empty(), "an empty needle is in every file");
+    let mut found = Search::default();
     let mut stack = vec![dir.to_owned()];
     while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(ft) = e.file_type() else { continue };
+        let rd = std::fs::read_dir(&d).unwrap_or_else(|e| panic!("listing {}: {e}", d.display()));
+        for e in rd {
+            let e = e.unwrap_or_else(|e| panic!("listing {}: {e}", d.display()));
+            let path = e.path();
+            let ft = e
+                .file_type()
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             if ft.is_dir() {
-                stack.push(e.path());
-            } else if ft.is_file()
-                && let Ok(bytes) = std::fs::read(e.path())
-                && memchr::memmem::find(&bytes, needle).is_some()
-            {
-                hits.push(e.path());
+                stack.push(path);
+            } else if ft.is_file() {
+                let bytes = std::fs::read(&path)
+                    .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+                found.bytes += bytes.len() as u64;
+                if memchr::memmem::find(&bytes, needle).is_some() {
+                    found.hits.push(path.clone());
+                }
+                found.read.push(path);
             }
         }
     }
-    hits
+    found
 }
 
-/// The process's peak resident memory (`VmHWM`), in KiB.
-pub fn vm_hwm_kib() -> u64 {
+/// A field of `/proc/self/status`, in KiB.
+fn status_kib(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("status");
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM")
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
+}
+
+/// The process's resident memory now (`VmRSS`), in KiB.
+pub fn vm_rss_kib() -> u64 {
+    status_kib("VmRSS:")
+}
+
+/// Memory growth of this process around an operation: the resident set when it starts, and
+/// the highest it reached since. The peak is the kernel's high-water mark reset to the
+/// current RSS at the start (`/proc/self/clear_refs`, Linux 4.0), so growth before the
+/// operation (other tests, the image build, the rig) cannot hide growth during it. Where the
+/// reset is not allowed, a thread samples `VmRSS` every millisecond instead.
+pub struct MemWatch {
+    start: u64,
+    sampler: Option<(
+        Arc<std::sync::atomic::AtomicBool>,
+        std::thread::JoinHandle<u64>,
+    )>,
+}
+
+impl MemWatch {
+    /// Starts watching.
+    pub fn start() -> MemWatch {
+        let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+        let start = vm_rss_kib();
+        let sampler = (!reset).then(|| {
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let s = stop.clone();
+            let h = std::thread::spawn(move || {
+                let mut peak = 0;
+                while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                    peak = peak.max(vm_rss_kib());
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                peak
+            });
+            (stop, h)
+        });
+        MemWatch { start, sampler }
+    }
+
+    /// (growth of the peak over the start, growth of the current RSS over the start), KiB.
+    pub fn growth(self) -> (u64, u64) {
+        let now = vm_rss_kib();
+        let peak = match self.sampler {
+            Some((stop, h)) => {
+                stop.store(true, std::sync::atomic::Ordering::Relaxed);
+                h.join().expect("sampler").max(now)
+            }
+            None => status_kib("VmHWM:"),
+        };
+        (
+            peak.saturating_sub(self.start),
+            now.saturating_sub(self.start),
+        )
+    }
 }
 
 /// The hostile agent of `tests/fixtures/hostile.rs`, compiled with rustc into a static

@@ -1,0 +1,96 @@
+//! Re-adoption: a container of this install left running (or exited) by a restart of its
+//! supervisor is supervised again, from its logs, to its end like any run. Nothing here needs
+//! the database: the deadline is the container's label, the blocks already stored come from
+//! the caller.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bollard::query_parameters::LogsOptionsBuilder;
+use futures_util::{StreamExt, TryStreamExt};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::docker::{self, DockerError};
+use super::launch::LABEL_DEADLINE;
+use super::outcome::Ending;
+use super::supervise::Supervisor;
+use super::supervision::Supervision;
+use super::{Adoption, LiveRun, RunControl, RunEnd, RunEvent, Runner};
+
+impl Runner {
+    /// Re-adopts a container of this install after a restart: its output is read back from
+    /// the start (the replay of the blocks already stored, `prior`, is recognised and not
+    /// re-sent), then it is supervised to the end like any run, under the deadline of its
+    /// label. A container that already exited is finalized from its logs.
+    pub async fn adopt(
+        &self,
+        a: Adoption,
+        events: mpsc::Sender<RunEvent>,
+        control: RunControl,
+        live: Arc<LiveRun>,
+    ) -> RunEnd {
+        let mut st = Supervision::adopted(&self.cfg, &a.run_id, &a.folder, a.prior);
+        st.container_id = Some(a.container_id.clone());
+        live.set_container(&a.container_id);
+        let t = self.cfg.docker_timeout;
+        let info = match docker::bounded(
+            "inspect",
+            t,
+            &a.container_id,
+            self.docker.inspect_container(&a.container_id, None),
+        )
+        .await
+        {
+            Ok(i) => i,
+            Err(e) => {
+                let terminal = matches!(e, DockerError::NotFound(_));
+                let ending = Ending::Failed {
+                    error: format!("re-adoption: {e}"),
+                    terminal,
+                };
+                return self.finish(st, ending, &live).await;
+            }
+        };
+        let running = info.state.as_ref().and_then(|s| s.running).unwrap_or(false);
+        let deadline_ms: Option<i64> = info
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get(LABEL_DEADLINE))
+            .and_then(|v| v.parse().ok());
+        let now_ms = hako_shared::time::unix_millis(SystemTime::now());
+        let remaining = deadline_ms.map_or(self.cfg.run_timeout, |d| {
+            Duration::from_millis((d - now_ms).max(0) as u64)
+        });
+        let opts = LogsOptionsBuilder::new()
+            .follow(running)
+            .stdout(true)
+            .stderr(true)
+            .build();
+        let output = self
+            .docker
+            .logs(&a.container_id, Some(opts))
+            .map_err(|e| DockerError::from_bollard(e, "logs"))
+            .boxed();
+        if running {
+            *live.gate.write().await = true;
+        }
+        let deadline = Instant::now() + remaining;
+        let supervisor = Supervisor::new(
+            self,
+            &mut st,
+            &a.container_id,
+            output,
+            deadline,
+            a.close,
+            &events,
+            &control,
+            &live,
+        );
+        match supervisor.run().await {
+            None => RunEnd::Detached,
+            Some(ending) => self.finish(st, ending, &live).await,
+        }
+    }
+}
