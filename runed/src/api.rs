@@ -336,8 +336,11 @@ struct RunStream {
     /// Read the store before the next broadcast event (at start, and after a lag).
     resync: bool,
     pending: std::collections::VecDeque<Event>,
+    /// The last state sent: the store read and the broadcast overlap, and a client must
+    /// see each state once, in order.
+    state: Option<RunState>,
     done: bool,
-    _pass: Option<crate::watchers::Pass>,
+    _pass: Option<hako_shared::watchers::Pass>,
 }
 
 impl RunStream {
@@ -356,12 +359,23 @@ impl RunStream {
                 block: Some(block),
             });
         }
-        self.pending.push_back(Event::State {
-            run_id: self.run_id.clone(),
-            state: row.state,
-        });
+        if self.is_news(row.state) {
+            self.pending.push_back(Event::State {
+                run_id: self.run_id.clone(),
+                state: row.state,
+            });
+        }
         self.done = row.state.is_terminal();
         Ok(())
+    }
+
+    /// Whether `state` moves the stream forward; if so it becomes the last state sent.
+    fn is_news(&mut self, state: RunState) -> bool {
+        if self.state.is_some_and(|s| s.stage() >= state.stage()) {
+            return false;
+        }
+        self.state = Some(state);
+        true
     }
 
     async fn next(&mut self) -> Option<Event> {
@@ -398,6 +412,9 @@ impl RunStream {
                         return Some((*e).clone());
                     }
                     Event::State { state, .. } => {
+                        if !self.is_news(*state) {
+                            continue;
+                        }
                         self.done = state.is_terminal();
                         return Some((*e).clone());
                     }
@@ -438,6 +455,7 @@ async fn events(
         seen: 0,
         resync: true,
         pending: Default::default(),
+        state: None,
         done: false,
         _pass: Some(pass),
     };
@@ -815,6 +833,7 @@ mod tests {
             seen: 0,
             resync: true,
             pending: Default::default(),
+            state: None,
             done: false,
             _pass: None,
         };
@@ -867,5 +886,45 @@ mod tests {
         assert!(all.is_ok(), "the stream ends");
         assert_eq!(indexes, (0..100).collect::<Vec<_>>());
         assert_eq!(last, Some(RunState::Exited));
+    }
+
+    /// The store read and the broadcast overlap: a state already sent in the snapshot (or
+    /// one the run has passed) is not sent again, so a client sees each state once, in order.
+    #[tokio::test]
+    async fn a_stream_sends_each_state_once_and_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("runed.db")).await.unwrap();
+        store.insert(row("r")).await.unwrap();
+        let (tx, _) = broadcast::channel::<Arc<Event>>(8);
+        let mut st = RunStream {
+            store: store.clone(),
+            stop: Default::default(),
+            rx: tx.subscribe(),
+            run_id: "r".into(),
+            seen: 0,
+            resync: true,
+            pending: Default::default(),
+            state: None,
+            done: false,
+            _pass: None,
+        };
+        for state in [RunState::Starting, RunState::Running, RunState::Exited] {
+            let _ = tx.send(Arc::new(Event::State {
+                run_id: "r".into(),
+                state,
+            }));
+        }
+        let mut states = Vec::new();
+        let all = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            while let Some(e) = st.next().await {
+                if let Event::State { state, .. } = e {
+                    states.push(state);
+                }
+            }
+        })
+        .await;
+        assert!(all.is_ok(), "the stream ends");
+        // Running from the store; the broadcast's Starting (passed) and Running (sent) dropped.
+        assert_eq!(states, vec![RunState::Running, RunState::Exited]);
     }
 }

@@ -10,7 +10,7 @@ use hako_shared::http::ApiError;
 use hako_shared::runs::GroupSpecError;
 
 use crate::state::{MAX_SECRETS_BYTES, QueueFull};
-use crate::watchers::Full;
+use hako_shared::watchers::Full;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]

@@ -19,7 +19,6 @@ mod record;
 mod state;
 pub mod store;
 pub mod tokens;
-pub mod watchers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -167,7 +166,8 @@ pub async fn start(
     )?;
     let metrics = DaemonMetrics::new(config.runner.run_timeout);
     let (events, _) = broadcast::channel(state::EVENT_RING);
-    let watchers = watchers::Gate::new(config.max_streams, config.max_streams_per_caller);
+    let watchers =
+        hako_shared::watchers::Gate::new(config.max_streams, config.max_streams_per_caller);
     let shared = Arc::new(Shared {
         sched: std::sync::Mutex::new(Sched {
             queue: FairQueue::new(config.max_containers),

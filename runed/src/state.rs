@@ -151,7 +151,7 @@ pub struct Shared {
     /// Cancelled at shutdown: runs detach, long-polls and streams end.
     pub(crate) stopping: CancellationToken,
     /// Open SSE streams and long-polls, bounded.
-    pub(crate) watchers: Arc<crate::watchers::Gate>,
+    pub(crate) watchers: Arc<hako_shared::watchers::Gate>,
     /// Set once re-adoption has run.
     pub(crate) adopted: std::sync::atomic::AtomicBool,
 }

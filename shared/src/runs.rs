@@ -383,6 +383,17 @@ pub enum RunState {
 }
 
 impl RunState {
+    /// Where the state stands in a run's life (queued, starting, running, over): a run only
+    /// moves forward, so a stream can drop a state it has already passed.
+    pub fn stage(self) -> u8 {
+        match self {
+            RunState::Queued => 0,
+            RunState::Starting => 1,
+            RunState::Running => 2,
+            RunState::Exited | RunState::Error | RunState::Killed | RunState::TimedOut => 3,
+        }
+    }
+
     /// The wire name.
     pub fn as_str(self) -> &'static str {
         match self {
