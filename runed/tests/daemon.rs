@@ -220,12 +220,19 @@ impl Rig {
         }
     }
 
+    /// Stops runed (in process or the binary) and removes what it left of this install: a
+    /// run's container is removed after its end is recorded, so a runed stopped right after
+    /// an end can leave one.
     async fn stop(mut self) {
+        let runner = self.runner();
         if let Some(r) = self.runed.take() {
-            let runner = self.runner();
             r.shutdown().await;
-            let _ = runner.cleanup_orphans(&HashSet::new()).await;
         }
+        if let Some((mut c, _)) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = runner.cleanup_orphans(&HashSet::new()).await;
         if let Some(a) = self.authd.take() {
             let _ = a.shutdown().await;
         }
