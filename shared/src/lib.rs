@@ -13,9 +13,12 @@ pub mod auth;
 pub mod chat;
 pub mod config;
 pub mod contract;
+pub mod cron;
 #[cfg(feature = "db")]
 pub mod db;
 pub mod folder;
+pub mod glob;
+pub mod grants;
 #[cfg(feature = "server")]
 pub mod http;
 pub mod ids;

@@ -1,0 +1,311 @@
+//! What a group's agent may do with its turn's tools: the grant grammar and its one evaluator,
+//! used by the MCP server and by the same actions over HTTP.
+//!
+//! ```text
+//! grant  = ["!"] tool [":" target]
+//! tool   = "*" | a tool name (lowercase letters and "_")
+//! target = a glob (`*`, `?`) over what the tool acts on: the chat JID of `send_message`,
+//!          the folder of `register_group` / `spawn_group`
+//! ```
+//!
+//! A group with no grants gets [`DEFAULT_GRANTS`]. A call is allowed when an allow rule
+//! matches the tool (and its target, if the rule has one) and no deny rule (`!…`) does:
+//! deny wins. Some tools need more than a grant: [`Tool::needs_main`] tools run only for a
+//! `main` group, whatever its grants say. What a tool may reach at all (a chat the group owns,
+//! a sub-folder of the group's own) is the caller's check on top of this one.
+
+use serde::{Deserialize, Serialize};
+
+use crate::glob::glob;
+use crate::runs::Trust;
+
+/// The turn's tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Tool {
+    /// Append and deliver a message to a chat of the group.
+    SendMessage,
+    /// Read the turn's chat history.
+    GetHistory,
+    /// Set the turn's one progress message.
+    SetStatus,
+    /// Schedule a prompt into the group.
+    ScheduleTask,
+    /// List the group's scheduled tasks.
+    ListTasks,
+    /// Cancel a scheduled task.
+    CancelTask,
+    /// Start a fresh agent session at the next turn.
+    ResetSession,
+    /// Create or update a group in a sub-folder.
+    RegisterGroup,
+    /// Start a turn in a sub-folder's group.
+    SpawnGroup,
+}
+
+impl Tool {
+    /// Every tool, in the order they are listed to an agent.
+    pub const ALL: [Tool; 9] = [
+        Tool::SendMessage,
+        Tool::GetHistory,
+        Tool::SetStatus,
+        Tool::ScheduleTask,
+        Tool::ListTasks,
+        Tool::CancelTask,
+        Tool::ResetSession,
+        Tool::RegisterGroup,
+        Tool::SpawnGroup,
+    ];
+
+    /// The tool's name on the wire.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tool::SendMessage => "send_message",
+            Tool::GetHistory => "get_history",
+            Tool::SetStatus => "set_status",
+            Tool::ScheduleTask => "schedule_task",
+            Tool::ListTasks => "list_tasks",
+            Tool::CancelTask => "cancel_task",
+            Tool::ResetSession => "reset_session",
+            Tool::RegisterGroup => "register_group",
+            Tool::SpawnGroup => "spawn_group",
+        }
+    }
+
+    /// The tool named `name`.
+    pub fn from_name(name: &str) -> Option<Tool> {
+        Tool::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// Tools that create or drive other groups: only a `main` group's agent may use them.
+    pub fn needs_main(self) -> bool {
+        matches!(self, Tool::RegisterGroup | Tool::SpawnGroup)
+    }
+}
+
+/// What a group with no grants may do: every tool (the `main`-only ones still need `main`).
+pub const DEFAULT_GRANTS: &[&str] = &["*"];
+
+/// The most grant rules a group may have.
+pub const MAX_GRANTS: usize = 64;
+
+/// One parsed rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rule {
+    deny: bool,
+    /// `None`: every tool.
+    tool: Option<Tool>,
+    /// `None`: every target.
+    target: Option<String>,
+}
+
+/// A grant rule that cannot be used, with why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("grant {rule:?}: {reason}")]
+pub struct BadGrant {
+    /// The rule as written.
+    pub rule: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// A group's grants, parsed once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grants {
+    rules: Vec<Rule>,
+    trust: Trust,
+}
+
+/// Why a call is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    /// The tool needs a `main` group.
+    #[error("{0} is only for the operator's main group")]
+    NeedsMain(&'static str),
+    /// No rule allows it, or a deny rule matches.
+    #[error("the group's grants do not allow {tool}{}", target.as_ref().map(|t| format!(" on {t:?}")).unwrap_or_default())]
+    NotGranted {
+        /// The tool.
+        tool: &'static str,
+        /// What it acted on.
+        target: Option<String>,
+    },
+}
+
+impl Grants {
+    /// Parses a group's rules (none: [`DEFAULT_GRANTS`]); every rule must parse.
+    pub fn parse(rules: &[String], trust: Trust) -> Result<Self, BadGrant> {
+        if rules.len() > MAX_GRANTS {
+            return Err(BadGrant {
+                rule: format!("{} rules", rules.len()),
+                reason: format!("at most {MAX_GRANTS} rules"),
+            });
+        }
+        let parsed = if rules.is_empty() {
+            DEFAULT_GRANTS.iter().map(|r| parse_rule(r)).collect()
+        } else {
+            rules
+                .iter()
+                .map(|r| parse_rule(r))
+                .collect::<Result<_, _>>()
+        }?;
+        Ok(Grants {
+            rules: parsed,
+            trust,
+        })
+    }
+
+    /// Whether `tool` may act (on `target`, when the tool has one).
+    pub fn check(&self, tool: Tool, target: Option<&str>) -> Result<(), Refused> {
+        if tool.needs_main() && self.trust != Trust::Main {
+            return Err(Refused::NeedsMain(tool.name()));
+        }
+        let hits = |r: &Rule| {
+            r.tool.is_none_or(|t| t == tool)
+                && match (&r.target, target) {
+                    (None, _) => true,
+                    (Some(p), Some(t)) => glob(p, t),
+                    // A rule about targets says nothing of a call without one.
+                    (Some(_), None) => false,
+                }
+        };
+        let denied = self.rules.iter().any(|r| r.deny && hits(r));
+        let allowed = self.rules.iter().any(|r| !r.deny && hits(r));
+        if allowed && !denied {
+            Ok(())
+        } else {
+            Err(Refused::NotGranted {
+                tool: tool.name(),
+                target: target.map(str::to_owned),
+            })
+        }
+    }
+
+    /// Whether `tool` is usable at all (for some target): what the agent is offered.
+    pub fn offers(&self, tool: Tool) -> bool {
+        if tool.needs_main() && self.trust != Trust::Main {
+            return false;
+        }
+        let about = |r: &&Rule| r.tool.is_none_or(|t| t == tool);
+        let whole_deny = self
+            .rules
+            .iter()
+            .filter(about)
+            .any(|r| r.deny && r.target.is_none());
+        !whole_deny && self.rules.iter().filter(about).any(|r| !r.deny)
+    }
+}
+
+fn parse_rule(raw: &str) -> Result<Rule, BadGrant> {
+    let bad = |reason: &str| BadGrant {
+        rule: raw.to_owned(),
+        reason: reason.to_owned(),
+    };
+    if raw.is_empty() || raw.len() > 256 {
+        return Err(bad("1-256 characters"));
+    }
+    if raw.chars().any(char::is_control) {
+        return Err(bad("no control characters"));
+    }
+    let (deny, rest) = match raw.strip_prefix('!') {
+        Some(r) => (true, r),
+        None => (false, raw),
+    };
+    let (tool, target) = match rest.split_once(':') {
+        Some((t, "")) => return Err(bad(&format!("empty target after \"{t}:\""))),
+        Some((t, p)) => (t, Some(p.to_owned())),
+        None => (rest, None),
+    };
+    let tool = match tool {
+        "*" => None,
+        name => Some(Tool::from_name(name).ok_or_else(|| {
+            bad(&format!(
+                "unknown tool {name:?}; tools: *, {}",
+                Tool::ALL.map(Tool::name).join(", ")
+            ))
+        })?),
+    };
+    Ok(Rule { deny, tool, target })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(rules: &[&str], trust: Trust) -> Grants {
+        let rules: Vec<String> = rules.iter().map(|r| (*r).to_owned()).collect();
+        Grants::parse(&rules, trust).unwrap()
+    }
+
+    #[test]
+    fn no_grants_means_every_tool_but_the_main_only_ones() {
+        let u = g(&[], Trust::Untrusted);
+        for t in Tool::ALL {
+            assert_eq!(u.check(t, None).is_ok(), !t.needs_main(), "{t:?}");
+            assert_eq!(u.offers(t), !t.needs_main(), "{t:?}");
+        }
+        let m = g(&[], Trust::Main);
+        assert!(Tool::ALL.iter().all(|t| m.check(*t, None).is_ok()));
+    }
+
+    #[test]
+    fn main_only_tools_ignore_grants_of_other_groups() {
+        let u = g(&["register_group", "spawn_group:*"], Trust::Untrusted);
+        assert_eq!(
+            u.check(Tool::RegisterGroup, Some("a/b")),
+            Err(Refused::NeedsMain("register_group"))
+        );
+        assert!(!u.offers(Tool::SpawnGroup));
+    }
+
+    #[test]
+    fn targets_deny_and_order() {
+        let r = g(
+            &[
+                "send_message:web:*",
+                "get_history",
+                "!send_message:web:secret*",
+            ],
+            Trust::Untrusted,
+        );
+        assert!(r.check(Tool::SendMessage, Some("web:a")).is_ok());
+        assert!(r.check(Tool::SendMessage, Some("tg:1")).is_err());
+        assert!(r.check(Tool::SendMessage, Some("web:secret-room")).is_err());
+        // A targeted rule does not allow a call without a target.
+        assert!(r.check(Tool::SendMessage, None).is_err());
+        assert!(r.check(Tool::GetHistory, None).is_ok());
+        assert!(r.check(Tool::ScheduleTask, None).is_err());
+        assert!(r.offers(Tool::SendMessage));
+        assert!(!r.offers(Tool::ScheduleTask));
+        let d = g(&["*", "!schedule_task"], Trust::Main);
+        assert!(d.check(Tool::ScheduleTask, None).is_err());
+        assert!(!d.offers(Tool::ScheduleTask));
+        assert!(d.check(Tool::SpawnGroup, Some("x/y")).is_ok());
+    }
+
+    #[test]
+    fn bad_rules_are_named() {
+        for (rule, says) in [
+            ("", "1-256"),
+            ("send_mesage", "unknown tool \"send_mesage\""),
+            ("send_message:", "empty target"),
+            ("a\u{7}", "control"),
+        ] {
+            let e = Grants::parse(&[rule.to_owned()], Trust::Main).unwrap_err();
+            assert!(e.to_string().contains(says), "{rule:?}: {e}");
+        }
+        let many: Vec<String> = (0..65).map(|_| "*".to_owned()).collect();
+        assert!(Grants::parse(&many, Trust::Main).is_err());
+    }
+
+    #[test]
+    fn names_round_trip() {
+        for t in Tool::ALL {
+            assert_eq!(Tool::from_name(t.name()), Some(t));
+            assert_eq!(
+                serde_json::to_value(t).unwrap(),
+                serde_json::Value::from(t.name())
+            );
+        }
+    }
+}
