@@ -1,0 +1,479 @@
+//! The turn's tools: what each takes (a JSON schema an LLM can follow, and the serde type the
+//! call is parsed into: a test keeps the two equal), the grant check, and the [`Backend`]
+//! that carries a call out (routd's store, or the CLI's stubs).
+
+use std::future::Future;
+
+use hako_shared::GroupFolder;
+use hako_shared::grants::{Grants, Refused, Tool};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+/// The longest text a tool takes (a message, a status, a prompt).
+pub const MAX_TEXT: usize = 64 * 1024;
+/// The most messages one `get_history` call returns.
+pub const MAX_HISTORY: u32 = 200;
+
+/// Who is calling: the turn a socket (or a spawn token) belongs to, and what its group may do.
+#[derive(Debug, Clone)]
+pub struct Scope {
+    /// The turn's folder.
+    pub folder: GroupFolder,
+    /// The turn.
+    pub turn_id: String,
+    /// The chat that started the turn (where replies go by default).
+    pub chat_jid: String,
+    /// The group's grants.
+    pub grants: Grants,
+}
+
+/// A tool call that did not happen, with a reason the agent can act on. MCP answers it as a
+/// tool error (the model reads it), HTTP as the error envelope.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ToolError {
+    /// A stable code: `invalid_arguments`, `not_granted`, `not_found`, `turn_ended`,
+    /// `unavailable`, `not_available`, `conflict`, `internal`.
+    pub code: &'static str,
+    /// What happened, for the agent.
+    pub message: String,
+}
+
+impl ToolError {
+    /// Bad arguments.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ToolError {
+            code: "invalid_arguments",
+            message: message.into(),
+        }
+    }
+
+    /// Something the arguments name does not exist (or is not the group's).
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ToolError {
+            code: "not_found",
+            message: message.into(),
+        }
+    }
+
+    /// The turn is over: its tools are gone with it.
+    pub fn turn_ended(turn_id: &str) -> Self {
+        ToolError {
+            code: "turn_ended",
+            message: format!("turn {turn_id} has ended; its tools are no longer available"),
+        }
+    }
+
+    /// A server-side failure; the message says only what the agent may see.
+    pub fn internal(message: impl Into<String>) -> Self {
+        ToolError {
+            code: "internal",
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Refused> for ToolError {
+    fn from(r: Refused) -> Self {
+        ToolError {
+            code: "not_granted",
+            message: r.to_string(),
+        }
+    }
+}
+
+/// `send_message`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendMessage {
+    /// The text.
+    pub text: String,
+    /// Another chat of the group (default: the turn's chat).
+    #[serde(default)]
+    pub chat_jid: Option<String>,
+}
+
+/// `get_history`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GetHistory {
+    /// How many messages (default 50, at most [`MAX_HISTORY`]).
+    #[serde(default)]
+    pub limit: Option<u32>,
+    /// Only messages before this `seq` (paging back).
+    #[serde(default)]
+    pub before: Option<i64>,
+}
+
+/// `set_status`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetStatus {
+    /// The progress text.
+    pub text: String,
+}
+
+/// `schedule_task`: exactly one of `at`, `after`, `cron`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleTask {
+    /// The prompt the group receives when the task fires.
+    pub prompt: String,
+    /// Once, at this instant (RFC 3339).
+    #[serde(default)]
+    pub at: Option<String>,
+    /// Once, after this long (`90s`, `10m`, `2h`).
+    #[serde(default)]
+    pub after: Option<String>,
+    /// Repeatedly, on this five-field cron schedule (UTC).
+    #[serde(default)]
+    pub cron: Option<String>,
+    /// The chat the prompt arrives in (default: the turn's chat).
+    #[serde(default)]
+    pub chat_jid: Option<String>,
+}
+
+/// `list_tasks`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListTasks {}
+
+/// `cancel_task`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelTask {
+    /// The task, as `schedule_task` or `list_tasks` named it.
+    pub id: String,
+}
+
+/// `reset_session`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResetSession {}
+
+/// `register_group`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RegisterGroup {
+    /// The new group's folder: a sub-folder of the caller's (`<folder>/<name>`).
+    pub folder: String,
+    /// Its display name.
+    pub name: String,
+    /// Its system prompt.
+    #[serde(default)]
+    pub system_prompt: Option<String>,
+    /// Its grants (default: none, which means every tool but the main-only ones).
+    #[serde(default)]
+    pub grants: Option<Vec<String>>,
+}
+
+/// `spawn_group`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpawnGroup {
+    /// The group to run: a sub-folder of the caller's.
+    pub folder: String,
+    /// What it is asked.
+    pub prompt: String,
+}
+
+/// A parsed call.
+#[derive(Debug, Clone, PartialEq)]
+#[allow(missing_docs)]
+pub enum Call {
+    SendMessage(SendMessage),
+    GetHistory(GetHistory),
+    SetStatus(SetStatus),
+    ScheduleTask(ScheduleTask),
+    ListTasks(ListTasks),
+    CancelTask(CancelTask),
+    ResetSession(ResetSession),
+    RegisterGroup(RegisterGroup),
+    SpawnGroup(SpawnGroup),
+}
+
+impl Call {
+    /// Parses `args` for `tool`; the error names the bad argument.
+    pub fn parse(tool: Tool, args: Map<String, Value>) -> Result<Call, ToolError> {
+        fn p<T: for<'de> Deserialize<'de>>(args: Map<String, Value>) -> Result<T, ToolError> {
+            serde_json::from_value(Value::Object(args))
+                .map_err(|e| ToolError::invalid(e.to_string()))
+        }
+        let call = match tool {
+            Tool::SendMessage => Call::SendMessage(p(args)?),
+            Tool::GetHistory => Call::GetHistory(p(args)?),
+            Tool::SetStatus => Call::SetStatus(p(args)?),
+            Tool::ScheduleTask => Call::ScheduleTask(p(args)?),
+            Tool::ListTasks => Call::ListTasks(p(args)?),
+            Tool::CancelTask => Call::CancelTask(p(args)?),
+            Tool::ResetSession => Call::ResetSession(p(args)?),
+            Tool::RegisterGroup => Call::RegisterGroup(p(args)?),
+            Tool::SpawnGroup => Call::SpawnGroup(p(args)?),
+        };
+        call.check_sizes()?;
+        Ok(call)
+    }
+
+    /// The tool.
+    pub fn tool(&self) -> Tool {
+        match self {
+            Call::SendMessage(_) => Tool::SendMessage,
+            Call::GetHistory(_) => Tool::GetHistory,
+            Call::SetStatus(_) => Tool::SetStatus,
+            Call::ScheduleTask(_) => Tool::ScheduleTask,
+            Call::ListTasks(_) => Tool::ListTasks,
+            Call::CancelTask(_) => Tool::CancelTask,
+            Call::ResetSession(_) => Tool::ResetSession,
+            Call::RegisterGroup(_) => Tool::RegisterGroup,
+            Call::SpawnGroup(_) => Tool::SpawnGroup,
+        }
+    }
+
+    /// What the call acts on, for grant rules with a target: a chat or a folder.
+    pub fn target<'a>(&'a self, scope: &'a Scope) -> Option<&'a str> {
+        match self {
+            Call::SendMessage(c) => Some(c.chat_jid.as_deref().unwrap_or(&scope.chat_jid)),
+            Call::ScheduleTask(c) => Some(c.chat_jid.as_deref().unwrap_or(&scope.chat_jid)),
+            Call::RegisterGroup(c) => Some(&c.folder),
+            Call::SpawnGroup(c) => Some(&c.folder),
+            _ => None,
+        }
+    }
+
+    fn check_sizes(&self) -> Result<(), ToolError> {
+        let text = |what: &str, t: &str| {
+            if t.trim().is_empty() {
+                Err(ToolError::invalid(format!("{what} is empty")))
+            } else if t.len() > MAX_TEXT {
+                Err(ToolError::invalid(format!(
+                    "{what} is {} bytes; at most {MAX_TEXT}",
+                    t.len()
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        match self {
+            Call::SendMessage(c) => text("text", &c.text),
+            Call::SetStatus(c) => text("text", &c.text),
+            Call::ScheduleTask(c) => text("prompt", &c.prompt),
+            Call::SpawnGroup(c) => text("prompt", &c.prompt),
+            Call::RegisterGroup(c) => text("name", &c.name),
+            Call::GetHistory(c) => match c.limit {
+                Some(n) if n == 0 || n > MAX_HISTORY => {
+                    Err(ToolError::invalid(format!("limit {n}: 1-{MAX_HISTORY}")))
+                }
+                _ => Ok(()),
+            },
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Carries calls out. routd's backend acts on its store; the CLI's answers the tools it
+/// cannot offer with `not_available`.
+pub trait Backend: Send + Sync + 'static {
+    /// Whether the scope's turn is still live; calls after its end are refused.
+    fn is_live(&self, scope: &Scope) -> impl Future<Output = bool> + Send;
+    /// Carries out a call the grants allowed; the answer is the tool's JSON result.
+    fn call(
+        &self,
+        scope: &Scope,
+        call: Call,
+    ) -> impl Future<Output = Result<Value, ToolError>> + Send;
+}
+
+/// Parses, checks the grants, checks the turn is live, and calls the backend: the one path
+/// of every tool call, over MCP or HTTP.
+pub async fn dispatch<B: Backend>(
+    backend: &B,
+    scope: &Scope,
+    tool: Tool,
+    args: Map<String, Value>,
+) -> Result<Value, ToolError> {
+    let call = Call::parse(tool, args)?;
+    scope.grants.check(tool, call.target(scope))?;
+    if !backend.is_live(scope).await {
+        return Err(ToolError::turn_ended(&scope.turn_id));
+    }
+    backend.call(scope, call).await
+}
+
+/// A tool as an agent is offered it.
+#[derive(Debug, Clone)]
+pub struct ToolDef {
+    /// The tool.
+    pub tool: Tool,
+    /// What it does, for the model.
+    pub description: &'static str,
+    /// Its arguments, as a JSON schema object.
+    pub input_schema: Map<String, Value>,
+}
+
+fn schema(properties: Value, required: &[&str]) -> Map<String, Value> {
+    let v = json!({
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": false,
+    });
+    match v {
+        Value::Object(m) => m,
+        _ => Map::new(),
+    }
+}
+
+/// The definition of one tool.
+pub fn definition(tool: Tool) -> ToolDef {
+    let text = |d: &str| json!({"type": "string", "minLength": 1, "maxLength": MAX_TEXT, "description": d});
+    let (description, input_schema) = match tool {
+        Tool::SendMessage => (
+            "Send a message to the chat this turn answers (or another chat of this group). It is delivered at once, while you keep working; your final answer is sent too, so do not repeat it here.",
+            schema(
+                json!({"text": text("The message."), "chat_jid": {"type": "string", "description": "Another chat of this group, by JID; default: the turn's chat."}}),
+                &["text"],
+            ),
+        ),
+        Tool::GetHistory => (
+            "Read recent messages of the turn's chat, newest last. Page back with `before` (the smallest `seq` you have).",
+            schema(
+                json!({"limit": {"type": "integer", "minimum": 1, "maximum": MAX_HISTORY, "description": "How many messages (default 50)."}, "before": {"type": "integer", "description": "Only messages with a smaller seq."}}),
+                &[],
+            ),
+        ),
+        Tool::SetStatus => (
+            "Show a short progress note in the chat (\"searching the docs…\"). There is one per turn: each call replaces the previous text.",
+            schema(json!({"text": text("The progress note.")}), &["text"]),
+        ),
+        Tool::ScheduleTask => (
+            "Schedule a prompt to arrive in this group later, as a message that starts a turn: once `at` an instant, once `after` a delay, or repeatedly on a `cron` schedule. Give exactly one of the three.",
+            schema(
+                json!({
+                    "prompt": text("What you will be asked when it fires."),
+                    "at": {"type": "string", "description": "RFC 3339 instant, e.g. 2026-12-01T09:00:00Z."},
+                    "after": {"type": "string", "description": "A delay: 90s, 10m, 2h, 1h30m."},
+                    "cron": {"type": "string", "description": "Five fields in UTC: minute hour day-of-month month day-of-week, e.g. \"0 9 * * 1-5\"."},
+                    "chat_jid": {"type": "string", "description": "The chat it arrives in; default: the turn's chat."}
+                }),
+                &["prompt"],
+            ),
+        ),
+        Tool::ListTasks => (
+            "List this group's scheduled tasks that are still active, with their next firing.",
+            schema(json!({}), &[]),
+        ),
+        Tool::CancelTask => (
+            "Cancel one of this group's scheduled tasks by id.",
+            schema(
+                json!({"id": {"type": "string", "description": "The task id."}}),
+                &["id"],
+            ),
+        ),
+        Tool::ResetSession => (
+            "Forget this group's conversation: the next turn starts a fresh session.",
+            schema(json!({}), &[]),
+        ),
+        Tool::RegisterGroup => (
+            "Create (or update) a group in a sub-folder of this one, reachable at the chat `web:<folder>`.",
+            schema(
+                json!({
+                    "folder": {"type": "string", "description": "<this folder>/<name>."},
+                    "name": text("Display name."),
+                    "system_prompt": {"type": "string", "description": "Its system prompt."},
+                    "grants": {"type": "array", "items": {"type": "string"}, "description": "Its grant rules, e.g. [\"send_message\", \"get_history\"]."}
+                }),
+                &["folder", "name"],
+            ),
+        ),
+        Tool::SpawnGroup => (
+            "Send a prompt to a sub-folder's group (created with register_group); it runs its own turn and answers in its chat `web:<folder>`.",
+            schema(
+                json!({"folder": {"type": "string", "description": "<this folder>/<name>."}, "prompt": text("What it is asked.")}),
+                &["folder", "prompt"],
+            ),
+        ),
+    };
+    ToolDef {
+        tool,
+        description,
+        input_schema,
+    }
+}
+
+/// The tools the scope's group is offered, in order.
+pub fn offered(grants: &Grants) -> Vec<ToolDef> {
+    Tool::ALL
+        .into_iter()
+        .filter(|t| grants.offers(*t))
+        .map(definition)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hako_shared::runs::Trust;
+
+    /// A value of the schema's declared type, for every property.
+    fn sample(prop: &Value) -> Value {
+        match prop["type"].as_str() {
+            Some("string") => json!("2026-12-01T09:00:00Z"),
+            Some("integer") => json!(5),
+            Some("array") => json!(["get_history"]),
+            other => panic!("no sample for {other:?}"),
+        }
+    }
+
+    /// The schema and the type agree: every property the schema lists parses (all set at
+    /// once), every required one is required, and an unknown one is refused.
+    #[test]
+    fn schemas_and_types_agree() {
+        for tool in Tool::ALL {
+            let def = definition(tool);
+            let props = def.input_schema["properties"].as_object().unwrap();
+            let all: Map<String, Value> =
+                props.iter().map(|(k, v)| (k.clone(), sample(v))).collect();
+            Call::parse(tool, all.clone()).unwrap_or_else(|e| panic!("{tool:?}: {e}"));
+            for req in def.input_schema["required"].as_array().unwrap() {
+                let mut less = all.clone();
+                less.remove(req.as_str().unwrap());
+                assert!(Call::parse(tool, less).is_err(), "{tool:?} without {req}");
+            }
+            let mut more = all.clone();
+            more.insert("surprise".into(), json!(1));
+            let e = Call::parse(tool, more).unwrap_err();
+            assert!(e.message.contains("surprise"), "{tool:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn sizes_and_targets() {
+        let scope = Scope {
+            folder: GroupFolder::new("a").unwrap(),
+            turn_id: "t".into(),
+            chat_jid: "web:a".into(),
+            grants: Grants::parse(&[], Trust::Untrusted).unwrap(),
+        };
+        let big = "x".repeat(MAX_TEXT + 1);
+        let e = Call::parse(
+            Tool::SendMessage,
+            json!({"text": big}).as_object().unwrap().clone(),
+        )
+        .unwrap_err();
+        assert_eq!(e.code, "invalid_arguments");
+        assert!(
+            Call::parse(
+                Tool::SetStatus,
+                json!({"text": "  "}).as_object().unwrap().clone()
+            )
+            .is_err()
+        );
+        let c = Call::parse(
+            Tool::SendMessage,
+            json!({"text": "hi"}).as_object().unwrap().clone(),
+        )
+        .unwrap();
+        assert_eq!(c.target(&scope), Some("web:a"));
+        assert_eq!(offered(&scope.grants).len(), 7);
+    }
+}
