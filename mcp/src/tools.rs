@@ -91,6 +91,9 @@ pub struct SendMessage {
     /// Another chat of the group (default: the turn's chat).
     #[serde(default)]
     pub chat_jid: Option<String>,
+    /// A key of the caller's: a second call with the same key sends nothing.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
 }
 
 /// `get_history`.
@@ -254,7 +257,16 @@ impl Call {
             }
         };
         match self {
-            Call::SendMessage(c) => text("text", &c.text),
+            Call::SendMessage(c) => {
+                if c.idempotency_key.as_ref().is_some_and(|k| {
+                    k.is_empty() || k.len() > 128 || k.chars().any(char::is_control)
+                }) {
+                    return Err(ToolError::invalid(
+                        "idempotency_key: 1-128 printable characters",
+                    ));
+                }
+                text("text", &c.text)
+            }
             Call::SetStatus(c) => text("text", &c.text),
             Call::ScheduleTask(c) => text("prompt", &c.prompt),
             Call::SpawnGroup(c) => text("prompt", &c.prompt),
@@ -281,6 +293,8 @@ pub trait Backend: Send + Sync + 'static {
         scope: &Scope,
         call: Call,
     ) -> impl Future<Output = Result<Value, ToolError>> + Send;
+    /// Sees how every call ended (`Err` holds the error code), refused or not: metrics.
+    fn record(&self, _tool: Tool, _outcome: Result<(), &'static str>) {}
 }
 
 /// Parses, checks the grants, checks the turn is live, and calls the backend: the one path
@@ -291,12 +305,17 @@ pub async fn dispatch<B: Backend>(
     tool: Tool,
     args: Map<String, Value>,
 ) -> Result<Value, ToolError> {
-    let call = Call::parse(tool, args)?;
-    scope.grants.check(tool, call.target(scope))?;
-    if !backend.is_live(scope).await {
-        return Err(ToolError::turn_ended(&scope.turn_id));
+    let outcome = async {
+        let call = Call::parse(tool, args)?;
+        scope.grants.check(tool, call.target(scope))?;
+        if !backend.is_live(scope).await {
+            return Err(ToolError::turn_ended(&scope.turn_id));
+        }
+        backend.call(scope, call).await
     }
-    backend.call(scope, call).await
+    .await;
+    backend.record(tool, outcome.as_ref().map(drop).map_err(|e| e.code));
+    outcome
 }
 
 /// A tool as an agent is offered it.
@@ -330,7 +349,11 @@ pub fn definition(tool: Tool) -> ToolDef {
         Tool::SendMessage => (
             "Send a message to the chat this turn answers (or another chat of this group). It is delivered at once, while you keep working; your final answer is sent too, so do not repeat it here.",
             schema(
-                json!({"text": text("The message."), "chat_jid": {"type": "string", "description": "Another chat of this group, by JID; default: the turn's chat."}}),
+                json!({
+                    "text": text("The message."),
+                    "chat_jid": {"type": "string", "description": "Another chat of this group, by JID; default: the turn's chat."},
+                    "idempotency_key": {"type": "string", "maxLength": 128, "description": "Optional key of yours: a retry with the same key sends nothing twice."}
+                }),
                 &["text"],
             ),
         ),

@@ -7,6 +7,7 @@ use std::time::Duration;
 use hako_shared::auth::VerifierConfig;
 use hako_shared::config::{ConfigError, Env};
 use hako_shared::http::ServeLimits;
+use hako_shared::layout::DataLayout;
 
 /// Everything routd needs to know.
 #[derive(Debug, Clone)]
@@ -50,6 +51,10 @@ pub struct Config {
     pub max_streams: usize,
     /// `HAKO_MAX_CONNECTIONS`, `HAKO_HEADER_TIMEOUT`.
     pub serve: ServeLimits,
+    /// `DATA_DIR`, shared with runed: where each folder's `ipc/` gets the turn's sockets.
+    pub layout: DataLayout,
+    /// `ROUTD_MAX_TASKS`, default 100: active scheduled tasks per group.
+    pub max_tasks: usize,
 }
 
 impl Config {
@@ -76,6 +81,8 @@ impl Config {
             max_streams_per_caller: 16,
             max_streams: 256,
             serve: ServeLimits::default(),
+            layout: DataLayout::new(data_dir),
+            max_tasks: 100,
         }
     }
 
@@ -132,7 +139,9 @@ impl Config {
         c.max_streams = env.parse_or("ROUTD_MAX_STREAMS", c.max_streams)?;
         c.max_streams_per_caller =
             env.parse_or("ROUTD_MAX_STREAMS_PER_CALLER", c.max_streams_per_caller)?;
+        c.max_tasks = env.parse_or("ROUTD_MAX_TASKS", c.max_tasks)?;
         for (var, zero) in [
+            ("ROUTD_MAX_TASKS", c.max_tasks == 0),
             ("ROUTD_BATCH_MAX", c.batch_max == 0),
             ("ROUTD_WEBHOOK_ATTEMPTS", c.webhook_attempts == 0),
             ("ROUTD_RETRY_BASE", c.retry_base.is_zero()),

@@ -42,6 +42,9 @@ pub enum ApiFailure {
     /// An envelope from a shared layer (token check, JSON body, query string).
     #[error(transparent)]
     Api(#[from] ApiError),
+    /// A turn's tool refused or failed (over HTTP); its code is the tool error's.
+    #[error("{}", .0.message)]
+    Tool(#[from] hako_mcp::ToolError),
 }
 
 impl ApiFailure {
@@ -63,6 +66,15 @@ impl ApiFailure {
             }
             ApiFailure::Db(_) | ApiFailure::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiFailure::Api(e) => e.status,
+            ApiFailure::Tool(t) => match t.code {
+                "invalid_arguments" => StatusCode::BAD_REQUEST,
+                "not_granted" => StatusCode::FORBIDDEN,
+                "not_found" => StatusCode::NOT_FOUND,
+                "turn_ended" | "conflict" => StatusCode::CONFLICT,
+                "not_available" => StatusCode::NOT_IMPLEMENTED,
+                "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            },
         }
     }
 
@@ -79,6 +91,7 @@ impl ApiFailure {
             ApiFailure::Db(DbError::Closed | DbError::Timeout(_)) => "unavailable",
             ApiFailure::Db(_) | ApiFailure::Internal(_) => "internal",
             ApiFailure::Api(e) => &e.body.error,
+            ApiFailure::Tool(t) => t.code,
         }
     }
 }
@@ -126,6 +139,16 @@ mod tests {
             ),
             (ApiFailure::Db(DbError::Closed), 503, "unavailable"),
             (ApiFailure::internal("secret detail"), 500, "internal"),
+            (
+                ApiFailure::Tool(hako_mcp::ToolError::turn_ended("t-1")),
+                409,
+                "turn_ended",
+            ),
+            (
+                ApiFailure::Tool(hako_mcp::ToolError::invalid("text is empty")),
+                400,
+                "invalid_arguments",
+            ),
         ] {
             let e = ApiError::from(f);
             assert_eq!((e.status.as_u16(), e.body.error.as_ref()), (status, code));

@@ -15,7 +15,10 @@ mod error;
 pub mod metrics;
 pub mod routing;
 pub mod runed;
+mod sockets;
 pub mod store;
+mod tasks;
+mod tools;
 mod turns;
 
 use std::collections::HashSet;
@@ -94,6 +97,12 @@ pub(crate) struct Shared {
     pub stopping: CancellationToken,
     /// The client webhook deliveries go through.
     pub webhook_http: reqwest::Client,
+    /// The live turns' sockets (`mcp.sock`).
+    pub sockets: sockets::TurnSockets,
+    /// Wakes the task loop (a task was scheduled or cancelled).
+    pub tasks_changed: Notify,
+    /// Turns whose agent reset the session: their `newSessionId` is not kept.
+    pub session_resets: Mutex<HashSet<String>>,
 }
 
 /// The current time in Unix milliseconds.
@@ -259,6 +268,9 @@ pub async fn start(
         webhooks: std::sync::RwLock::new(Vec::new()),
         stopping: CancellationToken::new(),
         webhook_http,
+        sockets: sockets::TurnSockets::default(),
+        tasks_changed: Notify::new(),
+        session_resets: Mutex::new(HashSet::new()),
     });
     shared.reload_webhooks().await?;
 
@@ -289,6 +301,7 @@ pub async fn start(
         tokio::spawn(turns::scheduler(shared.clone())),
         tokio::spawn(delivery::worker(shared.clone())),
         tokio::spawn(turns::watch_backlog(shared.clone())),
+        tokio::spawn(tasks::run(shared.clone())),
     ];
     turns::resume(&shared).await;
     let (stop, stopped) = oneshot::channel::<()>();

@@ -55,6 +55,28 @@ impl RoutdMetrics {
         }
     }
 
+    /// A scheduled task's prompt arrived in its chat.
+    pub fn task_fired(&self) {
+        self.registry
+            .counter(
+                "routd_tasks_fired_total",
+                "Scheduled task firings (each one an inbound task message).",
+                &[],
+            )
+            .inc();
+    }
+
+    /// A tool call of the turn's agent ended with `result` (`ok` or an error code).
+    pub fn tool_call(&self, tool: &'static str, result: &'static str) {
+        self.registry
+            .counter(
+                "routd_tool_calls_total",
+                "Calls of the turn's tools (MCP or HTTP), by tool and result.",
+                &[("tool", tool), ("result", result)],
+            )
+            .inc();
+    }
+
     /// An outbound message of `kind` appended.
     pub fn message_out(&self, kind: &'static str) {
         self.registry

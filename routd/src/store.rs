@@ -15,10 +15,11 @@ use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
 /// The schema, in order.
-pub static MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "messages, chats, groups, sessions, routes, turns, webhooks, deliveries, audit",
-    sql: r#"
+pub static MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "messages, chats, groups, sessions, routes, turns, webhooks, deliveries, audit",
+        sql: r#"
 CREATE TABLE messages (
     seq         INTEGER PRIMARY KEY,
     id          TEXT NOT NULL UNIQUE,
@@ -112,7 +113,69 @@ CREATE TABLE audit_log (
     detail  TEXT NOT NULL DEFAULT ''
 );
 "#,
-}];
+    },
+    Migration {
+        version: 2,
+        name: "status and task messages with versions; scheduled tasks",
+        // SQLite cannot change a CHECK: the log is rebuilt, every row and seq kept.
+        sql: r#"
+CREATE TABLE messages_v2 (
+    seq         INTEGER PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    chat_jid    TEXT NOT NULL,
+    direction   TEXT NOT NULL CHECK (direction IN ('in', 'out')),
+    kind        TEXT NOT NULL CHECK (kind IN ('message', 'command', 'notice', 'status', 'task')),
+    sender      TEXT NOT NULL,
+    sender_name TEXT,
+    content     TEXT NOT NULL,
+    timestamp   INTEGER NOT NULL,
+    reply_to    TEXT,
+    turn_id     TEXT,
+    state       TEXT NOT NULL,
+    body_hash   TEXT NOT NULL DEFAULT '',
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_at INTEGER,
+    created_at  INTEGER NOT NULL,
+    version     INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO messages_v2 (seq, id, chat_jid, direction, kind, sender, sender_name, content,
+    timestamp, reply_to, turn_id, state, body_hash, attempts, next_try_at, created_at)
+    SELECT seq, id, chat_jid, direction, kind, sender, sender_name, content, timestamp,
+    reply_to, turn_id, state, body_hash, attempts, next_try_at, created_at FROM messages;
+DROP TABLE messages;
+ALTER TABLE messages_v2 RENAME TO messages;
+CREATE INDEX messages_chat ON messages (chat_jid, seq);
+CREATE INDEX messages_pending ON messages (state, chat_jid) WHERE direction = 'in';
+CREATE INDEX messages_delivering ON messages (next_try_at) WHERE state = 'delivering';
+CREATE TABLE tasks (
+    id            TEXT PRIMARY KEY,
+    folder        TEXT NOT NULL,
+    chat_jid      TEXT NOT NULL,
+    prompt        TEXT NOT NULL,
+    cron          TEXT,
+    next_at       INTEGER,
+    state         TEXT NOT NULL CHECK (state IN ('active', 'done', 'cancelled')),
+    fired         INTEGER NOT NULL DEFAULT 0,
+    last_fired_at INTEGER,
+    created_by    TEXT NOT NULL,
+    created_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL
+);
+CREATE INDEX tasks_due ON tasks (next_at) WHERE state = 'active';
+CREATE INDEX tasks_folder ON tasks (folder, state);
+"#,
+    },
+];
+
+/// Task states.
+pub mod task {
+    /// Waiting for its next firing.
+    pub const ACTIVE: &str = "active";
+    /// A one-off that fired.
+    pub const DONE: &str = "done";
+    /// Cancelled before it was done.
+    pub const CANCELLED: &str = "cancelled";
+}
 
 /// Inbound states.
 pub mod inbound {
@@ -315,7 +378,7 @@ pub struct AuditRow {
 }
 
 const MSG_COLS: &str = "seq, id, chat_jid, direction, kind, sender, sender_name, content, \
-                        timestamp, reply_to, turn_id, state";
+                        timestamp, reply_to, turn_id, state, version";
 
 fn message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageView> {
     let direction: String = r.get(3)?;
@@ -332,6 +395,8 @@ fn message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageView> {
         kind: match kind.as_str() {
             "command" => MessageKind::Command,
             "notice" => MessageKind::Notice,
+            "status" => MessageKind::Status,
+            "task" => MessageKind::Task,
             _ => MessageKind::Message,
         },
         sender: r.get(5)?,
@@ -341,6 +406,53 @@ fn message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageView> {
         reply_to: r.get(9)?,
         turn_id: r.get(10)?,
         state: r.get(11)?,
+        version: r.get(12)?,
+    })
+}
+
+/// A scheduled task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskRow {
+    /// `task-<hex>`.
+    pub id: String,
+    /// The group it belongs to.
+    pub folder: String,
+    /// The chat its prompt arrives in.
+    pub chat_jid: String,
+    /// The prompt.
+    pub prompt: String,
+    /// Its cron schedule; `None` for a one-off.
+    pub cron: Option<String>,
+    /// Unix ms of its next firing; `None` once it is over.
+    pub next_at: Option<i64>,
+    /// `active`, `done` or `cancelled`.
+    pub state: String,
+    /// How many times it fired.
+    pub fired: i64,
+    /// Unix ms of its last firing.
+    pub last_fired_at: Option<i64>,
+    /// The turn that scheduled it (or the operator).
+    pub created_by: String,
+    /// Unix ms.
+    pub created_at: i64,
+}
+
+const TASK_COLS: &str = "id, folder, chat_jid, prompt, cron, next_at, state, fired, last_fired_at, \
+                         created_by, created_at";
+
+fn task_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
+    Ok(TaskRow {
+        id: r.get(0)?,
+        folder: r.get(1)?,
+        chat_jid: r.get(2)?,
+        prompt: r.get(3)?,
+        cron: r.get(4)?,
+        next_at: r.get(5)?,
+        state: r.get(6)?,
+        fired: r.get(7)?,
+        last_fired_at: r.get(8)?,
+        created_by: r.get(9)?,
+        created_at: r.get(10)?,
     })
 }
 
@@ -1335,6 +1447,190 @@ impl Store {
                     })?
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(rows)
+            })
+            .await
+    }
+
+    // ---- status ----
+
+    /// Sets the turn's progress note: the first call appends it (id `<turn>.status`), later
+    /// ones change its text in place: the same id, the next version, moved to the end of the
+    /// log so that every reader after a seq (SSE, history) sees the edit. Returns its seq.
+    pub async fn set_status(
+        &self,
+        turn_id: &str,
+        chat: &str,
+        text: String,
+        webhook: bool,
+        now: i64,
+    ) -> Result<i64, DbError> {
+        let (turn, chat) = (turn_id.to_owned(), chat.to_owned());
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let id = format!("{turn}.status");
+                let state = if webhook {
+                    outbound::DELIVERING
+                } else {
+                    outbound::SENT
+                };
+                let next: i64 =
+                    tx.query_row("SELECT coalesce(max(seq), 0) + 1 FROM messages", [], |r| {
+                        r.get(0)
+                    })?;
+                let moved = tx.execute(
+                    "UPDATE messages SET seq = ?2, content = ?3, version = version + 1, \
+                     timestamp = ?4, state = ?5, attempts = 0, next_try_at = ?6 WHERE id = ?1",
+                    params![id, next, text, now, state, webhook.then_some(now)],
+                )?;
+                if moved == 0 {
+                    tx.execute(
+                        "INSERT INTO messages (seq, id, chat_jid, direction, kind, sender, content, \
+                         timestamp, turn_id, state, next_try_at, created_at) \
+                         VALUES (?1, ?2, ?3, 'out', 'status', 'hako', ?4, ?5, ?6, ?7, ?8, ?5)",
+                        params![next, id, chat, text, now, turn, state, webhook.then_some(now)],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(next)
+            })
+            .await
+    }
+
+    // ---- tasks ----
+
+    /// Adds a task.
+    pub async fn add_task(&self, t: TaskRow) -> Result<(), DbError> {
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "INSERT INTO tasks (id, folder, chat_jid, prompt, cron, next_at, state, fired, \
+                     last_fired_at, created_by, created_at, updated_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 0, NULL, ?8, ?9, ?9)",
+                    params![
+                        t.id,
+                        t.folder,
+                        t.chat_jid,
+                        t.prompt,
+                        t.cron,
+                        t.next_at,
+                        task::ACTIVE,
+                        t.created_by,
+                        t.created_at
+                    ],
+                )?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// A folder's tasks (only the active ones unless `all`), soonest first.
+    pub async fn tasks(&self, folder: &str, all: bool) -> Result<Vec<TaskRow>, DbError> {
+        let f = folder.to_owned();
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(&format!(
+                    "SELECT {TASK_COLS} FROM tasks WHERE folder = ?1 AND (?2 OR state = 'active') \
+                     ORDER BY next_at IS NULL, next_at, id LIMIT 1000"
+                ))?;
+                let rows = st
+                    .query_map(params![f, all], task_row)?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// How many active tasks a folder has.
+    pub async fn active_tasks(&self, folder: &str) -> Result<i64, DbError> {
+        let f = folder.to_owned();
+        self.db
+            .call(move |c| {
+                Ok(c.query_row(
+                    "SELECT count(*) FROM tasks WHERE folder = ?1 AND state = 'active'",
+                    [f],
+                    |r| r.get(0),
+                )?)
+            })
+            .await
+    }
+
+    /// Cancels a folder's active task; `false` when it has none by that id.
+    pub async fn cancel_task(&self, folder: &str, id: &str, now: i64) -> Result<bool, DbError> {
+        let (f, id) = (folder.to_owned(), id.to_owned());
+        self.db
+            .call(move |c| {
+                Ok(c.execute(
+                    "UPDATE tasks SET state = 'cancelled', next_at = NULL, updated_at = ?3 \
+                     WHERE id = ?1 AND folder = ?2 AND state = 'active'",
+                    params![id, f, now],
+                )? == 1)
+            })
+            .await
+    }
+
+    /// When the next active task is due.
+    pub async fn next_task_at(&self) -> Result<Option<i64>, DbError> {
+        self.db
+            .call(|c| {
+                Ok(c.query_row(
+                    "SELECT min(next_at) FROM tasks WHERE state = 'active'",
+                    [],
+                    |r| r.get(0),
+                )?)
+            })
+            .await
+    }
+
+    /// Fires every task due at `now`, each in one transaction with its prompt's arrival: the
+    /// prompt becomes an inbound `task` message (id `task:<id>:<due>`, so a firing is never
+    /// appended twice), then a one-off is done and a cron task moves to its next firing after
+    /// `now` (firings missed while routd was down fire once, not once each). Returns the
+    /// chats that got a prompt.
+    pub async fn fire_due_tasks(&self, now: i64) -> Result<Vec<String>, DbError> {
+        self.db
+            .call(move |c| {
+                let due: Vec<TaskRow> = {
+                    let mut st = c.prepare_cached(&format!(
+                        "SELECT {TASK_COLS} FROM tasks WHERE state = 'active' AND next_at <= ?1 \
+                         ORDER BY next_at LIMIT 100"
+                    ))?;
+                    st.query_map([now], task_row)?
+                        .collect::<Result<Vec<_>, _>>()?
+                };
+                let mut chats = Vec::new();
+                for t in due {
+                    let tx = c.transaction()?;
+                    let due_at = t.next_at.unwrap_or(now);
+                    let id = format!("task:{}:{due_at}", t.id);
+                    let added = tx.execute(
+                        "INSERT OR IGNORE INTO messages (id, chat_jid, direction, kind, sender, \
+                         sender_name, content, timestamp, state, created_at) \
+                         VALUES (?1, ?2, 'in', 'task', ?3, 'scheduled task', ?4, ?5, 'pending', ?5)",
+                        params![id, t.chat_jid, format!("task:{}", t.id), t.prompt, now],
+                    )?;
+                    if added == 1 {
+                        tx.execute(
+                            "INSERT INTO chats (jid, cursor, pending, updated_at) VALUES (?1, 0, 1, ?2) \
+                             ON CONFLICT (jid) DO UPDATE SET updated_at = ?2, pending = pending + 1",
+                            params![t.chat_jid, now],
+                        )?;
+                        chats.push(t.chat_jid.clone());
+                    }
+                    let next = t
+                        .cron
+                        .as_deref()
+                        .and_then(|expr| hako_shared::cron::Cron::parse(expr).ok())
+                        .and_then(|cron| cron.next_after(now.max(due_at)));
+                    let state = if next.is_some() { task::ACTIVE } else { task::DONE };
+                    tx.execute(
+                        "UPDATE tasks SET next_at = ?2, state = ?3, fired = fired + ?4, \
+                         last_fired_at = ?5, updated_at = ?5 WHERE id = ?1",
+                        params![t.id, next, state, added as i64, now],
+                    )?;
+                    tx.commit()?;
+                }
+                Ok(chats)
             })
             .await
     }

@@ -201,9 +201,19 @@ pub(crate) fn spawn_driver(sh: &Arc<Shared>, turn_id: String) {
     let span = tracing::info_span!("turn", turn = %turn_id);
     tokio::spawn(tracing::Instrument::instrument(
         async move {
+            // The turn's sockets exist before its run starts and go with the driver: a
+            // restarted routd binds them again when it resumes the turn.
+            if let Err(e) = sh.sockets.open(&sh, &turn_id).await {
+                tracing::error!(error = %e, "the turn's sockets could not be bound; its tools are unavailable");
+            }
             if let Err(e) = drive(&sh, &turn_id).await {
                 tracing::warn!(error = %e, "driving the turn failed; resumed at the next start or wake");
             }
+            sh.sockets.close(&turn_id);
+            sh.session_resets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&turn_id);
             sh.driving
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -431,7 +441,17 @@ async fn follow(sh: &Shared, t: &TurnRow, run_id: &str) -> Result<RunStatus, Run
 
 /// One output block: a reply for the chat (`ok` and `error` with text), and the session.
 async fn on_block(sh: &Shared, t: &TurnRow, index: usize, b: &OutputBlock) -> Result<(), DbError> {
-    if let Some(sid) = b.new_session_id.as_deref().filter(|s| !s.is_empty()) {
+    let reset = sh
+        .session_resets
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .contains(&t.turn_id);
+    // A turn whose agent called `reset_session` does not bring its session back.
+    if let Some(sid) = b
+        .new_session_id
+        .as_deref()
+        .filter(|s| !s.is_empty() && !reset)
+    {
         sh.store
             .set_session(&t.folder, Some(sid.to_owned()), now_ms())
             .await?;

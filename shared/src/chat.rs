@@ -38,6 +38,11 @@ pub enum MessageKind {
     Command,
     /// A notice from routd to the chat (a command's answer, a turn stopped or failed).
     Notice,
+    /// The turn's progress note (`set_status`): one per turn, edited in place (the same id,
+    /// a higher `version`, moved to the end of the log).
+    Status,
+    /// A scheduled task's prompt arriving in the chat (inbound; it starts a turn).
+    Task,
 }
 
 impl MessageKind {
@@ -47,6 +52,8 @@ impl MessageKind {
             MessageKind::Message => "message",
             MessageKind::Command => "command",
             MessageKind::Notice => "notice",
+            MessageKind::Status => "status",
+            MessageKind::Task => "task",
         }
     }
 }
@@ -126,6 +133,10 @@ pub struct MessageView {
     /// Inbound: `pending`, `answered`, `failed` or `handled` (commands). Outbound: `sent`
     /// (no webhook for the chat), `delivering`, `delivered` or `undeliverable`.
     pub state: String,
+    /// Edits of the message so far (a `status` message's text changes in place): a client
+    /// shows the highest version of each id.
+    #[serde(default)]
+    pub version: u32,
 }
 
 /// `GET /v1/chats/{jid}/messages` answer.

@@ -155,6 +155,14 @@ impl Grants {
         })
     }
 
+    /// No tool at all: what a group gets whose stored grants no longer parse.
+    pub fn none(trust: Trust) -> Self {
+        Grants {
+            rules: Vec::new(),
+            trust,
+        }
+    }
+
     /// Whether `tool` may act (on `target`, when the tool has one).
     pub fn check(&self, tool: Tool, target: Option<&str>) -> Result<(), Refused> {
         if tool.needs_main() && self.trust != Trust::Main {

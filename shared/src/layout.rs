@@ -9,7 +9,7 @@
 //!     <key>/             host-owned, never mounted; one per folder, flat (see `folder_key`)
 //!       workspace/       agent   /workspace (cwd)
 //!       home/            agent   /home/agent ($HOME, holds .claude/)
-//!       ipc/             agent   /var/run/pub/arizuko (routd's sockets)
+//!       ipc/             host    /var/run/pub/arizuko (routd's sockets)
 //!       input/           agent   /workspace/ipc/input (follow-ups)
 //!       sidecars/        agent   /var/run/pub/arizuko/sidecars (sidecar sockets)
 //!       env/             host    /workspace/env-dir (read-only)
@@ -94,9 +94,11 @@ impl FolderDir {
         }
     }
 
-    /// Whether the agent user owns (and can write) it.
+    /// Whether the agent user owns (and can write) it. `ipc/` is the host's: routd binds the
+    /// turn's sockets there, and an agent that could write it could swap them for its own or
+    /// plant a link where routd creates one.
     pub fn agent_owned(self) -> bool {
-        !matches!(self, FolderDir::Env | FolderDir::Logs)
+        !matches!(self, FolderDir::Env | FolderDir::Logs | FolderDir::Ipc)
     }
 }
 
@@ -168,6 +170,11 @@ impl DataLayout {
     /// routd's MCP socket for a folder's turns (the agent sees it at `contract::MCP_SOCKET`).
     pub fn mcp_socket(&self, folder: &GroupFolder) -> PathBuf {
         self.dir(folder, FolderDir::Ipc).join("mcp.sock")
+    }
+
+    /// routd's LLM gateway socket for a folder's turns (`contract::API_SOCKET` inside).
+    pub fn api_socket(&self, folder: &GroupFolder) -> PathBuf {
+        self.dir(folder, FolderDir::Ipc).join("api.sock")
     }
 }
 

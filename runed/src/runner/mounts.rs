@@ -149,7 +149,8 @@ impl MountPlan<'_> {
                     .and_then(|r| r.strip_prefix('/'))
             };
             if let Some(rel) = inside(SOCKET_DIR) {
-                v.push(agent(format!("{ipc}/{rel}")));
+                // A mount point in the host's socket directory (the sidecars' sockets).
+                v.push(host(format!("{ipc}/{rel}")));
             } else if let Some(rel) = inside(WORKSPACE) {
                 // `ipc/input` needs `ipc` first; `extra/<name>` needs `extra`.
                 if let Some((parent, _)) = rel.rsplit_once('/') {
@@ -312,7 +313,8 @@ mod tests {
         assert!(has("folders/main/workspace/extra", true));
         assert!(has("folders/main/workspace/extra/p", true));
         assert!(has("folders/main/workspace/ipc/input", true));
-        assert!(has("folders/main/ipc/sidecars", true));
+        assert!(has("folders/main/ipc/sidecars", false));
+        assert!(has("folders/main/ipc", false));
         assert!(has("folders/main/env", false));
         assert!(has("folders/main", false));
         assert!(has("folders", false));

@@ -1,0 +1,166 @@
+//! The turn's sockets in its folder's `ipc/` directory (the agent's `/var/run/pub/arizuko/`):
+//! `mcp.sock`, the turn's tools. They are bound before the run is asked for, live as long as
+//! the turn's driver (a restarted routd binds them again when it resumes the turn), and are
+//! removed when the turn ends; calls on connections still open then get `turn_ended`.
+//!
+//! `ipc/` is host-owned (the layout says so, and runed creates it so): no agent can plant a
+//! link where a socket is bound or chmodded. routd checks that before binding and refuses a
+//! directory another user could write. The socket is mode 0666 because the agent's user must
+//! connect; only that folder's container mounts the directory.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use hako_mcp::ServeOptions;
+use tokio_util::sync::CancellationToken;
+
+use crate::Shared;
+use crate::tools::RoutdTools;
+
+/// A bound socket: its path and inode (removed at the end only if it is still this one).
+struct Bound {
+    path: PathBuf,
+    ino: u64,
+}
+
+struct OpenTurn {
+    ended: CancellationToken,
+    sockets: Vec<Bound>,
+}
+
+/// The open turns' sockets.
+#[derive(Default)]
+pub(crate) struct TurnSockets {
+    open: Mutex<HashMap<String, OpenTurn>>,
+}
+
+/// Why a turn's sockets could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SocketError {
+    /// routd's database failed.
+    #[error("routd.db: {0}")]
+    Db(#[from] hako_shared::db::DbError),
+    /// The turn or its group is gone.
+    #[error("{0}")]
+    Gone(String),
+    /// Binding failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The socket's path.
+        path: PathBuf,
+        /// What failed.
+        source: io::Error,
+    },
+}
+
+/// Binds a socket at `path`, replacing a stale one, after checking that its directory is
+/// only writable by routd's user (or root).
+fn bind(path: &Path) -> io::Result<(std::os::unix::net::UnixListener, u64)> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::other("a socket path needs a directory"))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    let me = rustix::process::geteuid().as_raw();
+    if !meta.is_dir() || (meta.uid() != me && meta.uid() != 0) || meta.mode() & 0o022 != 0 {
+        return Err(io::Error::other(format!(
+            "{} must be a directory only routd's user (uid {me}) or root can write; it is owned by uid {} with mode {:o}",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => {
+            return Err(io::Error::other("a directory is where the socket goes"));
+        }
+        // A stale socket of an earlier routd, or of this folder's previous turn.
+        Ok(_) => std::fs::remove_file(path)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    listener.set_nonblocking(true)?;
+    let ino = std::fs::symlink_metadata(path)?.ino();
+    Ok((listener, ino))
+}
+
+impl TurnSockets {
+    /// Binds and serves the turn's sockets (again, if routd restarted); a turn already open
+    /// is left as it is.
+    pub async fn open(&self, sh: &Arc<Shared>, turn_id: &str) -> Result<(), SocketError> {
+        if self.lock().contains_key(turn_id) {
+            return Ok(());
+        }
+        let t = sh
+            .store
+            .turn(turn_id)
+            .await?
+            .ok_or_else(|| SocketError::Gone(format!("no turn {turn_id}")))?;
+        let scope = crate::tools::scope_of(sh, &t)
+            .await?
+            .ok_or_else(|| SocketError::Gone(format!("no group {}", t.folder)))?;
+        let folder = scope.folder.clone();
+        let scope = Arc::new(scope);
+        let path = sh.cfg.layout.mcp_socket(&folder);
+        let p = path.clone();
+        let (listener, ino) = tokio::task::spawn_blocking(move || bind(&p))
+            .await
+            .map_err(|e| SocketError::Io {
+                path: path.clone(),
+                source: io::Error::other(e),
+            })?
+            .map_err(|source| SocketError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        let listener =
+            tokio::net::UnixListener::from_std(listener).map_err(|source| SocketError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        let ended = CancellationToken::new();
+        tokio::spawn(hako_mcp::serve(
+            listener,
+            Arc::new(RoutdTools { sh: sh.clone() }),
+            scope,
+            ended.clone(),
+            sh.stopping.clone(),
+            ServeOptions::default(),
+        ));
+        tracing::info!(turn = %turn_id, socket = %path.display(), "the turn's tools are served");
+        self.lock().insert(
+            turn_id.to_owned(),
+            OpenTurn {
+                ended,
+                sockets: vec![Bound { path, ino }],
+            },
+        );
+        Ok(())
+    }
+
+    /// Ends the turn's sockets: removed from `ipc/` (unless a later turn bound its own
+    /// there already), open connections told `turn_ended`, then closed.
+    pub fn close(&self, turn_id: &str) {
+        let Some(open) = self.lock().remove(turn_id) else {
+            return;
+        };
+        for s in &open.sockets {
+            if std::fs::symlink_metadata(&s.path).is_ok_and(|m| m.ino() == s.ino) {
+                let _ = std::fs::remove_file(&s.path);
+            }
+        }
+        open.ended.cancel();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, OpenTurn>> {
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}

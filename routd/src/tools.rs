@@ -1,0 +1,420 @@
+//! The turn's tools as routd carries them out: the message log, the progress note, scheduled
+//! tasks, the group's session and sub-groups. [`hako_mcp::dispatch`] has parsed the call,
+//! checked the grants and that the turn is live; what a call may reach beyond its grants (a
+//! chat that routes to the group, a sub-folder of its own) is checked here.
+
+use std::sync::Arc;
+
+use hako_mcp::tools::{
+    Call, CancelTask, GetHistory, RegisterGroup, ScheduleTask, SendMessage, SpawnGroup,
+};
+use hako_mcp::{Backend, Scope, ToolError};
+use hako_shared::GroupFolder;
+use hako_shared::chat::MessageKind;
+use hako_shared::cron::Cron;
+use hako_shared::grants::Grants;
+use hako_shared::runs::Trust;
+use hako_shared::time::{from_unix_millis, parse_rfc3339, rfc3339};
+use serde_json::{Value, json};
+
+use crate::store::{AuditRow, GroupRow, NewInbound, TaskRow, turn};
+use crate::{Appended, Shared, now_ms};
+
+/// The furthest a one-off task may be scheduled ahead.
+const MAX_AHEAD_MS: i64 = 366 * 24 * 3600 * 1000;
+
+/// The scope of a turn's tools: its folder, chat and its group's grants (a group whose
+/// stored grants no longer parse gets no tool, never every tool). `None` when the group is
+/// gone.
+pub(crate) async fn scope_of(
+    sh: &Shared,
+    t: &crate::store::TurnRow,
+) -> Result<Option<Scope>, hako_shared::db::DbError> {
+    let Some(group) = sh.store.group(&t.folder).await? else {
+        return Ok(None);
+    };
+    let Ok(folder) = GroupFolder::new(&t.folder) else {
+        return Ok(None);
+    };
+    let spec: hako_shared::runs::GroupSpec = serde_json::from_str(&group.spec).unwrap_or_default();
+    let rules: Vec<String> = serde_json::from_str(&group.grants).unwrap_or_default();
+    let grants = Grants::parse(&rules, spec.trust).unwrap_or_else(|e| {
+        tracing::error!(%folder, error = %e, "the group's grants do not parse; its turn gets no tools");
+        Grants::none(spec.trust)
+    });
+    Ok(Some(Scope {
+        folder,
+        turn_id: t.turn_id.clone(),
+        chat_jid: t.chat_jid.clone(),
+        grants,
+    }))
+}
+
+/// routd's backend of the turn's tools.
+pub(crate) struct RoutdTools {
+    pub sh: Arc<Shared>,
+}
+
+fn internal(e: impl std::fmt::Display) -> ToolError {
+    tracing::error!(error = %e, "a tool call failed inside routd");
+    ToolError::internal("routd could not complete the call; try again")
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    // getrandom fails only without an OS entropy source; a clock-derived id still works.
+    if getrandom::fill(&mut b).is_err() {
+        let t = now_ms().to_le_bytes();
+        for (i, x) in b.iter_mut().enumerate() {
+            *x = t[i % t.len()] ^ (i as u8);
+        }
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn task_json(t: &TaskRow) -> Value {
+    json!({
+        "id": t.id,
+        "chat_jid": t.chat_jid,
+        "prompt": t.prompt,
+        "cron": t.cron,
+        "next_at": t.next_at.map(|ms| rfc3339(from_unix_millis(ms))),
+        "state": t.state,
+        "fired": t.fired,
+    })
+}
+
+impl RoutdTools {
+    /// The chat a call names, which must route to the scope's group (the turn's own always
+    /// does).
+    fn own_chat(&self, scope: &Scope, chat: Option<String>) -> Result<String, ToolError> {
+        let Some(chat) = chat.filter(|c| *c != scope.chat_jid) else {
+            return Ok(scope.chat_jid.clone());
+        };
+        crate::routing::check_jid("chat_jid", &chat).map_err(ToolError::invalid)?;
+        if self.sh.routing.resolve(&chat).as_deref() != Some(scope.folder.as_str()) {
+            return Err(ToolError::not_found(format!(
+                "chat {chat:?} does not belong to the group {}",
+                scope.folder
+            )));
+        }
+        Ok(chat)
+    }
+
+    /// A sub-folder of the scope's folder (never the folder itself).
+    fn sub_folder(scope: &Scope, raw: &str) -> Result<GroupFolder, ToolError> {
+        let f = GroupFolder::new(raw).map_err(|e| ToolError::invalid(format!("folder: {e}")))?;
+        if f == scope.folder || !scope.folder.contains(&f) {
+            return Err(ToolError {
+                code: "not_granted",
+                message: format!(
+                    "folder {f}: a group may only manage sub-folders of its own ({}/…)",
+                    scope.folder
+                ),
+            });
+        }
+        Ok(f)
+    }
+
+    async fn audit(&self, scope: &Scope, action: &str, detail: String) {
+        let row = AuditRow {
+            id: 0,
+            at: now_ms(),
+            actor: format!("turn:{}", scope.turn_id),
+            action: action.into(),
+            folder: Some(scope.folder.to_string()),
+            outcome: "ok".into(),
+            detail,
+        };
+        if let Err(e) = self.sh.store.audit(row).await {
+            tracing::warn!(error = %e, "audit row lost");
+        }
+    }
+
+    async fn send_message(&self, scope: &Scope, c: SendMessage) -> Result<Value, ToolError> {
+        let chat = self.own_chat(scope, c.chat_jid)?;
+        if c.text.len() > self.sh.cfg.max_content {
+            return Err(ToolError::invalid(format!(
+                "text is {} bytes; at most {} (ROUTD_MAX_CONTENT)",
+                c.text.len(),
+                self.sh.cfg.max_content
+            )));
+        }
+        // A caller's key makes the id stable: a retry appends nothing.
+        let id = match &c.idempotency_key {
+            Some(k) => format!("{}.send.{k}", scope.turn_id),
+            None => format!("{}.send.{}", scope.turn_id, random_hex(8)),
+        };
+        let seq = self
+            .sh
+            .say(
+                id.clone(),
+                &chat,
+                MessageKind::Message,
+                c.text,
+                Some(scope.turn_id.clone()),
+                None,
+            )
+            .await
+            .map_err(internal)?;
+        Ok(json!({"id": id, "chat_jid": chat, "seq": seq, "duplicate": seq.is_none()}))
+    }
+
+    async fn get_history(&self, scope: &Scope, c: GetHistory) -> Result<Value, ToolError> {
+        let limit = c.limit.unwrap_or(50) as usize;
+        let rows = self
+            .sh
+            .store
+            .messages(&scope.chat_jid, c.before, None, limit)
+            .await
+            .map_err(internal)?;
+        let next_before = (rows.len() == limit)
+            .then(|| rows.first().map(|m| m.seq))
+            .flatten();
+        let messages: Vec<Value> = rows
+            .iter()
+            .map(|m| {
+                json!({
+                    "seq": m.seq,
+                    "direction": m.direction,
+                    "kind": m.kind,
+                    "sender": m.sender,
+                    "sender_name": m.sender_name,
+                    "content": m.content,
+                    "at": rfc3339(from_unix_millis(m.timestamp)),
+                })
+            })
+            .collect();
+        Ok(json!({"chat_jid": scope.chat_jid, "messages": messages, "next_before": next_before}))
+    }
+
+    async fn set_status(&self, scope: &Scope, text: String) -> Result<Value, ToolError> {
+        let sh = &self.sh;
+        let webhook = sh.webhook_for(&scope.chat_jid).is_some();
+        let seq = sh
+            .store
+            .set_status(&scope.turn_id, &scope.chat_jid, text, webhook, now_ms())
+            .await
+            .map_err(internal)?;
+        sh.metrics.message_out(MessageKind::Status.as_str());
+        let _ = sh.appended.send(Appended {
+            chat: scope.chat_jid.as_str().into(),
+        });
+        if webhook {
+            sh.deliver.notify_one();
+        }
+        Ok(json!({"id": format!("{}.status", scope.turn_id), "seq": seq}))
+    }
+
+    async fn schedule_task(&self, scope: &Scope, c: ScheduleTask) -> Result<Value, ToolError> {
+        let chat = self.own_chat(scope, c.chat_jid)?;
+        let now = now_ms();
+        let (next_at, cron) = match (c.at, c.after, c.cron) {
+            (Some(at), None, None) => {
+                let ms = parse_rfc3339(&at).ok_or_else(|| {
+                    ToolError::invalid(format!(
+                        "at {at:?}: an RFC 3339 instant, e.g. 2026-12-01T09:00:00Z"
+                    ))
+                })?;
+                if ms < now - 60_000 {
+                    return Err(ToolError::invalid(format!("at {at:?} is in the past")));
+                }
+                (ms, None)
+            }
+            (None, Some(after), None) => {
+                let d = hako_shared::config::parse_duration(&after)
+                    .map_err(|e| ToolError::invalid(format!("after {after:?}: {e}")))?;
+                (now.saturating_add(d.as_millis() as i64), None)
+            }
+            (None, None, Some(expr)) => {
+                let parsed = Cron::parse(&expr).map_err(|e| ToolError::invalid(e.to_string()))?;
+                let next = parsed
+                    .next_after(now)
+                    .ok_or_else(|| ToolError::invalid(format!("cron {expr:?} never fires")))?;
+                (next, Some(expr))
+            }
+            _ => {
+                return Err(ToolError::invalid("give exactly one of at, after, cron"));
+            }
+        };
+        if next_at > now + MAX_AHEAD_MS && cron.is_none() {
+            return Err(ToolError::invalid("at most a year ahead"));
+        }
+        let active = self
+            .sh
+            .store
+            .active_tasks(scope.folder.as_str())
+            .await
+            .map_err(internal)?;
+        if active >= self.sh.cfg.max_tasks as i64 {
+            return Err(ToolError {
+                code: "conflict",
+                message: format!(
+                    "the group has {active} active tasks, the most it may have (ROUTD_MAX_TASKS); cancel one first"
+                ),
+            });
+        }
+        let row = TaskRow {
+            id: format!("task-{}", random_hex(6)),
+            folder: scope.folder.to_string(),
+            chat_jid: chat,
+            prompt: c.prompt,
+            cron,
+            next_at: Some(next_at),
+            state: crate::store::task::ACTIVE.into(),
+            fired: 0,
+            last_fired_at: None,
+            created_by: scope.turn_id.clone(),
+            created_at: now,
+        };
+        self.sh
+            .store
+            .add_task(row.clone())
+            .await
+            .map_err(internal)?;
+        self.sh.tasks_changed.notify_one();
+        self.audit(scope, "task.schedule", row.id.clone()).await;
+        Ok(task_json(&row))
+    }
+
+    async fn list_tasks(&self, scope: &Scope) -> Result<Value, ToolError> {
+        let rows = self
+            .sh
+            .store
+            .tasks(scope.folder.as_str(), false)
+            .await
+            .map_err(internal)?;
+        Ok(json!({"tasks": rows.iter().map(task_json).collect::<Vec<_>>()}))
+    }
+
+    async fn cancel_task(&self, scope: &Scope, c: CancelTask) -> Result<Value, ToolError> {
+        let done = self
+            .sh
+            .store
+            .cancel_task(scope.folder.as_str(), &c.id, now_ms())
+            .await
+            .map_err(internal)?;
+        if !done {
+            return Err(ToolError::not_found(format!(
+                "no active task {:?} in this group",
+                c.id
+            )));
+        }
+        self.sh.tasks_changed.notify_one();
+        self.audit(scope, "task.cancel", c.id.clone()).await;
+        Ok(json!({"id": c.id, "state": "cancelled"}))
+    }
+
+    async fn reset_session(&self, scope: &Scope) -> Result<Value, ToolError> {
+        self.sh
+            .store
+            .set_session(scope.folder.as_str(), None, now_ms())
+            .await
+            .map_err(internal)?;
+        // This turn's own `newSessionId` must not bring the session back at its end.
+        self.sh
+            .session_resets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(scope.turn_id.clone());
+        self.audit(scope, "session.reset", String::new()).await;
+        Ok(json!({"reset": true, "from": "the next turn"}))
+    }
+
+    async fn register_group(&self, scope: &Scope, c: RegisterGroup) -> Result<Value, ToolError> {
+        let f = Self::sub_folder(scope, &c.folder)?;
+        if c.name.chars().count() > 128 {
+            return Err(ToolError::invalid("name: 1-128 characters"));
+        }
+        let grants = c.grants.unwrap_or_default();
+        // A sub-group is untrusted: it cannot have the main-only tools, whatever it is given.
+        Grants::parse(&grants, Trust::Untrusted).map_err(|e| ToolError::invalid(e.to_string()))?;
+        let row = GroupRow {
+            folder: f.to_string(),
+            name: c.name,
+            system_prompt: c.system_prompt.unwrap_or_default(),
+            grants: serde_json::to_string(&grants).map_err(internal)?,
+            spec: "{}".into(),
+            updated_at: now_ms(),
+        };
+        let created = self.sh.store.put_group(row).await.map_err(internal)?;
+        self.sh
+            .routing
+            .reload(&self.sh.store)
+            .await
+            .map_err(internal)?;
+        self.sh.wake.notify_one();
+        self.audit(scope, "group.register", f.to_string()).await;
+        Ok(json!({"folder": f.as_str(), "chat_jid": format!("web:{f}"), "created": created}))
+    }
+
+    async fn spawn_group(&self, scope: &Scope, c: SpawnGroup) -> Result<Value, ToolError> {
+        let f = Self::sub_folder(scope, &c.folder)?;
+        if self
+            .sh
+            .store
+            .group(f.as_str())
+            .await
+            .map_err(internal)?
+            .is_none()
+        {
+            return Err(ToolError::not_found(format!(
+                "no group in {f}; register_group first"
+            )));
+        }
+        let chat = format!("web:{f}");
+        let id = format!("spawn:{}:{}", scope.turn_id, random_hex(6));
+        let now = now_ms();
+        self.sh
+            .store
+            .ingest(NewInbound {
+                id: id.clone(),
+                chat_jid: chat.clone(),
+                kind: MessageKind::Message,
+                sender: format!("group:{}", scope.folder),
+                sender_name: None,
+                content: c.prompt,
+                timestamp: now,
+                reply_to: None,
+                body_hash: String::new(),
+                now,
+            })
+            .await
+            .map_err(internal)?;
+        let _ = self.sh.appended.send(Appended {
+            chat: chat.as_str().into(),
+        });
+        self.sh.wake.notify_one();
+        self.audit(scope, "group.spawn", f.to_string()).await;
+        Ok(json!({"folder": f.as_str(), "chat_jid": chat, "message_id": id}))
+    }
+}
+
+impl Backend for RoutdTools {
+    fn record(&self, tool: hako_shared::grants::Tool, outcome: Result<(), &'static str>) {
+        self.sh
+            .metrics
+            .tool_call(tool.name(), outcome.err().unwrap_or("ok"));
+    }
+
+    async fn is_live(&self, scope: &Scope) -> bool {
+        matches!(
+            self.sh.store.turn(&scope.turn_id).await,
+            Ok(Some(t)) if t.state == turn::STARTING || t.state == turn::RUNNING
+        )
+    }
+
+    async fn call(&self, scope: &Scope, call: Call) -> Result<Value, ToolError> {
+        match call {
+            Call::SendMessage(c) => self.send_message(scope, c).await,
+            Call::GetHistory(c) => self.get_history(scope, c).await,
+            Call::SetStatus(c) => self.set_status(scope, c.text).await,
+            Call::ScheduleTask(c) => self.schedule_task(scope, c).await,
+            Call::ListTasks(_) => self.list_tasks(scope).await,
+            Call::CancelTask(c) => self.cancel_task(scope, c).await,
+            Call::ResetSession(_) => self.reset_session(scope).await,
+            Call::RegisterGroup(c) => self.register_group(scope, c).await,
+            Call::SpawnGroup(c) => self.spawn_group(scope, c).await,
+        }
+    }
+}
