@@ -94,6 +94,11 @@ impl Rig {
         rig
     }
 
+    /// The data directory runed and routd share.
+    fn data(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
     fn authd_url(&self) -> String {
         self.authd.as_ref().unwrap().url()
     }
@@ -104,10 +109,7 @@ impl Rig {
 
     async fn start_runed(&mut self) {
         let mut pairs: Vec<(String, String)> = vec![
-            (
-                "DATA_DIR".into(),
-                self.dir.path().join("runed").display().to_string(),
-            ),
+            ("DATA_DIR".into(), self.data().display().to_string()),
             ("AUTHD_URL".into(), self.authd_url()),
             ("AUTHD_SERVICE_KEY".into(), RUNED_KEY.into()),
             ("AUTHD_CLOCK_SKEW".into(), "1s".into()),
@@ -129,10 +131,9 @@ impl Rig {
 
     fn routd_pairs(&self) -> Vec<(String, String)> {
         let mut pairs: Vec<(String, String)> = vec![
-            (
-                "DATA_DIR".into(),
-                self.dir.path().join("routd").display().to_string(),
-            ),
+            // One data directory, as in production: routd binds the turn's sockets in the
+            // folders' ipc/ directories that runed mounts.
+            ("DATA_DIR".into(), self.data().display().to_string()),
             ("AUTHD_URL".into(), self.authd_url()),
             ("AUTHD_SERVICE_KEY".into(), ROUTD_KEY.into()),
             ("AUTHD_CLOCK_SKEW".into(), "1s".into()),
@@ -965,4 +966,374 @@ fn the_openapi_document_validates() {
         hako_shared::testing::validate_openapi(hako_routd::OPENAPI),
         "3.1.0"
     );
+}
+
+/// The reply lines of the agent's answer to a `/mcp …` script (`mcp TOOL: …`), by tool, in
+/// the order of the calls.
+fn tool_lines(reply: &str) -> HashMap<String, Vec<String>> {
+    let mut by_tool: HashMap<String, Vec<String>> = HashMap::new();
+    for (tool, rest) in reply
+        .lines()
+        .filter_map(|l| l.strip_prefix("mcp "))
+        .filter_map(|l| l.split_once(": "))
+    {
+        by_tool
+            .entry(tool.to_owned())
+            .or_default()
+            .push(rest.to_owned());
+    }
+    by_tool
+}
+
+/// The turn's tools, used by a real agent container over its MCP socket, and seen from
+/// outside: a message it sent and its progress note (edited in place) in the chat, a task it
+/// scheduled firing on time and producing a turn of its own, the calls its group may not
+/// make refused as tool errors; after the run the socket is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_agent_uses_its_tools_on_the_turn_socket() {
+    let rig = Rig::new(&[], &[]).await;
+    let chat = "web:tools";
+    let (s, v) = rig
+        .api()
+        .put(&rig.operator, "/v1/groups/tools", json!({"name": "tools"}))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let script = [
+        r#"/mcp send_message {"text":"working on it"}"#,
+        r#"/mcp set_status {"text":"step 1"}"#,
+        r#"/mcp set_status {"text":"step 2"}"#,
+        r#"/mcp get_history {"limit":5}"#,
+        r#"/mcp schedule_task {"prompt":"tick from the task","after":"2s"}"#,
+        r#"/mcp list_tasks"#,
+        r#"/mcp spawn_group {"folder":"tools/sub","prompt":"hi"}"#,
+        r#"/mcp send_message {"text":"elsewhere","chat_jid":"tg:1"}"#,
+        r#"/mcp set_status {"text":""}"#,
+    ]
+    .join("\n");
+    rig.say(chat, "t-1", &script).await;
+    let h = rig
+        .wait_for(chat, "the task's own turn", |h| {
+            replies(h).iter().any(|r| r == "tick from the task")
+        })
+        .await;
+    let answer = replies(&h)
+        .into_iter()
+        .find(|r| r.contains("mcp send_message"))
+        .expect("the script's answer");
+    let lines = tool_lines(&answer);
+    // What the agent was told, call by call.
+    assert!(
+        lines["send_message"][0].contains(r#""duplicate":false"#),
+        "{answer}"
+    );
+    assert!(
+        lines["get_history"][0].contains("working on it"),
+        "{answer}"
+    );
+    assert!(
+        lines["schedule_task"][0].contains(r#""state":"active""#),
+        "{answer}"
+    );
+    assert!(
+        lines["list_tasks"][0].contains("tick from the task"),
+        "{answer}"
+    );
+    assert_eq!(
+        lines["spawn_group"],
+        ["tool error: not_granted: spawn_group is only for the operator's main group"],
+        "{answer}"
+    );
+    assert_eq!(
+        lines["send_message"][1],
+        r#"tool error: not_found: chat "tg:1" does not belong to the group tools"#
+    );
+    assert!(
+        lines["set_status"][2].starts_with("tool error: invalid_arguments: text is empty"),
+        "{answer}"
+    );
+    // What the chat saw: the tool's message, before the answer.
+    let pos = |text: &str| h.iter().position(|m| m.content == text);
+    let sent = pos("working on it").expect("the tool's message in the chat");
+    assert!(sent < h.iter().position(|m| m.content == answer).unwrap());
+    assert_eq!(h[sent].direction, hako_shared::chat::Direction::Out);
+    // One progress note, edited in place: its last text, version 1.
+    let status: Vec<&MessageView> = h
+        .iter()
+        .filter(|m| m.kind == hako_shared::chat::MessageKind::Status)
+        .collect();
+    assert_eq!(status.len(), 1, "{h:#?}");
+    assert_eq!(
+        (status[0].content.as_str(), status[0].version),
+        ("step 2", 1)
+    );
+    // The task fired once, as a message of its own, and its turn answered it.
+    let fired: Vec<&MessageView> = h
+        .iter()
+        .filter(|m| m.kind == hako_shared::chat::MessageKind::Task)
+        .collect();
+    assert_eq!(fired.len(), 1, "{h:#?}");
+    assert_eq!(fired[0].content, "tick from the task");
+    let scheduled_at = h[sent].timestamp;
+    assert!(
+        fired[0].timestamp - scheduled_at >= 1500,
+        "fired {} ms after the call, asked for 2 s",
+        fired[0].timestamp - scheduled_at
+    );
+    // After the turns, nobody listens in the folder's ipc/ any more.
+    let sock = rig.data().join("folders/tools/ipc/mcp.sock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sock.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} outlived its turn",
+            sock.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ipc = std::fs::symlink_metadata(rig.data().join("folders/tools/ipc")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::mode(&ipc) & 0o022,
+        0,
+        "ipc/ is the host's"
+    );
+    rig.stop().await;
+}
+
+/// The same tools over HTTP with the run's spawn token, and the official MCP Python SDK on a
+/// live turn's socket; another folder's token, a user token and calls after the turn ended
+/// are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
+    let rig = Rig::new(&[], &[]).await;
+    let python = tokio::task::spawn_blocking(hako_shared::testing::conformance_python)
+        .await
+        .unwrap();
+    let chat = "web:live";
+    let (s, v) = rig
+        .api()
+        .put(&rig.operator, "/v1/groups/live", json!({"name": "live"}))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    rig.say(chat, "l-1", "/sleep 60").await;
+    let deadline = Instant::now() + LIMIT;
+    let turn = loop {
+        let (_, v) = rig
+            .api()
+            .get(&rig.operator, "/v1/turns?folder=live&state=running")
+            .await;
+        if let Some(t) = v["turns"].as_array().unwrap().first() {
+            break t.clone();
+        }
+        assert!(Instant::now() < deadline, "the long run never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let turn_id = turn["turn_id"].as_str().unwrap().to_owned();
+    let run_id = turn["run_id"].as_str().unwrap().to_owned();
+    // The official SDK, through a stdio bridge, as an agent image without native socket
+    // support reaches it.
+    let sock = rig.data().join("folders/live/ipc/mcp.sock");
+    assert!(sock.exists());
+    let input = json!({"socket": sock, "text": "from the python sdk"});
+    let seen = tokio::task::spawn_blocking(move || {
+        hako_shared::testing::run_python(
+            &python,
+            include_str!("../../mcp/tests/sdk_client.py"),
+            &input,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(seen["sent"]["is_error"], false, "{seen}");
+    assert_eq!(seen["refused"]["is_error"], true, "{seen}");
+    assert_eq!(seen["tools"].as_array().unwrap().len(), 7, "{seen}");
+    // HTTP, with a spawn token of this turn (runed mints them so for each run).
+    let client = AuthdClient::new(&rig.authd_url()).unwrap();
+    let runed_token = client
+        .service_token("runed", RUNED_KEY)
+        .await
+        .unwrap()
+        .token;
+    let spawn = |folder: &str, turn: &str| {
+        let (client, runed_token, run_id) = (client.clone(), runed_token.clone(), run_id.clone());
+        let (folder, turn) = (folder.to_owned(), turn.to_owned());
+        async move {
+            client
+                .mint(
+                    &runed_token,
+                    &MintRequest {
+                        scope: vec!["turns:act".into(), "llm:call".into()],
+                        folder: Some(folder),
+                        ttl_seconds: Some(300),
+                        run_id: Some(run_id),
+                        turn_id: Some(turn),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .unwrap()
+                .token
+        }
+    };
+    let own = spawn("live", &format!("{turn_id}.1")).await;
+    let send = |token: String, key: &'static str, text: &'static str| {
+        let base = rig.base();
+        let turn_id = turn_id.clone();
+        async move {
+            let r = reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .unwrap()
+                .post(format!("{base}/v1/turns/{turn_id}.1/send"))
+                .bearer_auth(token)
+                .header("idempotency-key", key)
+                .json(&json!({"text": text}))
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    let (s, first) = send(own.clone(), "k-1", "over http").await;
+    assert_eq!(s, 200, "{first}");
+    let (s, again) = send(own.clone(), "k-1", "over http").await;
+    assert_eq!(s, 200, "{again}");
+    assert_eq!(
+        (again["id"].clone(), again["duplicate"].clone()),
+        (first["id"].clone(), json!(true))
+    );
+    // Another folder's spawn token, a user token with the scope, no token: not this turn.
+    let (s, v) = rig
+        .api()
+        .put(&rig.operator, "/v1/groups/other", json!({"name": "other"}))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let foreign = spawn("other", &format!("{turn_id}.1")).await;
+    let (s, v) = send(foreign, "k-2", "x").await;
+    assert_eq!((s, v["error"].as_str()), (404, Some("not_found")), "{v}");
+    let user = client
+        .mint(
+            &runed_token,
+            &MintRequest {
+                scope: vec!["turns:act".into()],
+                folder: Some("live".into()),
+                ttl_seconds: Some(300),
+                typ: Some(hako_shared::auth::TokenType::User),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .token;
+    let (s, v) = send(user, "k-3", "x").await;
+    assert_eq!((s, v["error"].as_str()), (404, Some("not_found")), "{v}");
+    let (s, v) = rig
+        .api()
+        .post(
+            &own,
+            &format!("/v1/turns/{turn_id}/tools/spawn_group"),
+            json!({"folder": "live/x", "prompt": "p"}),
+        )
+        .await;
+    assert_eq!((s, v["error"].as_str()), (403, Some("not_granted")), "{v}");
+    let (s, v) = rig
+        .api()
+        .post(
+            &own,
+            &format!("/v1/turns/{turn_id}/tools/get_history"),
+            json!({"limit": 0}),
+        )
+        .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (400, Some("invalid_arguments")),
+        "{v}"
+    );
+    let (s, v) = rig
+        .api()
+        .post(&own, &format!("/v1/turns/{turn_id}/tools/rm_rf"), json!({}))
+        .await;
+    assert_eq!(s, 404, "{v}");
+    // The chat saw each message once.
+    let h = rig
+        .wait_for(chat, "the sent messages", |h| {
+            replies(h).iter().filter(|r| *r == "over http").count() == 1
+                && replies(h).iter().any(|r| r == "from the python sdk")
+        })
+        .await;
+    assert_eq!(replies(&h).iter().filter(|r| *r == "over http").count(), 1);
+    // The turn ends (stopped): its tools go with it.
+    rig.say(chat, "l-2", "/stop").await;
+    rig.wait_for(chat, "stopped", |h| {
+        notices(h).iter().any(|n| n.contains("was stopped"))
+    })
+    .await;
+    let (s, v) = send(own.clone(), "k-4", "too late").await;
+    assert_eq!((s, v["error"].as_str()), (409, Some("turn_ended")), "{v}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sock.exists() {
+        assert!(Instant::now() < deadline, "the socket outlived its turn");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(std::os::unix::net::UnixStream::connect(&sock).is_err());
+    rig.stop().await;
+}
+
+/// A main group's agent registers a sub-group and spawns a turn there; the sub-group answers
+/// in its own chat.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_main_group_registers_and_spawns_a_sub_group() {
+    let rig = Rig::new(&[], &[]).await;
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            "/v1/groups/boss",
+            json!({"name": "boss", "group": {"trust": "main"}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let script = [
+        r#"/mcp register_group {"folder":"boss/helper","name":"Helper","grants":["send_message"]}"#,
+        r#"/mcp spawn_group {"folder":"boss/helper","prompt":"hello helper"}"#,
+        r#"/mcp register_group {"folder":"elsewhere","name":"x"}"#,
+    ]
+    .join("\n");
+    rig.say("web:boss", "b-1", &script).await;
+    let h = rig
+        .wait_for("web:boss/helper", "the helper's answer", |h| {
+            replies(h).iter().any(|r| r == "hello helper")
+        })
+        .await;
+    assert!(
+        h.iter()
+            .any(|m| m.sender == "group:boss" && m.content == "hello helper")
+    );
+    let boss = rig
+        .wait_for("web:boss", "the boss's answer", |h| !replies(h).is_empty())
+        .await;
+    let answer = replies(&boss)[0].clone();
+    let lines = tool_lines(&answer);
+    assert!(
+        lines["spawn_group"][0].contains(r#""chat_jid":"web:boss/helper""#),
+        "{lines:?}"
+    );
+    let refusals: Vec<&str> = answer
+        .lines()
+        .filter(|l| l.starts_with("mcp register_group: tool error"))
+        .collect();
+    assert_eq!(
+        refusals,
+        [
+            "mcp register_group: tool error: not_granted: folder elsewhere: a group may only manage sub-folders of its own (boss/…)"
+        ]
+    );
+    let (_, g) = rig
+        .api()
+        .get(&rig.operator, "/v1/groups/boss%2Fhelper")
+        .await;
+    assert_eq!(
+        (g["name"].as_str(), g["grants"].clone()),
+        (Some("Helper"), json!(["send_message"]))
+    );
+    rig.stop().await;
 }
