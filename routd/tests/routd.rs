@@ -709,15 +709,18 @@ async fn sse_resumes_from_last_event_id() {
     rig.stop().await;
 }
 
-/// routd killed with SIGKILL while a turn runs: restarted, it follows the same run to its end;
-/// the reply is delivered once, and nothing runs twice.
+/// routd killed with SIGKILL while a turn runs: restarted, it follows the same run to its end
+/// and binds the turn's socket again (the agent's tool call after the restart works); the
+/// reply is delivered once, and nothing runs twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn routd_killed_mid_turn_resumes_it() {
     let mut rig = Rig::new(&[], &[]).await;
     rig.spawn_routd_binary().await;
     let chat = "tg:600";
     rig.group_for("crash", chat).await;
-    rig.say(chat, "k-1", "/sleep 3\nsurvivor").await;
+    // The agent calls its tools after the restart: the new routd bound the socket again.
+    rig.say(chat, "k-1", "/sleep 3\n/mcp list_tasks\nsurvivor")
+        .await;
     let deadline = Instant::now() + LIMIT;
     let (turn_id, run_id) = loop {
         let (_, v) = rig
@@ -745,7 +748,10 @@ async fn routd_killed_mid_turn_resumes_it() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let h2 = rig.history(chat).await;
     assert_eq!(h.len(), h2.len(), "nothing more arrives");
-    assert_eq!(replies(&h2), ["slept 3 s\nsurvivor"]);
+    assert_eq!(
+        replies(&h2),
+        ["slept 3 s\nmcp list_tasks: {\"tasks\":[]}\nsurvivor"]
+    );
     let turn = rig.turn(&turn_id).await;
     assert_eq!(
         (
