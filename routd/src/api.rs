@@ -450,11 +450,9 @@ async fn put_group(
     if cfg.system_prompt.len() > 64 << 10 {
         return Err(ApiFailure::Invalid("system_prompt: at most 64 KiB".into()));
     }
-    if cfg.grants.len() > 64 || cfg.grants.iter().any(|g| g.is_empty() || g.len() > 256) {
-        return Err(ApiFailure::Invalid(
-            "grants: at most 64 rules of 1-256 characters".into(),
-        ));
-    }
+    // The grammar's one parser (hako_shared::grants): a bad rule is named, never stored.
+    hako_shared::grants::Grants::parse(&cfg.grants, cfg.group.trust)
+        .map_err(|e| ApiFailure::Invalid(format!("grants: {e}")))?;
     cfg.group.validate()?;
     if !who.is_unbound() && (cfg.group != GroupSpec::default() || !cfg.grants.is_empty()) {
         let refused = "a folder-bound caller can set a group's name and system prompt only";

@@ -5,7 +5,8 @@
 //! - `X-Hako-Timestamp`: Unix seconds of the attempt;
 //! - `X-Hako-Signature`: `v1=` and the hex HMAC-SHA256, keyed with the webhook's secret, of
 //!   `<timestamp>.<body>` (a receiver recomputes it, and refuses stale timestamps);
-//! - `Idempotency-Key`: the message id, the same on every attempt, so a receiver drops repeats.
+//! - `Idempotency-Key`: the message id, the same on every attempt, so a receiver drops repeats
+//!   (`<id>.v<version>` for the edits of a `status` message: each edit is news).
 //!
 //! A 2xx answer delivers the message. Anything else (or no answer within
 //! `ROUTD_WEBHOOK_TIMEOUT`) is retried with exponential backoff and jitter (1 s doubling, at
@@ -132,6 +133,15 @@ async fn record(
     }
 }
 
+/// A message's id, and its version once it was edited.
+fn idempotency_key(m: &MessageView) -> String {
+    if m.version == 0 {
+        m.id.clone()
+    } else {
+        format!("{}.v{}", m.id, m.version)
+    }
+}
+
 async fn post(sh: &Shared, hook: &WebhookRow, m: &MessageView) -> (Option<u16>, bool, String) {
     let body = match serde_json::to_vec(&WebhookDelivery { message: m.clone() }) {
         Ok(b) => b,
@@ -145,7 +155,7 @@ async fn post(sh: &Shared, hook: &WebhookRow, m: &MessageView) -> (Option<u16>, 
         .header("content-type", "application/json")
         .header("x-hako-timestamp", ts.to_string())
         .header("x-hako-signature", sig)
-        .header("idempotency-key", &m.id)
+        .header("idempotency-key", idempotency_key(m))
         .body(body)
         .send()
         .await;

@@ -1289,6 +1289,29 @@ async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_main_group_registers_and_spawns_a_sub_group() {
     let rig = Rig::new(&[], &[]).await;
+    // A grant that does not parse is refused, named, and nothing is stored.
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            "/v1/groups/typo",
+            json!({"name": "typo", "grants": ["send_mesage"]}),
+        )
+        .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (400, Some("invalid_request")),
+        "{v}"
+    );
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains(r#"unknown tool "send_mesage""#),
+        "{v}"
+    );
+    let (s, _) = rig.api().get(&rig.operator, "/v1/groups/typo").await;
+    assert_eq!(s, 404);
     let (s, v) = rig
         .api()
         .put(
