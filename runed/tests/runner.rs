@@ -160,7 +160,6 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
         "shares/acme",
         "folders/acme.support/home",
         "folders/acme.support/home/.claude",
-        "folders/acme.support/ipc",
         "folders/acme.support/input",
         "folders/acme.support/sidecars",
         "folders/acme.support/env/env",
@@ -171,6 +170,8 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
         "folders",
         "folders/acme.support",
         "folders/acme.support/env",
+        // routd binds the turn's sockets here: no agent may plant a link where it binds.
+        "folders/acme.support/ipc",
         "global",
         "folders/acme.support/logs",
         "shares",
