@@ -13,6 +13,7 @@ use hako_shared::contract::{BlockStatus, ContainerInput, Message, OutputBlock};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::oneshot;
 
+use crate::brain::llm::LlmBrain;
 use crate::brain::script::ScriptBrain;
 use crate::brain::{Brain, BrainError, Io, Outcome, Query};
 use crate::config::{self, AgentConfig, BrainKind};
@@ -121,9 +122,9 @@ async fn run_with(env: &Env, started: Instant, out: Output) -> i32 {
         .query_timeout
         .map_or_else(|| "none".to_owned(), |t| format!("{} ms", t.as_millis()));
     log(format_args!(
-        "started (hako-agent {}, brain {:?}, query timeout {timeout})",
+        "started (hako-agent {}, brain {}, query timeout {timeout})",
         env!("CARGO_PKG_VERSION"),
-        cfg.brain,
+        cfg.brain.describe(),
     ));
 
     let input = tokio::select! {
@@ -139,18 +140,47 @@ async fn run_with(env: &Env, started: Instant, out: Output) -> i32 {
         Err(e) => return fatal(&out, e.to_string()).await,
     };
     let io = Io::new(out, cfg.mcp_socket.clone(), ignore.clone());
-    match cfg.brain {
-        BrainKind::Script => {
-            let mut agent = Agent {
-                cfg,
-                io,
-                input,
-                signals,
-                ignore,
-                deadline,
-                brain: ScriptBrain::new(),
-            };
-            agent.serve().await
+    let agent = |brain| Agent {
+        cfg: cfg.clone(),
+        io,
+        input,
+        signals,
+        ignore,
+        deadline,
+        brain,
+    };
+    match &cfg.brain {
+        BrainKind::Script => agent(Either::Script(ScriptBrain::new())).serve().await,
+        BrainKind::Llm(settings) => {
+            agent(Either::Llm(Box::new(LlmBrain::new(settings.clone()))))
+                .serve()
+                .await
+        }
+    }
+}
+
+/// The brain the configuration chose.
+enum Either {
+    Script(ScriptBrain),
+    Llm(Box<LlmBrain>),
+}
+
+impl Brain for Either {
+    async fn respond<'a>(
+        &'a mut self,
+        query: Query<'a>,
+        io: &'a Io,
+    ) -> Result<Outcome, BrainError> {
+        match self {
+            Either::Script(b) => b.respond(query, io).await,
+            Either::Llm(b) => b.respond(query, io).await,
+        }
+    }
+
+    fn partial(&self) -> String {
+        match self {
+            Either::Script(b) => b.partial(),
+            Either::Llm(b) => b.partial(),
         }
     }
 }

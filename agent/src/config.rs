@@ -5,15 +5,27 @@ use std::time::Duration;
 
 use hako_shared::config::{ConfigError, Env};
 use hako_shared::contract::{
-    INPUT_DIR, MARKER_END_ENV, MARKER_START_ENV, MCP_SOCKET, Markers, QUERY_TIMEOUT_ENV,
+    API_SOCKET, INPUT_DIR, LLM_API_ENV, MARKER_END_ENV, MARKER_START_ENV, MCP_SOCKET, MODEL_ENV,
+    Markers, QUERY_TIMEOUT_ENV,
 };
+use hako_shared::runs::LlmApi;
+
+use crate::brain::llm::LlmSettings;
 
 /// Overrides the follow-up directory (tests outside a container).
 pub const INPUT_DIR_ENV: &str = "HAKO_INPUT_DIR";
 /// Overrides the MCP socket path.
 pub const MCP_SOCKET_ENV: &str = "HAKO_MCP_SOCKET";
-/// Chooses the brain; only `script` exists.
+/// Chooses the brain: `script` (the default without a model) or `llm` (the default with one).
 pub const BRAIN_ENV: &str = "HAKO_BRAIN";
+/// Overrides the gateway socket.
+pub const API_SOCKET_ENV: &str = "HAKO_API_SOCKET";
+/// Output tokens per model step (default 4096).
+pub const MAX_TOKENS_ENV: &str = "HAKO_LLM_MAX_TOKENS";
+/// Model steps per query (default 25).
+pub const MAX_STEPS_ENV: &str = "HAKO_LLM_MAX_STEPS";
+/// Where the LLM brain keeps sessions (default `$HOME/.hako/sessions`).
+pub const SESSION_DIR_ENV: &str = "HAKO_SESSION_DIR";
 /// Overrides the follow-up poll interval in milliseconds (default 500).
 pub const POLL_INTERVAL_ENV: &str = "HAKO_POLL_INTERVAL_MS";
 
@@ -21,10 +33,12 @@ pub const POLL_INTERVAL_ENV: &str = "HAKO_POLL_INTERVAL_MS";
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Which brain answers queries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BrainKind {
     /// The deterministic script brain (echo plus test commands).
     Script,
+    /// A model through routd's gateway.
+    Llm(LlmSettings),
 }
 
 /// Everything the agent reads from its environment.
@@ -54,6 +68,66 @@ pub fn markers(env: &Env) -> Markers {
     }
 }
 
+impl BrainKind {
+    /// For the start line of the log.
+    pub fn describe(&self) -> String {
+        match self {
+            BrainKind::Script => "script".into(),
+            BrainKind::Llm(l) => format!("llm ({} {})", l.api, l.model),
+        }
+    }
+}
+
+fn brain(env: &Env) -> Result<BrainKind, ConfigError> {
+    let model = env.get(MODEL_ENV);
+    let default = if model.is_some() { "llm" } else { "script" };
+    match env.get(BRAIN_ENV).unwrap_or(default) {
+        "script" => Ok(BrainKind::Script),
+        "llm" => {
+            let model = model.ok_or_else(|| ConfigError::Required {
+                var: MODEL_ENV.into(),
+                hint: "the llm brain needs a model (the group's `llm.model`)".into(),
+            })?;
+            let api = match env.get(LLM_API_ENV).unwrap_or("anthropic") {
+                "anthropic" => LlmApi::Anthropic,
+                "openai" => LlmApi::Openai,
+                other => {
+                    return Err(ConfigError::Invalid {
+                        var: LLM_API_ENV.into(),
+                        value: other.into(),
+                        reason: "expected anthropic or openai".into(),
+                    });
+                }
+            };
+            let max_tokens: u32 = env.parse_or(MAX_TOKENS_ENV, 4096)?;
+            let max_steps: u32 = env.parse_or(MAX_STEPS_ENV, 25)?;
+            for (var, v) in [(MAX_TOKENS_ENV, max_tokens), (MAX_STEPS_ENV, max_steps)] {
+                if v == 0 {
+                    return Err(ConfigError::Invalid {
+                        var: var.into(),
+                        value: "0".into(),
+                        reason: "must be at least 1".into(),
+                    });
+                }
+            }
+            let home = env.path_or("HOME", "/home/agent");
+            Ok(BrainKind::Llm(LlmSettings {
+                api,
+                model: model.to_owned(),
+                socket: env.path_or(API_SOCKET_ENV, API_SOCKET),
+                max_tokens,
+                max_steps,
+                sessions: env.path_or(SESSION_DIR_ENV, home.join(".hako/sessions")),
+            }))
+        }
+        other => Err(ConfigError::Invalid {
+            var: BRAIN_ENV.into(),
+            value: other.into(),
+            reason: "unknown brain; expected script or llm".into(),
+        }),
+    }
+}
+
 impl AgentConfig {
     /// Reads the configuration; a bad value names its variable.
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
@@ -67,16 +141,7 @@ impl AgentConfig {
                 reason: "must be at least 1".into(),
             });
         }
-        let brain = match env.get(BRAIN_ENV).unwrap_or("script") {
-            "script" => BrainKind::Script,
-            other => {
-                return Err(ConfigError::Invalid {
-                    var: BRAIN_ENV.into(),
-                    value: other.into(),
-                    reason: "unknown brain; the only brain is `script`".into(),
-                });
-            }
-        };
+        let brain = brain(env)?;
         Ok(Self {
             markers: markers(env),
             input_dir: env.path_or(INPUT_DIR_ENV, INPUT_DIR),
@@ -123,12 +188,43 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_variable() {
+        let err = AgentConfig::from_env(&Env::from_pairs([("HAKO_BRAIN", "llm")])).unwrap_err();
+        assert!(err.to_string().contains("HAKO_MODEL"), "{err}");
         for (var, value) in [
-            ("HAKO_BRAIN", "llm"),
+            ("HAKO_BRAIN", "gpt"),
             ("ARIZUKO_QUERY_TIMEOUT_MS", "soon"),
             ("HAKO_POLL_INTERVAL_MS", "0"),
         ] {
             let err = AgentConfig::from_env(&Env::from_pairs([(var, value)])).unwrap_err();
+            assert!(err.to_string().contains(var), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_model_chooses_the_llm_brain() {
+        let c = AgentConfig::from_env(&Env::from_pairs([("HAKO_MODEL", "claude-x")])).unwrap();
+        let BrainKind::Llm(l) = c.brain else {
+            panic!("{:?}", c.brain)
+        };
+        assert_eq!(
+            (l.api, l.model.as_str(), l.max_tokens, l.max_steps),
+            (LlmApi::Anthropic, "claude-x", 4096, 25)
+        );
+        assert_eq!(l.socket, PathBuf::from("/var/run/pub/arizuko/api.sock"));
+        assert_eq!(l.sessions, PathBuf::from("/home/agent/.hako/sessions"));
+        let c = AgentConfig::from_env(&Env::from_pairs([
+            ("HAKO_MODEL", "m"),
+            ("HAKO_BRAIN", "script"),
+        ]))
+        .unwrap();
+        assert_eq!(c.brain, BrainKind::Script);
+        for (var, value) in [
+            ("HAKO_LLM_API", "gemini"),
+            ("HAKO_LLM_MAX_STEPS", "0"),
+            ("HAKO_LLM_MAX_TOKENS", "x"),
+        ] {
+            let err = AgentConfig::from_env(&Env::from_pairs([("HAKO_MODEL", "m"), (var, value)]))
+                .unwrap_err();
             assert!(err.to_string().contains(var), "{err}");
         }
     }

@@ -1,15 +1,19 @@
-//! A minimal MCP (JSON-RPC 2.0, one JSON message per line) client and server over unix
-//! sockets: the client behind `/mcp`, the server behind `hako-agent serve-mcp` (a reference
-//! sidecar with one `echo` tool).
+//! MCP over unix sockets: the client of the turn's tools (on rmcp, the official SDK, as routd
+//! serves them), behind the script brain's `/mcp` and the LLM brain's tool calls; and a tiny
+//! hand-written server behind `hako-agent serve-mcp` (a reference sidecar with one `echo`
+//! tool, kept off rmcp so that the static agent carries no server stack).
 //!
-//! Every connect, read and write has a timeout and every line a size bound, so a silent or
-//! hostile peer can neither hang the agent nor make it buffer without limit.
+//! Every connect, call, read and write has a timeout and every line a size bound, so a silent
+//! or hostile peer can neither hang the agent nor make it buffer without limit.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use rmcp::ServiceExt as _;
+use rmcp::model::{CallToolRequestParams, ContentBlock};
+use rmcp::service::{RoleClient, RunningService};
+use serde_json::{Map, Value, json};
 use thiserror::Error;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
@@ -18,19 +22,18 @@ use tokio::time::timeout;
 
 use crate::output::log;
 
-/// The protocol version the client asks for.
+/// The protocol version the echo server answers with when the client's is unknown to it.
 pub const PROTOCOL_VERSION: &str = "2025-06-18";
-/// Versions the server accepts (it answers with the client's if listed, else the newest).
-pub const SUPPORTED_VERSIONS: &[&str] = &["2025-06-18", "2025-03-26", "2024-11-05"];
-/// Upper bound of one JSON-RPC line.
+/// Versions the echo server accepts (it answers with the client's if listed).
+pub const SUPPORTED_VERSIONS: &[&str] = &["2025-11-25", "2025-06-18", "2025-03-26", "2024-11-05"];
+/// Upper bound of one JSON-RPC line (the echo server).
 pub const MAX_LINE: usize = 1024 * 1024;
-/// Client: connect timeout.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Client: timeout of each read and write.
-pub const IO_TIMEOUT: Duration = Duration::from_secs(10);
-/// Client: how many unrelated messages (notifications, server requests) it skips while
-/// waiting for a response.
-const MAX_SKIPPED: usize = 100;
+/// Client: connect and handshake timeout.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Client: timeout of a tool listing.
+pub const LIST_TIMEOUT: Duration = Duration::from_secs(10);
+/// Client: timeout of one tool call (a tool may do real work: a send, a history page).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Server: a connection with no request for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Server: connections served at once.
@@ -50,18 +53,15 @@ pub enum McpError {
     /// The peer did not answer in time.
     #[error("timed out during {0}")]
     Timeout(&'static str),
-    /// Reading or writing failed.
-    #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
-    /// The peer broke the protocol.
-    #[error("protocol error: {0}")]
-    Protocol(String),
-    /// The peer answered with a JSON-RPC error.
-    #[error("rpc error {code}: {message}")]
-    Rpc {
-        /// JSON-RPC error code.
-        code: i64,
-        /// Its message.
+    /// The handshake failed.
+    #[error("initialize failed: {0}")]
+    Initialize(String),
+    /// The peer answered a request with an error, or broke the protocol.
+    #[error("{what} failed: {message}")]
+    Service {
+        /// The request.
+        what: &'static str,
+        /// The error.
         message: String,
     },
 }
@@ -73,6 +73,115 @@ pub struct ToolResult {
     pub text: String,
     /// The tool's `isError`.
     pub is_error: bool,
+}
+
+/// A tool the server offers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    /// Its name.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// Its arguments' JSON schema.
+    pub input_schema: Map<String, Value>,
+}
+
+/// A connection to an MCP server over a unix socket (the official SDK's client).
+pub struct Client {
+    service: RunningService<RoleClient, ()>,
+}
+
+impl Client {
+    /// Connects and initializes.
+    pub async fn connect(socket: &Path) -> Result<Self, McpError> {
+        let stream = timeout(CONNECT_TIMEOUT, UnixStream::connect(socket))
+            .await
+            .map_err(|_| McpError::Timeout("connect"))?
+            .map_err(|source| McpError::Connect {
+                path: socket.display().to_string(),
+                source,
+            })?;
+        let service = timeout(CONNECT_TIMEOUT, ().serve(stream))
+            .await
+            .map_err(|_| McpError::Timeout("initialize"))?
+            .map_err(|e| McpError::Initialize(e.to_string()))?;
+        Ok(Self { service })
+    }
+
+    /// Every tool the server offers.
+    pub async fn tools(&self) -> Result<Vec<ToolSpec>, McpError> {
+        let tools = timeout(LIST_TIMEOUT, self.service.list_all_tools())
+            .await
+            .map_err(|_| McpError::Timeout("tools/list"))?
+            .map_err(|e| McpError::Service {
+                what: "tools/list",
+                message: e.to_string(),
+            })?;
+        Ok(tools
+            .into_iter()
+            .map(|t| ToolSpec {
+                name: t.name.into_owned(),
+                description: t.description.map(|d| d.into_owned()).unwrap_or_default(),
+                input_schema: (*t.input_schema).clone(),
+            })
+            .collect())
+    }
+
+    /// Calls one tool.
+    pub async fn call(
+        &self,
+        tool: &str,
+        arguments: Map<String, Value>,
+    ) -> Result<ToolResult, McpError> {
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let r = timeout(CALL_TIMEOUT, self.service.call_tool(params))
+            .await
+            .map_err(|_| McpError::Timeout("tools/call"))?
+            .map_err(|e| McpError::Service {
+                what: "tools/call",
+                message: e.to_string(),
+            })?;
+        let text = r
+            .content
+            .iter()
+            .map(|c| match c {
+                ContentBlock::Text(t) => t.text.clone(),
+                ContentBlock::Image(_) => "[image]".to_owned(),
+                ContentBlock::Audio(_) => "[audio]".to_owned(),
+                ContentBlock::Resource(_) => "[resource]".to_owned(),
+                ContentBlock::ResourceLink(_) => "[resource_link]".to_owned(),
+                _ => "[?]".to_owned(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        Ok(ToolResult {
+            text,
+            is_error: r.is_error.unwrap_or(false),
+        })
+    }
+
+    /// Closes the connection.
+    pub async fn close(self) {
+        let _ = timeout(Duration::from_secs(2), self.service.cancel()).await;
+    }
+}
+
+/// Calls one tool over the MCP socket on a connection of its own.
+pub async fn call_tool(
+    socket: &Path,
+    tool: &str,
+    arguments: Value,
+) -> Result<ToolResult, McpError> {
+    let Value::Object(arguments) = arguments else {
+        return Err(McpError::Service {
+            what: "tools/call",
+            message: "arguments must be a JSON object".into(),
+        });
+    };
+    let client = Client::connect(socket).await?;
+    let r = client.call(tool, arguments).await;
+    client.close().await;
+    r
 }
 
 /// Reads one line (without its newline) of at most `max` bytes; `None` at EOF.
@@ -104,119 +213,12 @@ pub async fn read_line<R: AsyncBufRead + Unpin>(
     }
 }
 
-async fn send<W: AsyncWrite + Unpin>(w: &mut W, msg: &Value) -> Result<(), McpError> {
+async fn send<W: AsyncWrite + Unpin>(w: &mut W, msg: &Value) -> std::io::Result<()> {
     let mut bytes = msg.to_string().into_bytes();
     bytes.push(b'\n');
-    timeout(IO_TIMEOUT, w.write_all(&bytes))
+    timeout(Duration::from_secs(10), w.write_all(&bytes))
         .await
-        .map_err(|_| McpError::Timeout("write"))??;
-    Ok(())
-}
-
-async fn await_response<R: AsyncBufRead + Unpin>(
-    r: &mut R,
-    id: u64,
-    what: &'static str,
-) -> Result<Value, McpError> {
-    for _ in 0..=MAX_SKIPPED {
-        let line = timeout(IO_TIMEOUT, read_line(r, MAX_LINE))
-            .await
-            .map_err(|_| McpError::Timeout(what))??
-            .ok_or_else(|| McpError::Protocol(format!("connection closed during {what}")))?;
-        let msg: Value = serde_json::from_slice(&line)
-            .map_err(|e| McpError::Protocol(format!("invalid JSON during {what}: {e}")))?;
-        if msg.get("id").and_then(Value::as_u64) != Some(id) || msg.get("method").is_some() {
-            continue; // a notification or a request from the server: not our answer
-        }
-        if let Some(err) = msg.get("error") {
-            return Err(McpError::Rpc {
-                code: err.get("code").and_then(Value::as_i64).unwrap_or(0),
-                message: err
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned(),
-            });
-        }
-        return msg
-            .get("result")
-            .cloned()
-            .ok_or_else(|| McpError::Protocol(format!("response to {what} has no result")));
-    }
-    Err(McpError::Protocol(format!(
-        "no response to {what} after {MAX_SKIPPED} other messages"
-    )))
-}
-
-/// Turns a `tools/call` result into text.
-pub fn tool_result(result: &Value) -> ToolResult {
-    let text = result
-        .get("content")
-        .and_then(Value::as_array)
-        .map(|items| {
-            items
-                .iter()
-                .map(|item| match item.get("type").and_then(Value::as_str) {
-                    Some("text") => item
-                        .get("text")
-                        .and_then(Value::as_str)
-                        .unwrap_or("")
-                        .to_owned(),
-                    Some(other) => format!("[{other}]"),
-                    None => "[?]".to_owned(),
-                })
-                .collect::<Vec<_>>()
-                .join("\n")
-        })
-        .unwrap_or_default();
-    ToolResult {
-        text,
-        is_error: result
-            .get("isError")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
-    }
-}
-
-/// Calls one tool over the MCP socket: `initialize`, `notifications/initialized`,
-/// `tools/call`.
-pub async fn call_tool(
-    socket: &Path,
-    tool: &str,
-    arguments: Value,
-) -> Result<ToolResult, McpError> {
-    let stream = timeout(CONNECT_TIMEOUT, UnixStream::connect(socket))
-        .await
-        .map_err(|_| McpError::Timeout("connect"))?
-        .map_err(|source| McpError::Connect {
-            path: socket.display().to_string(),
-            source,
-        })?;
-    let (r, mut w) = stream.into_split();
-    let mut r = BufReader::new(r);
-    send(
-        &mut w,
-        &json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": PROTOCOL_VERSION,
-            "capabilities": {},
-            "clientInfo": {"name": "hako-agent", "version": env!("CARGO_PKG_VERSION")},
-        }}),
-    )
-    .await?;
-    await_response(&mut r, 1, "initialize").await?;
-    send(
-        &mut w,
-        &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
-    )
-    .await?;
-    send(
-        &mut w,
-        &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                "params": {"name": tool, "arguments": arguments}}),
-    )
-    .await?;
-    let result = await_response(&mut r, 2, "tools/call").await?;
-    Ok(tool_result(&result))
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "write timed out"))?
 }
 
 fn rpc_error(id: Value, code: i64, message: &str) -> Value {
@@ -369,13 +371,8 @@ mod tests {
             br#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"a":1}}}"#,
         )
         .unwrap();
-        assert_eq!(
-            tool_result(&call["result"]),
-            ToolResult {
-                text: r#"{"a":1}"#.into(),
-                is_error: false
-            }
-        );
+        assert_eq!(call["result"]["content"][0]["text"], r#"{"a":1}"#);
+        assert_eq!(call["result"]["isError"], false);
         let bad = handle_line(
             br#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"nope"}}"#,
         )

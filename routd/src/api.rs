@@ -31,6 +31,7 @@ use crate::commands;
 use crate::error::ApiFailure;
 use crate::routing::check_jid;
 use crate::store::{AuditRow, GroupRow, Ingested, NewInbound};
+use crate::turns::routd_turn;
 use crate::{Appended, Shared, now_ms};
 
 /// What routd's document says of it.
@@ -67,6 +68,7 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(list_turns))
         .routes(routes!(turn_tool))
         .routes(routes!(turn_send))
+        .routes(routes!(usage))
         .routes(routes!(audit))
 }
 
@@ -892,6 +894,79 @@ async fn list_turns(
     Ok(Json(TurnList { turns, next_before }))
 }
 
+/// Usage filters.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct UsageQuery {
+    /// Only this group.
+    folder: Option<String>,
+    /// Only this UTC day, `YYYY-MM-DD`.
+    day: Option<String>,
+    /// Only this turn.
+    turn_id: Option<String>,
+    /// At most this many rows, 1-1000 (default 100).
+    limit: Option<usize>,
+}
+
+/// LLM usage through the gateway.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+struct UsageReport {
+    /// Rows by group, day, turn, wire format and model, newest day first.
+    rows: Vec<crate::store::UsageRow>,
+    /// The rows' calls.
+    calls: u64,
+    /// The rows' input tokens.
+    input_tokens: u64,
+    /// The rows' output tokens.
+    output_tokens: u64,
+}
+
+/// Tokens the groups' agents used through the LLM gateway, per group, UTC day, turn and model
+/// (a folder-bound caller sees its folders').
+#[utoipa::path(get, path = "/v1/usage", tag = "turns", security(("bearer" = [])),
+    params(UsageQuery),
+    responses(
+        (status = 200, description = "Usage rows and their totals", body = UsageReport),
+        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
+    ))]
+async fn usage(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    ApiQuery(q): ApiQuery<UsageQuery>,
+) -> Result<Json<UsageReport>, ApiFailure> {
+    who.require(scopes::TURNS_READ)?;
+    if let Some(d) = &q.day {
+        let ok = d.len() == 10
+            && d.bytes().enumerate().all(|(i, b)| {
+                if i == 4 || i == 7 {
+                    b == b'-'
+                } else {
+                    b.is_ascii_digit()
+                }
+            });
+        if !ok {
+            return Err(ApiFailure::Invalid(format!(
+                "day must be YYYY-MM-DD, not {d:?}"
+            )));
+        }
+    }
+    let folder = q.folder.or_else(|| who.folder().map(str::to_owned));
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let mut rows = sh.store.llm_usage(folder, q.day, q.turn_id, limit).await?;
+    rows.retain(|r| who.covers_folder(&r.folder));
+    let sum =
+        |f: fn(&crate::store::UsageRow) -> u64| rows.iter().map(f).fold(0u64, u64::saturating_add);
+    Ok(Json(UsageReport {
+        calls: sum(|r| r.calls),
+        input_tokens: sum(|r| r.input_tokens),
+        output_tokens: sum(|r| r.output_tokens),
+        rows,
+    }))
+}
+
 /// Audit paging.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -940,14 +1015,6 @@ async fn audit(
         entries,
         next_before,
     }))
-}
-
-/// The routd turn a path or a spawn token names: runed's turn ids are `<turn>.<try>`.
-fn routd_turn(id: &str) -> &str {
-    match id.rsplit_once('.') {
-        Some((turn, attempt)) if attempt.bytes().all(|b| b.is_ascii_digit()) => turn,
-        _ => id,
-    }
 }
 
 /// The turn a spawn token may act for: only its own turn, in its own folder, while it is

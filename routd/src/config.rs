@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use hako_shared::auth::VerifierConfig;
 use hako_shared::config::{ConfigError, Env};
+use hako_shared::contract::Redacted;
 use hako_shared::http::ServeLimits;
 use hako_shared::layout::DataLayout;
+use hako_shared::runs::LlmApi;
 
 /// Everything routd needs to know.
 #[derive(Debug, Clone)]
@@ -55,6 +57,115 @@ pub struct Config {
     pub layout: DataLayout,
     /// `ROUTD_MAX_TASKS`, default 100: active scheduled tasks per group.
     pub max_tasks: usize,
+    /// The LLM gateway: providers, budget, bounds.
+    pub llm: LlmConfig,
+}
+
+/// A model provider the gateway forwards to, with the key the agents never see.
+#[derive(Debug, Clone)]
+pub struct Provider {
+    /// Base URL, without a trailing `/` (`https://api.anthropic.com`).
+    pub base_url: String,
+    /// The real key.
+    pub key: Redacted,
+}
+
+/// The LLM gateway's settings.
+#[derive(Debug, Clone)]
+pub struct LlmConfig {
+    /// `ROUTD_ANTHROPIC_URL` (default `https://api.anthropic.com`) and `ANTHROPIC_API_KEY`
+    /// (or `ANTHROPIC_API_KEY_FILE`); `None` without a key.
+    pub anthropic: Option<Provider>,
+    /// `ROUTD_OPENAI_URL` (default `https://api.openai.com`) and `OPENAI_API_KEY` (or
+    /// `OPENAI_API_KEY_FILE`); `None` without a key.
+    pub openai: Option<Provider>,
+    /// `ROUTD_LLM_DAILY_TOKENS`, default 1,000,000: a group's tokens (input and output) per
+    /// UTC day, unless its `llm.daily_tokens` says otherwise.
+    pub daily_tokens: u64,
+    /// `ROUTD_LLM_BODY_LIMIT`, default 16 MiB: one request to the gateway.
+    pub body_limit: usize,
+    /// `ROUTD_LLM_MAX_RESPONSE`, default 64 MiB: one answer (a stream is cut there).
+    pub max_response: u64,
+    /// `ROUTD_LLM_TIMEOUT`, default 10m: until the provider's answer starts.
+    pub timeout: Duration,
+    /// `ROUTD_LLM_IDLE_TIMEOUT`, default 5m: the longest silence inside an answer.
+    pub idle_timeout: Duration,
+}
+
+impl Default for LlmConfig {
+    fn default() -> Self {
+        Self {
+            anthropic: None,
+            openai: None,
+            daily_tokens: 1_000_000,
+            body_limit: 16 << 20,
+            max_response: 64 << 20,
+            timeout: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+impl LlmConfig {
+    /// The provider behind a wire format, if configured.
+    pub fn provider(&self, api: LlmApi) -> Option<&Provider> {
+        match api {
+            LlmApi::Anthropic => self.anthropic.as_ref(),
+            LlmApi::Openai => self.openai.as_ref(),
+        }
+    }
+
+    fn from_env(env: &Env) -> Result<Self, ConfigError> {
+        let d = Self::default();
+        let provider = |url_var: &str, default_url: &str, key_var: &str| {
+            env.reject_empty(url_var)?;
+            let url = env.string_or(url_var, default_url);
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(ConfigError::Invalid {
+                    var: url_var.into(),
+                    value: url,
+                    reason: "expected an http:// or https:// URL".into(),
+                });
+            }
+            Ok(env.secret_or_file(key_var)?.map(|key| Provider {
+                base_url: url.trim_end_matches('/').to_owned(),
+                key: Redacted(key),
+            }))
+        };
+        let c = Self {
+            anthropic: provider(
+                "ROUTD_ANTHROPIC_URL",
+                "https://api.anthropic.com",
+                "ANTHROPIC_API_KEY",
+            )?,
+            openai: provider(
+                "ROUTD_OPENAI_URL",
+                "https://api.openai.com",
+                "OPENAI_API_KEY",
+            )?,
+            daily_tokens: env.parse_or("ROUTD_LLM_DAILY_TOKENS", d.daily_tokens)?,
+            body_limit: env.size_or("ROUTD_LLM_BODY_LIMIT", d.body_limit as u64)? as usize,
+            max_response: env.size_or("ROUTD_LLM_MAX_RESPONSE", d.max_response)?,
+            timeout: env.duration_or("ROUTD_LLM_TIMEOUT", d.timeout)?,
+            idle_timeout: env.duration_or("ROUTD_LLM_IDLE_TIMEOUT", d.idle_timeout)?,
+        };
+        for (var, zero) in [
+            ("ROUTD_LLM_DAILY_TOKENS", c.daily_tokens == 0),
+            ("ROUTD_LLM_BODY_LIMIT", c.body_limit == 0),
+            ("ROUTD_LLM_MAX_RESPONSE", c.max_response == 0),
+            ("ROUTD_LLM_TIMEOUT", c.timeout.is_zero()),
+            ("ROUTD_LLM_IDLE_TIMEOUT", c.idle_timeout.is_zero()),
+        ] {
+            if zero {
+                return Err(ConfigError::Invalid {
+                    var: var.into(),
+                    value: env.get(var).unwrap_or_default().into(),
+                    reason: "must be more than 0".into(),
+                });
+            }
+        }
+        Ok(c)
+    }
 }
 
 impl Config {
@@ -83,6 +194,7 @@ impl Config {
             serve: ServeLimits::default(),
             layout: DataLayout::new(data_dir),
             max_tasks: 100,
+            llm: LlmConfig::default(),
         }
     }
 
@@ -163,6 +275,7 @@ impl Config {
             }
         }
         c.serve = ServeLimits::from_env(env)?;
+        c.llm = LlmConfig::from_env(env)?;
         Ok(c)
     }
 }
@@ -195,6 +308,32 @@ mod tests {
         assert!(bad(&[("ROUTD_MAX_CONTENT", "1m")]).contains("ROUTD_MAX_CONTENT"));
         assert!(bad(&[("ROUTD_BATCH_MAX", "0")]).contains("ROUTD_BATCH_MAX"));
         assert!(bad(&[("ROUTD_LISTEN", "0.0.0.0:8183")]).contains("loopback"));
+        assert!(
+            bad(&[("ROUTD_ANTHROPIC_URL", "api.anthropic.com")]).contains("ROUTD_ANTHROPIC_URL")
+        );
+        assert!(bad(&[("ROUTD_LLM_DAILY_TOKENS", "0")]).contains("ROUTD_LLM_DAILY_TOKENS"));
+        let key_err = bad(&[("OPENAI_API_KEY", "sk-x"), ("OPENAI_API_KEY_FILE", "/k")]);
+        assert!(
+            key_err.contains("OPENAI_API_KEY_FILE") && !key_err.contains("sk-x"),
+            "{key_err}"
+        );
+        let c = Config::from_env(&Env::from_pairs([
+            ("DATA_DIR", "/tmp/x"),
+            ("HAKO_OPEN_DEV", "1"),
+            ("ANTHROPIC_API_KEY", "sk-ant-1"),
+            ("ROUTD_ANTHROPIC_URL", "http://127.0.0.1:9/"),
+        ]))
+        .unwrap();
+        let p = c.llm.provider(LlmApi::Anthropic).unwrap();
+        assert_eq!(
+            (p.base_url.as_str(), p.key.expose()),
+            ("http://127.0.0.1:9", "sk-ant-1")
+        );
+        assert!(c.llm.provider(LlmApi::Openai).is_none());
+        assert!(
+            !format!("{c:?}").contains("sk-ant-1"),
+            "the key is never in Debug"
+        );
         let e = Config::from_env(&Env::from_pairs([("DATA_DIR", "/tmp/x")]))
             .unwrap_err()
             .to_string();

@@ -12,6 +12,7 @@ mod commands;
 pub mod config;
 mod delivery;
 mod error;
+mod gateway;
 pub mod metrics;
 pub mod routing;
 pub mod runed;
@@ -97,7 +98,10 @@ pub(crate) struct Shared {
     pub stopping: CancellationToken,
     /// The client webhook deliveries go through.
     pub webhook_http: reqwest::Client,
-    /// The live turns' sockets (`mcp.sock`).
+    /// The client the LLM gateway forwards through (TLS; no overall timeout: streams are
+    /// bounded by the gateway's own idle and size limits).
+    pub llm_http: reqwest::Client,
+    /// The live turns' sockets (`mcp.sock`, `api.sock`).
     pub sockets: sockets::TurnSockets,
     /// Wakes the task loop (a task was scheduled or cancelled).
     pub tasks_changed: Notify,
@@ -250,6 +254,12 @@ pub async fn start(
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| hako_shared::auth::ClientError::Transport(e.to_string()))?;
+    let llm_http = reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(Duration::from_secs(10))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| hako_shared::auth::ClientError::Transport(e.to_string()))?;
     let shared = Arc::new(Shared {
         watchers: hako_shared::watchers::Gate::new(
             config.max_streams,
@@ -268,6 +278,7 @@ pub async fn start(
         webhooks: std::sync::RwLock::new(Vec::new()),
         stopping: CancellationToken::new(),
         webhook_http,
+        llm_http,
         sockets: sockets::TurnSockets::default(),
         tasks_changed: Notify::new(),
         session_resets: Mutex::new(HashSet::new()),
@@ -349,6 +360,7 @@ mod tests {
             ("/v1/webhooks/{id}", "delete"),
             ("/v1/turns/{turn_id}", "get"),
             ("/v1/turns", "get"),
+            ("/v1/usage", "get"),
             ("/v1/audit", "get"),
             ("/health", "get"),
             ("/ready", "get"),
@@ -367,6 +379,8 @@ mod tests {
             "MessageView",
             "GroupConfig",
             "TurnView",
+            "UsageReport",
+            "UsageRow",
             "ErrorBody",
         ] {
             assert!(
@@ -375,6 +389,7 @@ mod tests {
                 schemas[name]
             );
         }
+        // Top-level modules only: `gateway/` serves the turn's `api.sock`, not this API.
         for entry in std::fs::read_dir(dir.join("src")).unwrap() {
             let p = entry.unwrap().path();
             if p.extension().is_some_and(|e| e == "rs") {

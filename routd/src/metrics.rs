@@ -66,6 +66,31 @@ impl RoutdMetrics {
             .inc();
     }
 
+    /// A call of the LLM gateway ended with `result` (`ok`, `client_error`, or why it was not
+    /// forwarded).
+    pub fn llm_request(&self, api: &'static str, result: &'static str) {
+        self.registry
+            .counter(
+                "routd_llm_requests_total",
+                "Calls of the LLM gateway, by wire format and result.",
+                &[("api", api), ("result", result)],
+            )
+            .inc();
+    }
+
+    /// Tokens a provider reported for one answer.
+    pub fn llm_tokens(&self, api: &'static str, input: u64, output: u64) {
+        for (kind, n) in [("input", input), ("output", output)] {
+            self.registry
+                .counter(
+                    "routd_llm_tokens_total",
+                    "Tokens the providers reported through the gateway, by wire format and kind.",
+                    &[("api", api), ("kind", kind)],
+                )
+                .add(n);
+        }
+    }
+
     /// A tool call of the turn's agent ended with `result` (`ok` or an error code).
     pub fn tool_call(&self, tool: &'static str, result: &'static str) {
         self.registry

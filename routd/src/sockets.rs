@@ -1,5 +1,5 @@
 //! The turn's sockets in its folder's `ipc/` directory (the agent's `/var/run/pub/arizuko/`):
-//! `mcp.sock`, the turn's tools. They are bound before the run is asked for, live as long as
+//! `mcp.sock`, the turn's tools, and `api.sock`, its LLM gateway. They are bound before the run is asked for, live as long as
 //! the turn's driver (a restarted routd binds them again when it resumes the turn), and are
 //! removed when the turn ends; calls on connections still open then get `turn_ended`.
 //!
@@ -92,6 +92,28 @@ fn bind(path: &Path) -> io::Result<(std::os::unix::net::UnixListener, u64)> {
     Ok((listener, ino))
 }
 
+/// Removes a bound socket, unless another one took its place since.
+fn remove(s: &Bound) {
+    if std::fs::symlink_metadata(&s.path).is_ok_and(|m| m.ino() == s.ino) {
+        let _ = std::fs::remove_file(&s.path);
+    }
+}
+
+/// Binds a socket off the runtime (it checks and may remove files).
+async fn listen(path: PathBuf) -> Result<(tokio::net::UnixListener, Bound), SocketError> {
+    let p = path.clone();
+    let io = |source| SocketError::Io {
+        path: path.clone(),
+        source,
+    };
+    let (listener, ino) = tokio::task::spawn_blocking(move || bind(&p))
+        .await
+        .map_err(|e| io(io::Error::other(e)))?
+        .map_err(io)?;
+    let listener = tokio::net::UnixListener::from_std(listener).map_err(io)?;
+    Ok((listener, Bound { path, ino }))
+}
+
 impl TurnSockets {
     /// Binds and serves the turn's sockets (again, if routd restarted); a turn already open
     /// is left as it is.
@@ -109,38 +131,44 @@ impl TurnSockets {
             .ok_or_else(|| SocketError::Gone(format!("no group {}", t.folder)))?;
         let folder = scope.folder.clone();
         let scope = Arc::new(scope);
-        let path = sh.cfg.layout.mcp_socket(&folder);
-        let p = path.clone();
-        let (listener, ino) = tokio::task::spawn_blocking(move || bind(&p))
-            .await
-            .map_err(|e| SocketError::Io {
-                path: path.clone(),
-                source: io::Error::other(e),
-            })?
-            .map_err(|source| SocketError::Io {
-                path: path.clone(),
-                source,
-            })?;
-        let listener =
-            tokio::net::UnixListener::from_std(listener).map_err(|source| SocketError::Io {
-                path: path.clone(),
-                source,
-            })?;
+        let (mcp, mcp_bound) = listen(sh.cfg.layout.mcp_socket(&folder)).await?;
+        let (api, api_bound) = match listen(sh.cfg.layout.api_socket(&folder)).await {
+            Ok(l) => l,
+            Err(e) => {
+                remove(&mcp_bound);
+                return Err(e);
+            }
+        };
         let ended = CancellationToken::new();
         tokio::spawn(hako_mcp::serve(
-            listener,
+            mcp,
             Arc::new(RoutdTools { sh: sh.clone() }),
             scope,
             ended.clone(),
             sh.stopping.clone(),
             ServeOptions::default(),
         ));
+        let gateway = crate::gateway::router(crate::gateway::turn(sh, &folder, turn_id));
+        let (stop_a, stop_b) = (ended.clone(), sh.stopping.clone());
+        let limits = sh.cfg.serve;
+        tokio::spawn(async move {
+            let shutdown = async move {
+                tokio::select! {
+                    () = stop_a.cancelled() => {},
+                    () = stop_b.cancelled() => {},
+                }
+            };
+            if let Err(e) = hako_shared::http::serve_with(api, gateway, shutdown, limits).await {
+                tracing::error!(error = %e, "the turn's gateway stopped");
+            }
+        });
+        let path = mcp_bound.path.clone();
         tracing::info!(turn = %turn_id, socket = %path.display(), "the turn's tools are served");
         self.lock().insert(
             turn_id.to_owned(),
             OpenTurn {
                 ended,
-                sockets: vec![Bound { path, ino }],
+                sockets: vec![mcp_bound, api_bound],
             },
         );
         Ok(())
@@ -153,9 +181,7 @@ impl TurnSockets {
             return;
         };
         for s in &open.sockets {
-            if std::fs::symlink_metadata(&s.path).is_ok_and(|m| m.ino() == s.ino) {
-                let _ = std::fs::remove_file(&s.path);
-            }
+            remove(s);
         }
         open.ended.cancel();
     }

@@ -58,6 +58,14 @@ fn runed_turn(turn: &str, attempt: i64) -> String {
     format!("{turn}.{attempt}")
 }
 
+/// The routd turn a path or a spawn token names: runed's turn ids are `<turn>.<try>`.
+pub(crate) fn routd_turn(id: &str) -> &str {
+    match id.rsplit_once('.') {
+        Some((turn, attempt)) if attempt.bytes().all(|b| b.is_ascii_digit()) => turn,
+        _ => id,
+    }
+}
+
 /// The scheduler: starts turns and steers messages, whenever something changes.
 pub(crate) async fn scheduler(sh: Arc<Shared>) {
     // (turn, seq) pairs runed would not take: they wait for the next turn, not another steer.

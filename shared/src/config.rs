@@ -198,6 +198,48 @@ impl Env {
         self.get(var).map(str::to_owned)
     }
 
+    /// A secret from `var`, or from the file `<var>_FILE` names (where compose secrets and
+    /// key files put it, so that it stays out of the process's environment). One trailing
+    /// newline is dropped. Both set, an empty value, an unreadable or empty file: an error
+    /// naming the variable, never echoing the secret.
+    pub fn secret_or_file(&self, var: &str) -> Result<Option<String>, ConfigError> {
+        let file_var = format!("{var}_FILE");
+        self.reject_empty(var)?;
+        self.reject_empty(&file_var)?;
+        match (self.get(var), self.get(&file_var)) {
+            (Some(_), Some(_)) => Err(ConfigError::Invalid {
+                var: file_var.clone(),
+                value: self.get(&file_var).unwrap_or_default().to_owned(),
+                reason: format!("{var} is set too: set one of them"),
+            }),
+            (Some(v), None) => Ok(Some(v.to_owned())),
+            (None, Some(path)) => {
+                let invalid = |reason: String| ConfigError::Invalid {
+                    var: file_var.clone(),
+                    value: path.to_owned(),
+                    reason,
+                };
+                // A key file is small; a bound keeps a wrong path (a device, a log) harmless.
+                let mut text = String::new();
+                std::io::Read::read_to_string(
+                    &mut std::io::Read::take(
+                        std::fs::File::open(path).map_err(|e| invalid(e.to_string()))?,
+                        64 << 10,
+                    ),
+                    &mut text,
+                )
+                .map_err(|e| invalid(e.to_string()))?;
+                let text = text.strip_suffix('\n').unwrap_or(&text);
+                let text = text.strip_suffix('\r').unwrap_or(text);
+                if text.is_empty() {
+                    return Err(invalid("the file is empty".into()));
+                }
+                Ok(Some(text.to_owned()))
+            }
+            (None, None) => Ok(None),
+        }
+    }
+
     /// A socket address such as `127.0.0.1:8080`; `:8080` means all interfaces.
     pub fn listen_addr_or(
         &self,
@@ -283,6 +325,35 @@ pub fn parse_size(raw: &str) -> Result<u64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_come_from_the_variable_or_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("key");
+        std::fs::write(&key, "s3cret\n").unwrap();
+        let empty = dir.path().join("empty");
+        std::fs::write(&empty, "\n").unwrap();
+        let k = key.to_str().unwrap();
+        let e = empty.to_str().unwrap();
+        let read = |pairs: &[(&str, &str)]| Env::from_pairs(pairs.to_vec()).secret_or_file("K");
+        assert_eq!(read(&[]), Ok(None));
+        assert_eq!(read(&[("K", "v")]), Ok(Some("v".into())));
+        assert_eq!(read(&[("K_FILE", k)]), Ok(Some("s3cret".into())));
+        for (pairs, var, what) in [
+            (vec![("K", "v"), ("K_FILE", k)], "K_FILE", "set one"),
+            (vec![("K", "")], "K", "empty"),
+            (vec![("K_FILE", e)], "K_FILE", "empty"),
+            (
+                vec![("K_FILE", "/nonexistent/key")],
+                "K_FILE",
+                "No such file",
+            ),
+        ] {
+            let err = read(&pairs).unwrap_err().to_string();
+            assert!(err.starts_with(var) && err.contains(what), "{err}");
+            assert!(!err.contains("s3cret"), "{err}");
+        }
+    }
 
     #[test]
     fn durations_parse() {

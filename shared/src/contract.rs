@@ -27,6 +27,12 @@ pub const CLOSE_FILE: &str = "_close";
 pub const SOCKET_DIR: &str = "/var/run/pub/arizuko";
 /// The MCP socket served by routd, inside the container.
 pub const MCP_SOCKET: &str = "/var/run/pub/arizuko/mcp.sock";
+/// routd's LLM gateway (HTTP over a unix socket), inside the container.
+pub const API_SOCKET: &str = "/var/run/pub/arizuko/api.sock";
+/// Env var naming the model the agent asks the gateway for (set from the group's `llm`).
+pub const MODEL_ENV: &str = "HAKO_MODEL";
+/// Env var naming the wire format the agent speaks to the gateway (`anthropic`, `openai`).
+pub const LLM_API_ENV: &str = "HAKO_LLM_API";
 
 /// The pair of lines that frame an output block.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -541,7 +541,19 @@ pub fn finish(
         ready: ops.ready.clone(),
         openapi: crate::openapi::render(&doc).into(),
     };
-    let router = router
+    let router = guard(router, body_limit)
+        .layer(axum::Extension(state))
+        .layer(axum::middleware::from_fn_with_state(
+            HttpMetrics::new(ops.metrics.clone()),
+            observe,
+        ));
+    (traced(router), doc)
+}
+
+/// The JSON fallbacks (404, 405), the body limit (413 after draining) and panic-to-JSON: what
+/// every router hako serves gets, the daemons' APIs and the per-turn gateway alike.
+pub fn guard(router: Router, body_limit: usize) -> Router {
+    router
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -564,11 +576,12 @@ pub fn finish(
                 .into_response()
             },
         ))
-        .layer(axum::Extension(state))
-        .layer(axum::middleware::from_fn_with_state(
-            HttpMetrics::new(ops.metrics.clone()),
-            observe,
-        ))
+}
+
+/// Request ids (taken from a sane `x-request-id` or made, returned in the answer) and a
+/// tracing span per request carrying it.
+pub fn traced(router: Router) -> Router {
+    router
         .layer(tower_http::request_id::PropagateRequestIdLayer::new(
             axum::http::HeaderName::from_static(REQUEST_ID_HEADER),
         ))
@@ -597,8 +610,7 @@ pub fn finish(
             axum::http::HeaderName::from_static(REQUEST_ID_HEADER),
             MakeId,
         ))
-        .layer(axum::middleware::from_fn(sanitize_request_id));
-    (router, doc)
+        .layer(axum::middleware::from_fn(sanitize_request_id))
 }
 
 /// Lists the `(method, path)` pairs an OpenAPI document declares, for coverage tests.
@@ -664,6 +676,31 @@ impl ServeLimits {
     }
 }
 
+/// Where the serve loop takes connections from: a TCP listener (the daemons' APIs) or a unix
+/// socket (the per-turn gateway).
+pub trait Listener: Send + 'static {
+    /// A connection.
+    type Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static;
+    /// Waits for the next connection.
+    fn accept_io(&self) -> impl Future<Output = std::io::Result<Self::Io>> + Send;
+}
+
+impl Listener for tokio::net::TcpListener {
+    type Io = tokio::net::TcpStream;
+    async fn accept_io(&self) -> std::io::Result<Self::Io> {
+        let (stream, _) = self.accept().await?;
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+}
+
+impl Listener for tokio::net::UnixListener {
+    type Io = tokio::net::UnixStream;
+    async fn accept_io(&self) -> std::io::Result<Self::Io> {
+        Ok(self.accept().await?.0)
+    }
+}
+
 /// Serves `router` on `listener` until `shutdown` resolves, with the default limits.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -678,7 +715,7 @@ pub async fn serve(
 /// request on a kept-alive connection) take longer than `limits.header_timeout`. On
 /// shutdown it stops accepting and lets each connection finish its request in flight.
 pub async fn serve_with(
-    listener: tokio::net::TcpListener,
+    listener: impl Listener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
     limits: ServeLimits,
@@ -701,8 +738,8 @@ pub async fn serve_with(
             },
             () = &mut shutdown => break,
         };
-        let (stream, _peer) = tokio::select! {
-            r = listener.accept() => match r {
+        let stream = tokio::select! {
+            r = listener.accept_io() => match r {
                 Ok(c) => c,
                 // Out of file descriptors and the like: wait a little instead of spinning.
                 Err(e) => {
@@ -713,7 +750,6 @@ pub async fn serve_with(
             },
             () = &mut shutdown => break,
         };
-        let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
         let conn = builder.serve_connection(TokioIo::new(stream), service);
         let mut stop = stop_rx.clone();

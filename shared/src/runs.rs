@@ -184,7 +184,57 @@ pub struct GroupSpec {
     /// Image (defaults to `CONTAINER_IMAGE`).
     #[serde(default)]
     pub image: Option<String>,
+    /// The model the agent calls through routd's gateway, and the group's daily budget.
+    #[serde(default)]
+    pub llm: Option<LlmSpec>,
 }
+
+/// The wire format an agent speaks to the LLM gateway, and so the provider it reaches.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LlmApi {
+    /// Anthropic Messages (`POST /v1/messages`).
+    #[default]
+    Anthropic,
+    /// OpenAI-compatible chat completions (`POST /v1/chat/completions`).
+    Openai,
+}
+
+impl fmt::Display for LlmApi {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl LlmApi {
+    /// The name on the wire and in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LlmApi::Anthropic => "anthropic",
+            LlmApi::Openai => "openai",
+        }
+    }
+}
+
+/// A group's model: which one its agent asks for, in which wire format, and how many tokens
+/// (input and output) its turns may spend per UTC day through the gateway.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmSpec {
+    /// The provider's model name (`claude-sonnet-4-5`, `gpt-4.1`).
+    pub model: String,
+    /// The wire format (default `anthropic`).
+    #[serde(default)]
+    pub api: LlmApi,
+    /// Tokens per UTC day (default: routd's `ROUTD_LLM_DAILY_TOKENS`).
+    #[serde(default)]
+    pub daily_tokens: Option<u64>,
+}
+
+/// The longest model name accepted.
+pub const MAX_MODEL_NAME: usize = 128;
 
 /// A container's resource limits: the install's defaults, or a group's.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -268,6 +318,23 @@ impl GroupSpec {
         if let Some(t) = self.timeout {
             check(t.0 >= MIN_TIMEOUT, "timeout", "must be at least 1s".into())?;
         }
+        if let Some(l) = &self.llm {
+            // It reaches the container's environment: a plain name, nothing else.
+            check(
+                !l.model.is_empty()
+                    && l.model.len() <= MAX_MODEL_NAME
+                    && l.model
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"._:/@-".contains(&b)),
+                "llm.model",
+                format!("must be 1-{MAX_MODEL_NAME} characters of letters, digits and . _ : / @ -"),
+            )?;
+            check(
+                l.daily_tokens != Some(0),
+                "llm.daily_tokens",
+                "must be at least 1 (leave it out for routd's default)".into(),
+            )?;
+        }
         for (i, s) in self.sidecars.iter().enumerate() {
             if let Some(m) = s.memory {
                 check_memory(m, format!("sidecars[{i}].memory"))?;
@@ -296,6 +363,7 @@ impl GroupSpec {
             sidecars,
             env_allowlist,
             image,
+            llm,
         } = self;
         let mut v = Vec::new();
         let mut flag = |widens: bool, name| {
@@ -316,6 +384,8 @@ impl GroupSpec {
         flag(!sidecars.is_empty(), "sidecars");
         flag(!env_allowlist.is_empty(), "env_allowlist");
         flag(image.is_some(), "image");
+        // A model costs money: only the operator (through routd's group config) picks it.
+        flag(llm.is_some(), "llm");
         v
     }
 
@@ -692,6 +762,7 @@ mod tests {
             ("sidecars", Some(json!([{"name": "s", "image": "i"}])), None),
             ("env_allowlist", Some(json!(["TZ"])), None),
             ("image", Some(json!("other:1")), None),
+            ("llm", Some(json!({"model": "m"})), None),
         ];
         let fields = serde_json::to_value(GroupSpec::default()).unwrap();
         let fields = fields.as_object().unwrap();
@@ -738,6 +809,13 @@ mod tests {
             (json!({"pids": 0}), "pids"),
             (json!({"pids": -1}), "pids"),
             (json!({"timeout": "0s"}), "timeout"),
+            (json!({"llm": {"model": ""}}), "llm.model"),
+            (json!({"llm": {"model": "a b"}}), "llm.model"),
+            (json!({"llm": {"model": "m\nX=1"}}), "llm.model"),
+            (
+                json!({"llm": {"model": "m", "daily_tokens": 0}}),
+                "llm.daily_tokens",
+            ),
             (
                 json!({"sidecars": [{"name": "s", "image": "i", "memory": "0"}]}),
                 "sidecars[0].memory",

@@ -5,9 +5,11 @@
 //! point (deadline, SIGTERM), so a brain keeps what it has produced so far in itself and
 //! reports it through [`Brain::partial`] for the timeout summary.
 //!
-//! Adding a brain (an LLM brain later): implement [`Brain`], add a [`crate::config::BrainKind`]
-//! variant and a match arm in [`crate::agent::run`].
+//! The brains: [`script`] (deterministic, for tests and demos; the default) and [`llm`] (a
+//! tool-use loop against routd's gateway). Adding one: implement [`Brain`], add a
+//! [`crate::config::BrainKind`] variant and a match arm in [`crate::agent::run`].
 
+pub mod llm;
 pub mod script;
 
 use std::cell::Cell;

@@ -11,7 +11,9 @@ use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
 use hako_shared::GroupFolder;
-use hako_shared::contract::{MARKER_END_ENV, MARKER_START_ENV, Markers, QUERY_TIMEOUT_ENV};
+use hako_shared::contract::{
+    LLM_API_ENV, MARKER_END_ENV, MARKER_START_ENV, MODEL_ENV, Markers, QUERY_TIMEOUT_ENV,
+};
 use hako_shared::layout::{self, FolderDir};
 use hako_shared::runs::{GroupSpec, Network, SidecarSpec};
 
@@ -188,6 +190,11 @@ impl Runner {
             ),
             format!("ARIZUKO_FOLDER={}", spec.folder),
         ];
+        if let Some(llm) = &g.llm {
+            // Names only (checked by GroupSpec::validate); the key stays with routd's gateway.
+            env.push(format!("{MODEL_ENV}={}", llm.model));
+            env.push(format!("{LLM_API_ENV}={}", llm.api.as_str()));
+        }
         if cfg.markers != Markers::default() {
             env.push(format!("{MARKER_START_ENV}={}", cfg.markers.start));
             env.push(format!("{MARKER_END_ENV}={}", cfg.markers.end));

@@ -1,11 +1,18 @@
-//! The turn's tools over its socket: `cargo bench -p hako-routd --bench mcp`.
+//! The turn's sockets: `cargo bench -p hako-routd --bench sockets`.
 //!
 //! A real authd, runed and routd (one data directory), a live turn (a `hako-agent`
-//! container sleeping), and a client on the turn's `mcp.sock` speaking newline-delimited
-//! JSON-RPC as an agent's client does: `BENCH_CALLS` (2,000) sequential calls each of a read
-//! (`get_history`, limit 1) and a write (`send_message`: a row in routd.db, the chat's event
-//! stream told). Prints p50 / p99 of the round trip per tool (targets: p50 ≤ 2 ms, p99 ≤
-//! 10 ms), and, as the reference in the same run, the same calls on a `ping`.
+//! container sleeping), and:
+//!
+//! - **Tools**: a client on the turn's `mcp.sock` speaking newline-delimited JSON-RPC as an
+//!   agent's client does: `BENCH_CALLS` (2,000) sequential calls each of a read
+//!   (`get_history`, limit 1) and a write (`send_message`: a row in routd.db, the chat's event
+//!   stream told). Prints p50 / p99 of the round trip per tool (targets: p50 ≤ 2 ms, p99 ≤
+//!   10 ms), and, as the reference in the same run, the same calls on a `ping`.
+//! - **The LLM gateway**: a stub provider on loopback that starts its event stream at once;
+//!   `BENCH_STREAMS` (500) streaming `POST /v1/messages` with the turn's spawn token through
+//!   the turn's `api.sock`, interleaved with the same request straight to the stub. Prints
+//!   the time to the first streamed byte of each (p50 / p99) and what the gateway adds
+//!   (target: ≤ 2 ms at p50), and the whole answer's time.
 
 use std::time::{Duration, Instant};
 
@@ -96,12 +103,16 @@ async fn bench() {
         .await
         .expect("bind");
     let runed = hako_runed::start(rcfg, l).await.expect("runed");
+    let stub = stub_provider().await;
     let cfg = hako_routd::Config::from_env(&Env::from_pairs([
         ("DATA_DIR", data.display().to_string()),
         ("AUTHD_URL", authd.url()),
         ("AUTHD_SERVICE_KEY", ROUTD_KEY.into()),
         ("RUNED_URL", runed.url()),
         ("ROUTD_LISTEN", "127.0.0.1:0".into()),
+        ("ANTHROPIC_API_KEY", "sk-bench".into()),
+        ("ROUTD_ANTHROPIC_URL", stub.clone()),
+        ("ROUTD_LLM_DAILY_TOKENS", "1000000000".into()),
     ]))
     .expect("routd config");
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -141,7 +152,7 @@ async fn bench() {
     assert_eq!(s, 201);
     // The turn is live once runed runs it; its socket is bound before.
     let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let turn = loop {
         let v: Value = http
             .get(format!("{base}/v1/turns?folder=bench&state=running"))
             .bearer_auth(&operator)
@@ -151,12 +162,12 @@ async fn bench() {
             .json()
             .await
             .expect("json");
-        if v["turns"].as_array().is_some_and(|t| !t.is_empty()) {
-            break;
+        if let Some(t) = v["turns"].as_array().and_then(|t| t.first()) {
+            break t.clone();
         }
         assert!(Instant::now() < deadline, "the turn never ran");
         tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    };
     let sock = data.join("folders/bench/ipc/mcp.sock");
     let (r, w) = UnixStream::connect(&sock)
         .await
@@ -223,6 +234,7 @@ async fn bench() {
             p99.as_secs_f64() * 1000.0
         );
     }
+    gateway(&client, &turn, &data, &stub).await;
     let _ = http
         .post(format!("{base}/v1/messages"))
         .bearer_auth(&channel)
@@ -240,4 +252,141 @@ async fn bench() {
         runed.shutdown().await;
     }
     let _ = authd.shutdown().await;
+}
+
+/// A provider that answers every `POST /v1/messages` with a short event stream, the first
+/// event written at once.
+async fn stub_provider() -> String {
+    const EVENTS: &str = concat!(
+        "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":10,\"output_tokens\":1}}}\n\n",
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"hi\"}}\n\n",
+        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
+        "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":2}}\n\n",
+        "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    );
+    let app = axum::Router::new().route(
+        "/v1/messages",
+        axum::routing::post(|_body: axum::body::Bytes| async {
+            axum::response::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(axum::body::Body::from(EVENTS))
+                .expect("response")
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    tokio::spawn(async move { axum::serve(l, app).await });
+    url
+}
+
+/// Time to the first byte and to the end of a streaming call, on a connection of its own
+/// (as the agent's client makes one per call).
+async fn timed(
+    http: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+    body: &Value,
+) -> (Duration, Duration) {
+    let t = Instant::now();
+    let mut req = http.post(url).json(body);
+    if let Some(tok) = token {
+        req = req.header("x-api-key", tok);
+    }
+    let mut resp = req.send().await.expect("send");
+    assert_eq!(resp.status(), 200);
+    let first = resp.chunk().await.expect("chunk").expect("a first piece");
+    let ttfb = t.elapsed();
+    assert!(!first.is_empty());
+    while resp.chunk().await.expect("chunk").is_some() {}
+    (ttfb, t.elapsed())
+}
+
+async fn gateway(client: &AuthdClient, turn: &Value, data: &std::path::Path, stub: &str) {
+    let streams: usize = std::env::var("BENCH_STREAMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(500);
+    let runed_token = client
+        .service_token("runed", RUNED_KEY)
+        .await
+        .expect("runed token")
+        .token;
+    let spawn = client
+        .mint(
+            &runed_token,
+            &hako_shared::auth::wire::MintRequest {
+                scope: vec!["llm:call".into()],
+                folder: Some("bench".into()),
+                ttl_seconds: Some(3600),
+                run_id: turn["run_id"].as_str().map(str::to_owned),
+                turn_id: turn["turn_id"].as_str().map(|t| format!("{t}.1")),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("spawn token")
+        .token;
+    let sock = data.join("folders/bench/ipc/api.sock");
+    // A new connection per call on both sides, as the agent makes them.
+    let via_gateway = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .unix_socket(sock)
+        .build()
+        .expect("client");
+    let direct = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client");
+    let body = json!({"model": "m", "max_tokens": 10, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let gw_url = "http://gateway/v1/messages";
+    let stub_url = format!("{stub}/v1/messages");
+    for _ in 0..20 {
+        timed(&via_gateway, gw_url, Some(&spawn), &body).await;
+        timed(&direct, &stub_url, None, &body).await;
+    }
+    let (mut g_first, mut g_all, mut d_first, mut d_all) = (vec![], vec![], vec![], vec![]);
+    for _ in 0..streams {
+        let (f, a) = timed(&via_gateway, gw_url, Some(&spawn), &body).await;
+        g_first.push(f);
+        g_all.push(a);
+        let (f, a) = timed(&direct, &stub_url, None, &body).await;
+        d_first.push(f);
+        d_all.push(a);
+    }
+    for v in [&mut g_first, &mut g_all, &mut d_first, &mut d_all] {
+        v.sort();
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!("LLM gateway, {streams} streaming calls each way, interleaved:");
+    println!(
+        "  first byte  straight to the stub p50 {:>7.3} ms  p99 {:>7.3} ms",
+        ms(pct(&d_first, 0.5)),
+        ms(pct(&d_first, 0.99))
+    );
+    println!(
+        "  first byte  through the gateway  p50 {:>7.3} ms  p99 {:>7.3} ms",
+        ms(pct(&g_first, 0.5)),
+        ms(pct(&g_first, 0.99))
+    );
+    println!(
+        "  whole answer: straight p50 {:.3} ms, through the gateway p50 {:.3} ms",
+        ms(pct(&d_all, 0.5)),
+        ms(pct(&g_all, 0.5))
+    );
+    let added = pct(&g_first, 0.5).saturating_sub(pct(&d_first, 0.5));
+    println!(
+        "  added by the gateway at p50: {:.3} ms (target <= 2 ms: {})",
+        ms(added),
+        if added <= Duration::from_millis(2) {
+            "PASS"
+        } else {
+            "FAIL"
+        }
+    );
 }

@@ -1,0 +1,603 @@
+//! The LLM gateway of a turn: HTTP on the folder's `ipc/api.sock` (the agent's
+//! `/var/run/pub/arizuko/api.sock`), served while the turn is live, beside its `mcp.sock`.
+//!
+//! The agent authenticates with its run's spawn token (`x-api-key` or `Authorization:
+//! Bearer`); the gateway checks it (signature, expiry, revocation, `llm:call`, this folder and
+//! this turn), checks the group's daily token budget, swaps the token for the provider's real
+//! key and forwards the call: Anthropic Messages (`POST /v1/messages`,
+//! `/v1/messages/count_tokens`) or OpenAI-compatible chat completions
+//! (`POST /v1/chat/completions`). The answer passes through as it arrives, a stream event by
+//! event, while [`usage::Meter`] reads the tokens it reports; they are recorded per turn and
+//! per group when the answer ends (or is cut). The real key never reaches the container.
+
+pub mod usage;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_util::StreamExt as _;
+use hako_shared::GroupFolder;
+use hako_shared::auth::{AuthError, TokenType, scopes};
+use hako_shared::db::DbError;
+use hako_shared::http::ApiError;
+use hako_shared::runs::{GroupSpec, LlmApi};
+use serde_json::Value;
+
+use crate::Shared;
+use crate::store::UsageRow;
+use crate::turns::routd_turn;
+use usage::{Meter, Usage};
+
+/// The longest model name recorded with usage.
+const MAX_MODEL: usize = 128;
+/// How much of a provider's 5xx body is quoted in the 502.
+const MAX_ERROR_DETAIL: usize = 2048;
+
+/// Request headers passed on to the provider (the agent's credentials never are).
+const PASS_REQUEST: &[&str] = &[
+    "anthropic-version",
+    "anthropic-beta",
+    "openai-beta",
+    "accept",
+];
+/// Answer headers passed back to the agent.
+const PASS_RESPONSE: &[&str] = &[
+    "content-type",
+    "retry-after",
+    "request-id",
+    "x-request-id",
+    "anthropic-organization-id",
+];
+/// Answer header prefixes passed back (rate limit state the agent's SDK reads).
+const PASS_RESPONSE_PREFIX: &[&str] = &["anthropic-ratelimit-", "x-ratelimit-"];
+/// The Anthropic API version sent when the agent names none.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// One turn's gateway: the folder and turn its socket serves.
+pub(crate) struct GatewayTurn {
+    pub sh: Arc<Shared>,
+    pub folder: GroupFolder,
+    pub turn_id: String,
+}
+
+/// Why the gateway did not forward a call (the provider's own 4xx answers pass through).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum GatewayError {
+    /// No token, a bad, expired or revoked one, or one of another turn.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
+    /// A valid token, but not this turn's spawn token.
+    #[error("{0}")]
+    WrongTurn(String),
+    /// No key for the provider.
+    #[error(
+        "routd has no key for {0}: the operator sets {key} (or {key}_FILE)",
+        key = key_var(*.0)
+    )]
+    NotConfigured(LlmApi),
+    /// The group's tokens for today are spent.
+    #[error(
+        "group {folder} has used {used} of its {budget} tokens for today (UTC); the budget resets at 00:00 UTC"
+    )]
+    Budget {
+        /// The group.
+        folder: String,
+        /// Tokens used today.
+        used: u64,
+        /// The daily budget.
+        budget: u64,
+    },
+    /// The body is not a JSON object.
+    #[error("the body must be a JSON object: {0}")]
+    InvalidJson(String),
+    /// The provider did not answer.
+    #[error("{api} did not answer: {detail}")]
+    Unreachable {
+        /// The provider.
+        api: &'static str,
+        /// Why.
+        detail: String,
+    },
+    /// The provider answered with a server error.
+    #[error("{api} answered {status}: {detail}")]
+    Provider {
+        /// The provider.
+        api: &'static str,
+        /// Its status.
+        status: u16,
+        /// The start of its answer.
+        detail: String,
+    },
+    /// routd's database.
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+fn key_var(api: LlmApi) -> &'static str {
+    match api {
+        LlmApi::Anthropic => "ANTHROPIC_API_KEY",
+        LlmApi::Openai => "OPENAI_API_KEY",
+    }
+}
+
+impl GatewayError {
+    /// The label of `routd_llm_requests_total{result}`.
+    fn result(&self) -> &'static str {
+        match self {
+            GatewayError::Auth(_) | GatewayError::WrongTurn(_) => "unauthorized",
+            GatewayError::NotConfigured(_) => "not_configured",
+            GatewayError::Budget { .. } => "budget_exhausted",
+            GatewayError::InvalidJson(_) => "invalid",
+            GatewayError::Unreachable { .. } => "unreachable",
+            GatewayError::Provider { .. } => "provider_error",
+            GatewayError::Db(_) => "internal",
+        }
+    }
+}
+
+impl From<GatewayError> for ApiError {
+    fn from(e: GatewayError) -> Self {
+        let msg = e.to_string();
+        let (status, code) = match e {
+            GatewayError::Auth(a) => return ApiError::from(a),
+            GatewayError::Db(d) => return ApiError::from(d),
+            GatewayError::WrongTurn(_) => (StatusCode::UNAUTHORIZED, "wrong_turn"),
+            GatewayError::NotConfigured(_) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "provider_not_configured")
+            }
+            GatewayError::Budget { .. } => (StatusCode::TOO_MANY_REQUESTS, "budget_exhausted"),
+            GatewayError::InvalidJson(_) => (StatusCode::BAD_REQUEST, "invalid_json"),
+            GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "provider_unreachable"),
+            GatewayError::Provider { .. } => (StatusCode::BAD_GATEWAY, "provider_error"),
+        };
+        ApiError::new(status, code, msg)
+    }
+}
+
+impl IntoResponse for GatewayError {
+    fn into_response(self) -> Response {
+        let provider_status = match &self {
+            GatewayError::Provider { status, .. } => Some(*status),
+            _ => None,
+        };
+        let mut r = ApiError::from(self).into_response();
+        if let Some(s) = provider_status {
+            r.headers_mut()
+                .insert("x-hako-provider-status", HeaderValue::from(s));
+        }
+        r
+    }
+}
+
+/// The gateway's routes for one turn.
+pub(crate) fn router(turn: Arc<GatewayTurn>) -> Router {
+    let body_limit = turn.sh.cfg.llm.body_limit;
+    let r = Router::new()
+        .route(
+            "/v1/messages",
+            post(|s, h, b| call(s, h, b, LlmApi::Anthropic, "/v1/messages")),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            post(|s, h, b| call(s, h, b, LlmApi::Anthropic, "/v1/messages/count_tokens")),
+        )
+        .route(
+            "/v1/chat/completions",
+            post(|s, h, b| call(s, h, b, LlmApi::Openai, "/v1/chat/completions")),
+        )
+        .route("/health", get(|| async { "ok\n" }))
+        .with_state(turn);
+    hako_shared::http::traced(hako_shared::http::guard(r, body_limit))
+}
+
+/// The UTC day of a Unix time in ms: `2026-11-26`.
+pub(crate) fn utc_day(ms: i64) -> String {
+    hako_shared::time::rfc3339(hako_shared::time::from_unix_millis(ms))[..10].to_owned()
+}
+
+async fn call(
+    State(t): State<Arc<GatewayTurn>>,
+    headers: HeaderMap,
+    body: Bytes,
+    api: LlmApi,
+    path: &'static str,
+) -> Response {
+    match forward(&t, &headers, body, api, path).await {
+        Ok(r) => r,
+        Err(e) => {
+            t.sh.metrics.llm_request(api.as_str(), e.result());
+            if matches!(
+                e,
+                GatewayError::Budget { .. } | GatewayError::Provider { .. }
+            ) {
+                tracing::warn!(folder = %t.folder, turn = %t.turn_id, error = %e, "LLM call refused");
+            }
+            e.into_response()
+        }
+    }
+}
+
+/// The spawn token of a request: `x-api-key` (Anthropic's SDKs) or `Authorization: Bearer`.
+fn token(headers: &HeaderMap) -> Result<&str, AuthError> {
+    if let Some(v) = headers.get("x-api-key") {
+        let t = v
+            .to_str()
+            .map_err(|_| AuthError::BadHeader("x-api-key is not ASCII"))?
+            .trim();
+        if t.is_empty() {
+            return Err(AuthError::BadHeader("empty x-api-key"));
+        }
+        return Ok(t);
+    }
+    hako_shared::auth::bearer(headers)
+}
+
+impl GatewayTurn {
+    /// Only this turn's spawn token passes (any token in open dev mode).
+    async fn authenticate(&self, headers: &HeaderMap) -> Result<(), GatewayError> {
+        let verifier = &self.sh.verifier;
+        if verifier.is_open() {
+            return Ok(());
+        }
+        let c = verifier.verify(token(headers)?).await?;
+        if c.typ != TokenType::Spawn || !c.has_scope(scopes::LLM_CALL) {
+            return Err(GatewayError::WrongTurn(
+                "only the run's spawn token (with llm:call) may use the gateway".into(),
+            ));
+        }
+        if c.folder.as_deref() != Some(self.folder.as_str())
+            || c.turn_id.as_deref().map(routd_turn) != Some(self.turn_id.as_str())
+        {
+            return Err(GatewayError::WrongTurn(
+                "the token belongs to another folder or turn than this socket's".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The group's daily budget: its `llm.daily_tokens`, else the install's.
+    async fn budget(&self) -> Result<u64, GatewayError> {
+        let default = self.sh.cfg.llm.daily_tokens;
+        let Some(g) = self.sh.store.group(self.folder.as_str()).await? else {
+            return Ok(default);
+        };
+        let spec: GroupSpec = serde_json::from_str(&g.spec).unwrap_or_default();
+        Ok(spec.llm.and_then(|l| l.daily_tokens).unwrap_or(default))
+    }
+}
+
+async fn forward(
+    t: &Arc<GatewayTurn>,
+    headers: &HeaderMap,
+    body: Bytes,
+    api: LlmApi,
+    path: &'static str,
+) -> Result<Response, GatewayError> {
+    t.authenticate(headers).await?;
+    let cfg = &t.sh.cfg.llm;
+    let provider = cfg.provider(api).ok_or(GatewayError::NotConfigured(api))?;
+    let day = utc_day(crate::now_ms());
+    let budget = t.budget().await?;
+    let used = t.sh.store.llm_used(t.folder.as_str(), &day).await?;
+    if used >= budget {
+        return Err(GatewayError::Budget {
+            folder: t.folder.to_string(),
+            used,
+            budget,
+        });
+    }
+
+    let mut v: Value =
+        serde_json::from_slice(&body).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
+    let obj = v
+        .as_object_mut()
+        .ok_or_else(|| GatewayError::InvalidJson("it is not an object".into()))?;
+    let model: String = obj
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .chars()
+        .take(MAX_MODEL)
+        .collect();
+    let streaming = obj.get("stream").and_then(Value::as_bool) == Some(true);
+    // An OpenAI stream reports usage only when asked: always ask, so the budget holds.
+    let body = if api == LlmApi::Openai && streaming {
+        let opts = obj
+            .entry("stream_options")
+            .or_insert_with(|| Value::Object(Default::default()));
+        if let Some(o) = opts.as_object_mut() {
+            o.insert("include_usage".into(), Value::Bool(true));
+        }
+        Bytes::from(serde_json::to_vec(&v).map_err(|e| GatewayError::InvalidJson(e.to_string()))?)
+    } else {
+        body
+    };
+
+    let mut req =
+        t.sh.llm_http
+            .post(format!("{}{path}", provider.base_url))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body);
+    for name in PASS_REQUEST {
+        if let Some(v) = headers.get(*name) {
+            req = req.header(*name, v);
+        }
+    }
+    req = match api {
+        LlmApi::Anthropic => {
+            if !headers.contains_key("anthropic-version") {
+                req = req.header("anthropic-version", ANTHROPIC_VERSION);
+            }
+            req.header("x-api-key", provider.key.expose())
+        }
+        LlmApi::Openai => req.bearer_auth(provider.key.expose()),
+    };
+    let unreachable = |detail: String| GatewayError::Unreachable {
+        api: api.as_str(),
+        detail,
+    };
+    let resp = match tokio::time::timeout(cfg.timeout, req.send()).await {
+        Err(_) => {
+            return Err(unreachable(format!(
+                "no answer within {:?} (ROUTD_LLM_TIMEOUT)",
+                cfg.timeout
+            )));
+        }
+        // reqwest's error text names the URL, never the headers (the key).
+        Ok(Err(e)) => return Err(unreachable(error_chain(&e))),
+        Ok(Ok(r)) => r,
+    };
+    let status = resp.status();
+    if status.is_server_error() {
+        let detail = error_detail(resp, cfg.idle_timeout).await;
+        return Err(GatewayError::Provider {
+            api: api.as_str(),
+            status: status.as_u16(),
+            detail,
+        });
+    }
+
+    let is_stream = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    let mut out = Response::builder().status(status.as_u16());
+    for (name, value) in resp.headers() {
+        let n = name.as_str();
+        if PASS_RESPONSE.contains(&n) || PASS_RESPONSE_PREFIX.iter().any(|p| n.starts_with(p)) {
+            out = out.header(name.as_str(), value.as_bytes());
+        }
+    }
+    if is_stream {
+        // No proxy in between may buffer the events.
+        out = out.header(
+            HeaderName::from_static("x-accel-buffering"),
+            HeaderValue::from_static("no"),
+        );
+    }
+    t.sh.metrics.llm_request(
+        api.as_str(),
+        if status.is_success() {
+            "ok"
+        } else {
+            "client_error"
+        },
+    );
+    let record = Record {
+        turn: t.clone(),
+        api,
+        model,
+        day,
+        meter: Meter::new(api, is_stream),
+    };
+    let body = metered(resp, record, cfg.max_response, cfg.idle_timeout);
+    out.body(body)
+        .map_err(|e| unreachable(format!("unusable answer headers: {e}")))
+}
+
+/// The error and its causes, one line.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+/// The start of a failed answer, for the 502's message.
+async fn error_detail(resp: reqwest::Response, wait: Duration) -> String {
+    let mut body = Vec::new();
+    let mut stream = resp.bytes_stream();
+    let read = async {
+        while let Some(Ok(b)) = stream.next().await {
+            body.extend_from_slice(&b);
+            if body.len() >= MAX_ERROR_DETAIL {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(wait.min(Duration::from_secs(10)), read).await;
+    body.truncate(MAX_ERROR_DETAIL);
+    let text = String::from_utf8_lossy(&body);
+    let text = text.trim();
+    if text.is_empty() {
+        "(no body)".into()
+    } else {
+        text.chars().filter(|c| !c.is_control()).collect()
+    }
+}
+
+/// What an answer used, recorded when its body is done with (read to the end, cut, or
+/// dropped because the agent went away).
+struct Record {
+    turn: Arc<GatewayTurn>,
+    api: LlmApi,
+    model: String,
+    day: String,
+    meter: Meter,
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        let Usage { input, output } = self.meter.finish();
+        let sh = self.turn.sh.clone();
+        sh.metrics.llm_tokens(self.api.as_str(), input, output);
+        let row = UsageRow {
+            folder: self.turn.folder.to_string(),
+            day: std::mem::take(&mut self.day),
+            turn_id: self.turn.turn_id.clone(),
+            api: self.api.as_str().to_owned(),
+            model: std::mem::take(&mut self.model),
+            calls: 1,
+            input_tokens: input,
+            output_tokens: output,
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::error!(folder = %row.folder, "LLM usage lost: no runtime at the end of an answer");
+            return;
+        };
+        rt.spawn(async move {
+            if let Err(e) = sh.store.add_llm_usage(row).await {
+                tracing::error!(error = %e, "recording LLM usage failed");
+            }
+        });
+    }
+}
+
+/// Why an answer was cut.
+#[derive(Debug, thiserror::Error)]
+enum Cut {
+    #[error("the provider sent nothing for {0:?} (ROUTD_LLM_IDLE_TIMEOUT)")]
+    Idle(Duration),
+    #[error("the answer passed {0} bytes (ROUTD_LLM_MAX_RESPONSE)")]
+    TooLarge(u64),
+    #[error("the provider's answer broke off: {0}")]
+    Upstream(String),
+}
+
+/// The answer's body, passed through chunk by chunk, metered, bounded in size and silence.
+/// A cut ends the body with an error, so the agent sees a broken answer, never a short one
+/// that looks whole.
+fn metered(resp: reqwest::Response, record: Record, max: u64, idle: Duration) -> Body {
+    struct St {
+        inner: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
+        record: Record,
+        seen: u64,
+        done: bool,
+    }
+    let st = St {
+        inner: resp.bytes_stream().boxed(),
+        record,
+        seen: 0,
+        done: false,
+    };
+    let stream = futures_util::stream::unfold(st, move |mut st| async move {
+        if st.done {
+            return None;
+        }
+        let cut = match tokio::time::timeout(idle, st.inner.next()).await {
+            Err(_) => Cut::Idle(idle),
+            Ok(None) => return None,
+            Ok(Some(Err(e))) => Cut::Upstream(error_chain(&e)),
+            Ok(Some(Ok(b))) => {
+                st.seen += b.len() as u64;
+                if st.seen <= max {
+                    st.record.meter.feed(&b);
+                    return Some((Ok(b), st));
+                }
+                Cut::TooLarge(max)
+            }
+        };
+        tracing::warn!(folder = %st.record.turn.folder, turn = %st.record.turn.turn_id, "LLM answer cut: {cut}");
+        st.done = true;
+        Some((Err(std::io::Error::other(cut.to_string())), st))
+    });
+    Body::from_stream(stream)
+}
+
+/// The turn whose sockets are open, as the gateway needs it.
+pub(crate) fn turn(sh: &Arc<Shared>, folder: &GroupFolder, turn_id: &str) -> Arc<GatewayTurn> {
+    Arc::new(GatewayTurn {
+        sh: sh.clone(),
+        folder: folder.clone(),
+        turn_id: turn_id.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn days_are_utc_dates() {
+        assert_eq!(utc_day(0), "1970-01-01");
+        assert_eq!(utc_day(1_795_651_199_999), "2026-11-25");
+        assert_eq!(utc_day(1_795_651_200_000), "2026-11-26");
+    }
+
+    #[test]
+    fn the_token_comes_from_either_header() {
+        let mut h = HeaderMap::new();
+        assert!(matches!(token(&h), Err(AuthError::Missing)));
+        h.insert("authorization", HeaderValue::from_static("Bearer abc"));
+        assert_eq!(token(&h).unwrap(), "abc");
+        h.insert("x-api-key", HeaderValue::from_static(" k "));
+        assert_eq!(token(&h).unwrap(), "k");
+        h.insert("x-api-key", HeaderValue::from_static(""));
+        assert!(token(&h).is_err());
+    }
+
+    #[test]
+    fn refusals_are_envelopes_with_their_codes() {
+        for (e, status, code) in [
+            (
+                GatewayError::NotConfigured(LlmApi::Openai),
+                503,
+                "provider_not_configured",
+            ),
+            (
+                GatewayError::Budget {
+                    folder: "a".into(),
+                    used: 10,
+                    budget: 5,
+                },
+                429,
+                "budget_exhausted",
+            ),
+            (
+                GatewayError::Provider {
+                    api: "anthropic",
+                    status: 529,
+                    detail: "overloaded".into(),
+                },
+                502,
+                "provider_error",
+            ),
+            (GatewayError::WrongTurn("x".into()), 401, "wrong_turn"),
+            (GatewayError::Auth(AuthError::Expired), 401, "token_expired"),
+        ] {
+            let msg = e.to_string();
+            let api = ApiError::from(e);
+            assert_eq!(
+                (api.status.as_u16(), &*api.body.error),
+                (status, code),
+                "{msg}"
+            );
+        }
+        assert!(
+            GatewayError::NotConfigured(LlmApi::Openai)
+                .to_string()
+                .contains("OPENAI_API_KEY")
+        );
+    }
+}

@@ -1,0 +1,266 @@
+//! Tokens a provider's answer reports, read as the answer passes through the gateway: from the
+//! JSON body of a plain answer, or from the events of a stream as they go by (the stream is
+//! never held back for it).
+//!
+//! - Anthropic Messages: `usage` of the body; in a stream, `message_start`'s
+//!   `message.usage` and each `message_delta`'s `usage` (cumulative counts: the latest wins).
+//!   Input counts the cache reads and writes too: they are billed input.
+//! - OpenAI chat completions: `usage.prompt_tokens` / `usage.completion_tokens` of the body,
+//!   or of the stream's last chunk (the gateway asks for it with `stream_options`).
+
+use hako_shared::runs::LlmApi;
+use serde_json::Value;
+
+/// The longest SSE line (or plain body) read for usage; longer ones pass through unread.
+const MAX_SCAN: usize = 8 << 20;
+
+/// Tokens of one answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Input (prompt) tokens, cache reads and writes included.
+    pub input: u64,
+    /// Output (completion) tokens.
+    pub output: u64,
+}
+
+impl Usage {
+    /// Input and output together: what the budget counts.
+    #[cfg(test)]
+    pub fn total(&self) -> u64 {
+        self.input.saturating_add(self.output)
+    }
+}
+
+/// Reads usage from an answer fed to it in chunks, as they pass.
+#[derive(Debug)]
+pub struct Meter {
+    api: LlmApi,
+    stream: bool,
+    /// The current line of a stream, or the whole of a plain body.
+    buf: Vec<u8>,
+    /// The line (or body) outgrew [`MAX_SCAN`]: skipped to its end.
+    skipping: bool,
+    usage: Usage,
+}
+
+fn count(v: &Value, key: &str) -> u64 {
+    v.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+impl Meter {
+    /// A meter for an answer in `api`'s format; `stream` when it is `text/event-stream`.
+    pub fn new(api: LlmApi, stream: bool) -> Self {
+        Self {
+            api,
+            stream,
+            buf: Vec::new(),
+            skipping: false,
+            usage: Usage::default(),
+        }
+    }
+
+    /// Reads the next piece of the answer.
+    pub fn feed(&mut self, mut chunk: &[u8]) {
+        if !self.stream {
+            if !self.skipping {
+                if self.buf.len() + chunk.len() > MAX_SCAN {
+                    self.skipping = true;
+                    self.buf = Vec::new();
+                } else {
+                    self.buf.extend_from_slice(chunk);
+                }
+            }
+            return;
+        }
+        while let Some(nl) = memchr::memchr(b'\n', chunk) {
+            let (line, rest) = chunk.split_at(nl);
+            if !self.skipping {
+                if self.buf.is_empty() {
+                    self.line(line);
+                } else {
+                    let mut whole = std::mem::take(&mut self.buf);
+                    whole.extend_from_slice(line);
+                    self.line(&whole);
+                }
+            }
+            self.skipping = false;
+            self.buf.clear();
+            chunk = &rest[1..];
+        }
+        if !self.skipping {
+            if self.buf.len() + chunk.len() > MAX_SCAN {
+                self.skipping = true;
+                self.buf = Vec::new();
+            } else {
+                self.buf.extend_from_slice(chunk);
+            }
+        }
+    }
+
+    /// The usage read so far (a stream cut short reports what it had).
+    pub fn finish(&mut self) -> Usage {
+        if !self.stream && !self.skipping && !self.buf.is_empty() {
+            if let Ok(v) = serde_json::from_slice::<Value>(&self.buf) {
+                self.body(&v);
+            }
+            self.buf.clear();
+        }
+        self.usage
+    }
+
+    fn line(&mut self, line: &[u8]) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        // Cheap test first: most events carry no usage.
+        if memchr::memmem::find(data, b"usage").is_none() {
+            return;
+        }
+        let Ok(v) = serde_json::from_slice::<Value>(data.trim_ascii_start()) else {
+            return;
+        };
+        match self.api {
+            LlmApi::Anthropic => match v.get("type").and_then(Value::as_str) {
+                Some("message_start") => {
+                    if let Some(u) = v.get("message").and_then(|m| m.get("usage")) {
+                        self.anthropic(u);
+                    }
+                }
+                Some("message_delta") => {
+                    if let Some(u) = v.get("usage") {
+                        self.anthropic(u);
+                    }
+                }
+                _ => {}
+            },
+            LlmApi::Openai => self.body(&v),
+        }
+    }
+
+    fn body(&mut self, v: &Value) {
+        let Some(u) = v.get("usage").filter(|u| u.is_object()) else {
+            return;
+        };
+        match self.api {
+            LlmApi::Anthropic => self.anthropic(u),
+            LlmApi::Openai => {
+                self.usage.input = self.usage.input.max(count(u, "prompt_tokens"));
+                self.usage.output = self.usage.output.max(count(u, "completion_tokens"));
+            }
+        }
+    }
+
+    /// Anthropic's counts are cumulative within a message: the largest seen is the count.
+    fn anthropic(&mut self, u: &Value) {
+        let input = count(u, "input_tokens")
+            .saturating_add(count(u, "cache_creation_input_tokens"))
+            .saturating_add(count(u, "cache_read_input_tokens"));
+        self.usage.input = self.usage.input.max(input);
+        self.usage.output = self.usage.output.max(count(u, "output_tokens"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ANTHROPIC_STREAM: &str = concat!(
+        "event: message_start\n",
+        "data: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"usage\":{\"input_tokens\":25,\"cache_read_input_tokens\":5,\"output_tokens\":1}}}\n\n",
+        "event: content_block_delta\n",
+        "data: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"the word usage in text\"}}\n\n",
+        "event: message_delta\r\n",
+        "data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":15}}\r\n\r\n",
+        "event: message_stop\n",
+        "data: {\"type\":\"message_stop\"}\n\n",
+    );
+
+    fn fed_in_pieces(api: LlmApi, stream: bool, text: &str, piece: usize) -> Usage {
+        let mut m = Meter::new(api, stream);
+        for c in text.as_bytes().chunks(piece) {
+            m.feed(c);
+        }
+        m.finish()
+    }
+
+    #[test]
+    fn anthropic_stream_usage_whatever_the_chunking() {
+        for piece in [1, 2, 3, 7, 64, 4096] {
+            assert_eq!(
+                fed_in_pieces(LlmApi::Anthropic, true, ANTHROPIC_STREAM, piece),
+                Usage {
+                    input: 30,
+                    output: 15
+                },
+                "chunks of {piece}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_stream_cut_short_reports_what_it_saw() {
+        let cut = &ANTHROPIC_STREAM[..ANTHROPIC_STREAM.find("event: message_delta").unwrap()];
+        assert_eq!(
+            fed_in_pieces(LlmApi::Anthropic, true, cut, 5),
+            Usage {
+                input: 30,
+                output: 1
+            }
+        );
+    }
+
+    #[test]
+    fn plain_bodies() {
+        let a = r#"{"id":"m","content":[],"usage":{"input_tokens":12,"output_tokens":34}}"#;
+        assert_eq!(
+            fed_in_pieces(LlmApi::Anthropic, false, a, 5),
+            Usage {
+                input: 12,
+                output: 34
+            }
+        );
+        let o =
+            r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16}}"#;
+        assert_eq!(
+            fed_in_pieces(LlmApi::Openai, false, o, 3),
+            Usage {
+                input: 7,
+                output: 9
+            }
+        );
+        assert_eq!(
+            fed_in_pieces(LlmApi::Openai, false, "not json", 3),
+            Usage::default()
+        );
+    }
+
+    #[test]
+    fn openai_stream_reads_the_usage_chunk() {
+        let s = concat!(
+            "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}],\"usage\":null}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":2}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        assert_eq!(
+            fed_in_pieces(LlmApi::Openai, true, s, 4),
+            Usage {
+                input: 3,
+                output: 2
+            }
+        );
+    }
+
+    #[test]
+    fn an_endless_line_is_skipped_without_growing() {
+        let mut m = Meter::new(LlmApi::Anthropic, true);
+        let junk = vec![b'x'; 1 << 20];
+        for _ in 0..20 {
+            m.feed(&junk);
+        }
+        assert!(m.buf.capacity() <= MAX_SCAN + (1 << 20));
+        m.feed(b"\n");
+        m.feed(ANTHROPIC_STREAM.as_bytes());
+        assert_eq!(m.finish().total(), 45);
+    }
+}

@@ -1,0 +1,525 @@
+//! The rig of routd's end-to-end tests: a real authd, runed and routd (in-process on loopback
+//! ports, or the `routd` binary where a test kills it) sharing one data directory, real
+//! `hako-agent` containers, and helpers that read what a chat sees.
+
+#![allow(dead_code)] // each test file uses its own part of the rig
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hako_shared::auth::AuthdClient;
+use hako_shared::auth::wire::MintRequest;
+use hako_shared::chat::MessageView;
+use hako_shared::config::Env;
+use hako_shared::testing::ApiClient;
+use serde_json::{Value, json};
+
+pub const RUNED_KEY: &str = "runed-test-key-0123456789";
+pub const ROUTD_KEY: &str = "routd-test-key-0123456789";
+pub const OPERATOR_KEY: &str = "operator-test-key-0123456789";
+pub const CHANNEL_KEY: &str = "channel-test-key-0123456789";
+pub const LIMIT: Duration = Duration::from_secs(120);
+
+pub struct Rig {
+    pub dir: tempfile::TempDir,
+    pub authd: Option<hako_authd::Running>,
+    pub runed: Option<hako_runed::Running>,
+    pub runed_addr: Option<std::net::SocketAddr>,
+    pub routd: Option<hako_routd::Running>,
+    /// The `routd` binary (tests that kill it), and its base URL.
+    pub child: Option<(std::process::Child, String)>,
+    pub routd_port: u16,
+    pub runed_env: Vec<(String, String)>,
+    pub routd_env: Vec<(String, String)>,
+    pub operator: String,
+    pub channel: String,
+}
+
+impl Rig {
+    pub async fn new(runed_env: &[(&str, &str)], routd_env: &[(&str, &str)]) -> Rig {
+        let image = hako_deploy::ensure_agent_image()
+            .await
+            .expect("agent image");
+        let dir = tempfile::tempdir().unwrap();
+        let acfg = hako_authd::Config::from_env(&Env::from_pairs([
+            ("DATA_DIR", dir.path().join("authd").display().to_string()),
+            (
+                "AUTHD_SERVICE_KEYS",
+                format!(
+                    "runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY},channel={CHANNEL_KEY}"
+                ),
+            ),
+            ("AUTHD_CLOCK_SKEW", "1s".into()),
+        ]))
+        .unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let authd = hako_authd::start(acfg, l).await.unwrap();
+        let client = AuthdClient::new(&authd.url()).unwrap();
+        let operator = client
+            .service_token("operator", OPERATOR_KEY)
+            .await
+            .unwrap()
+            .token;
+        let channel = client
+            .service_token("channel", CHANNEL_KEY)
+            .await
+            .unwrap()
+            .token;
+        let own = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
+        };
+        let mut runed_env = own(runed_env);
+        runed_env.push(("CONTAINER_IMAGE".into(), image));
+        let routd_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut rig = Rig {
+            dir,
+            authd: Some(authd),
+            runed: None,
+            runed_addr: None,
+            routd: None,
+            child: None,
+            routd_port,
+            runed_env,
+            routd_env: own(routd_env),
+            operator,
+            channel,
+        };
+        rig.start_runed().await;
+        rig.start_routd().await;
+        rig
+    }
+
+    /// The data directory runed and routd share.
+    pub fn data(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
+    pub fn authd_url(&self) -> String {
+        self.authd.as_ref().unwrap().url()
+    }
+
+    pub fn runed_url(&self) -> String {
+        format!("http://{}", self.runed_addr.unwrap())
+    }
+
+    pub async fn start_runed(&mut self) {
+        let mut pairs: Vec<(String, String)> = vec![
+            ("DATA_DIR".into(), self.data().display().to_string()),
+            ("AUTHD_URL".into(), self.authd_url()),
+            ("AUTHD_SERVICE_KEY".into(), RUNED_KEY.into()),
+            ("AUTHD_CLOCK_SKEW".into(), "1s".into()),
+            ("AUTHD_REVOKED_POLL".into(), "1s".into()),
+            ("MAX_CONTAINERS".into(), "4".into()),
+            ("RUNED_RUN_TIMEOUT".into(), "60s".into()),
+            ("RUNED_STOP_GRACE".into(), "1s".into()),
+        ];
+        pairs.extend(self.runed_env.iter().cloned());
+        let cfg = hako_runed::Config::from_env(&Env::from_pairs(pairs)).unwrap();
+        // The same port on a restart, so routd finds runed where it was.
+        let addr = self
+            .runed_addr
+            .unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
+        let l = tokio::net::TcpListener::bind(addr).await.unwrap();
+        self.runed_addr = Some(l.local_addr().unwrap());
+        self.runed = Some(hako_runed::start(cfg, l).await.unwrap());
+    }
+
+    pub fn routd_pairs(&self) -> Vec<(String, String)> {
+        let mut pairs: Vec<(String, String)> = vec![
+            // One data directory, as in production: routd binds the turn's sockets in the
+            // folders' ipc/ directories that runed mounts.
+            ("DATA_DIR".into(), self.data().display().to_string()),
+            ("AUTHD_URL".into(), self.authd_url()),
+            ("AUTHD_SERVICE_KEY".into(), ROUTD_KEY.into()),
+            ("AUTHD_CLOCK_SKEW".into(), "1s".into()),
+            ("RUNED_URL".into(), self.runed_url()),
+            ("ROUTD_RETRY_BASE".into(), "200ms".into()),
+            ("ROUTD_WEBHOOK_RETRY_BASE".into(), "100ms".into()),
+            (
+                "ROUTD_LISTEN".into(),
+                format!("127.0.0.1:{}", self.routd_port),
+            ),
+        ];
+        pairs.extend(self.routd_env.iter().cloned());
+        pairs
+    }
+
+    pub async fn start_routd(&mut self) {
+        let cfg = hako_routd::Config::from_env(&Env::from_pairs(self.routd_pairs())).unwrap();
+        let l = tokio::net::TcpListener::bind(cfg.listen_addr)
+            .await
+            .unwrap();
+        self.routd = Some(hako_routd::start(cfg, l).await.unwrap());
+    }
+
+    /// Runs routd from its binary instead (a test that kills it with SIGKILL).
+    pub async fn spawn_routd_binary(&mut self) {
+        if let Some(r) = self.routd.take() {
+            r.shutdown().await;
+        }
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_routd"));
+        cmd.env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit());
+        for (k, v) in self.routd_pairs() {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("routd starts");
+        let base = format!("http://127.0.0.1:{}", self.routd_port);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        loop {
+            if let Ok(r) = http.get(format!("{base}/health")).send().await
+                && r.status().is_success()
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "routd did not come up");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        self.child = Some((child, base));
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.routd_port)
+    }
+
+    pub fn api(&self) -> ApiClient {
+        ApiClient::new(self.base())
+    }
+
+    pub async fn mint(&self, scope: &[&str], folder: Option<&str>, ttl: u64) -> String {
+        AuthdClient::new(&self.authd_url())
+            .unwrap()
+            .mint(
+                &self.operator,
+                &MintRequest {
+                    scope: scope.iter().map(|s| (*s).to_owned()).collect(),
+                    folder: folder.map(str::to_owned),
+                    ttl_seconds: Some(ttl),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+            .token
+    }
+
+    /// A group and a route for `chat` to it.
+    pub async fn group_for(&self, folder: &str, chat: &str) {
+        let f = folder.replace('/', "%2F");
+        let (s, v) = self
+            .api()
+            .put(
+                &self.operator,
+                &format!("/v1/groups/{f}"),
+                json!({"name": folder}),
+            )
+            .await;
+        assert!(s == 201 || s == 200, "{v}");
+        let (s, v) = self
+            .api()
+            .post(
+                &self.operator,
+                "/v1/routes",
+                json!({"pattern": chat, "folder": folder}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+
+    pub async fn say(&self, chat: &str, id: &str, text: &str) -> Value {
+        let (s, v) = self
+            .api()
+            .post(
+                &self.channel,
+                "/v1/messages",
+                json!({"id": id, "chat_jid": chat, "sender": "alice", "content": text}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        v
+    }
+
+    pub async fn history(&self, chat: &str) -> Vec<MessageView> {
+        let (s, v) = self
+            .api()
+            .get(
+                &self.operator,
+                &format!("/v1/chats/{}/messages?limit=1000", enc(chat)),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        serde_json::from_value(v["messages"].clone()).unwrap()
+    }
+
+    /// Waits until the chat's history satisfies `done`; answers it.
+    pub async fn wait_for(
+        &self,
+        chat: &str,
+        what: &str,
+        done: impl Fn(&[MessageView]) -> bool,
+    ) -> Vec<MessageView> {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let h = self.history(chat).await;
+            if done(&h) {
+                return h;
+            }
+            assert!(Instant::now() < deadline, "{what}: {h:#?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    pub async fn turn(&self, turn_id: &str) -> Value {
+        let (s, v) = self
+            .api()
+            .get(&self.operator, &format!("/v1/turns/{turn_id}"))
+            .await;
+        assert_eq!(s, 200, "{v}");
+        v
+    }
+
+    /// Posts `/sleep 60` to `web:<folder>` (a group that exists) and waits until its turn
+    /// runs: a live turn to call the sockets of.
+    pub async fn running_turn(&self, folder: &str) -> Value {
+        self.say(
+            &format!("web:{folder}"),
+            &format!("{folder}-sleep"),
+            "/sleep 60",
+        )
+        .await;
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let (_, v) = self
+                .api()
+                .get(
+                    &self.operator,
+                    &format!("/v1/turns?folder={folder}&state=running"),
+                )
+                .await;
+            if let Some(t) = v["turns"].as_array().and_then(|t| t.first()) {
+                return t.clone();
+            }
+            assert!(Instant::now() < deadline, "the long run never ran");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until `folder` has no live turn (a message sent now starts a new turn instead of
+    /// being steered into the one that just replied).
+    pub async fn wait_idle(&self, folder: &str) {
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let mut live = 0;
+            for state in ["starting", "running", "waiting"] {
+                let (_, v) = self
+                    .api()
+                    .get(
+                        &self.operator,
+                        &format!("/v1/turns?folder={folder}&state={state}"),
+                    )
+                    .await;
+                live += v["turns"].as_array().map_or(0, Vec::len);
+            }
+            if live == 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{folder} never went idle");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A spawn token as runed mints it for a run: the agent's scopes, bound to `folder`, the
+    /// run and runed's turn id (`<turn>.<try>`).
+    pub async fn spawn_token(
+        &self,
+        folder: &str,
+        turn: &str,
+        run_id: &str,
+        ttl: u64,
+    ) -> hako_shared::auth::wire::MintResponse {
+        let client = AuthdClient::new(&self.authd_url()).unwrap();
+        let runed = client
+            .service_token("runed", RUNED_KEY)
+            .await
+            .unwrap()
+            .token;
+        client
+            .mint(
+                &runed,
+                &MintRequest {
+                    scope: vec!["turns:act".into(), "llm:call".into()],
+                    folder: Some(folder.to_owned()),
+                    ttl_seconds: Some(ttl),
+                    run_id: Some(run_id.to_owned()),
+                    turn_id: Some(turn.to_owned()),
+                    ..Default::default()
+                },
+            )
+            .await
+            .unwrap()
+    }
+
+    pub async fn stop(mut self) {
+        if let Some((mut c, _)) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(r) = self.routd.take() {
+            r.shutdown().await;
+        }
+        if let Some(r) = self.runed.take() {
+            let runner = r.runner();
+            r.shutdown().await;
+            if let Some(runner) = runner {
+                let _ = runner.cleanup_orphans(&Default::default()).await;
+            }
+        }
+        if let Some(a) = self.authd.take() {
+            let _ = a.shutdown().await;
+        }
+    }
+}
+
+pub fn enc(s: &str) -> String {
+    s.replace('%', "%25").replace('/', "%2F")
+}
+
+/// The outbound replies (not notices) of a history, their texts.
+pub fn replies(h: &[MessageView]) -> Vec<String> {
+    h.iter()
+        .filter(|m| {
+            m.direction == hako_shared::chat::Direction::Out
+                && m.kind == hako_shared::chat::MessageKind::Message
+        })
+        .map(|m| m.content.clone())
+        .collect()
+}
+
+pub fn notices(h: &[MessageView]) -> Vec<String> {
+    h.iter()
+        .filter(|m| m.kind == hako_shared::chat::MessageKind::Notice)
+        .map(|m| m.content.clone())
+        .collect()
+}
+
+/// Reads server-sent events from `url` until `n` arrived (or the limit): (id, data).
+pub async fn sse(
+    url: &str,
+    token: &str,
+    last_event_id: Option<i64>,
+    n: usize,
+) -> Vec<(i64, Value)> {
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut req = http.get(url).bearer_auth(token);
+    if let Some(id) = last_event_id {
+        req = req.header("last-event-id", id.to_string());
+    }
+    let mut resp = req.send().await.unwrap();
+    assert_eq!(resp.status(), 200, "{url}");
+    let mut buf = String::new();
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + LIMIT;
+    while out.len() < n {
+        let chunk = tokio::time::timeout_at(deadline, resp.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("{n} events within the limit; got {out:?}"))
+            .unwrap()
+            .expect("the stream stays open");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let ev: String = buf.drain(..end + 2).collect();
+            let mut id = None;
+            let mut data = None;
+            for l in ev.lines() {
+                if let Some(v) = l.strip_prefix("id:") {
+                    id = v.trim().parse().ok();
+                }
+                if let Some(v) = l.strip_prefix("data:") {
+                    data = serde_json::from_str(v.trim()).ok();
+                }
+            }
+            if let (Some(id), Some(data)) = (id, data) {
+                out.push((id, data));
+            }
+        }
+    }
+    out
+}
+
+/// One request a receiver got: its headers, its body, the status it answered.
+pub type Got = (HashMap<String, String>, Vec<u8>, u16);
+
+/// A webhook receiver on loopback: records every request, fails the first `fail_first`.
+#[derive(Clone, Default)]
+pub struct Receiver {
+    pub got: Arc<Mutex<Vec<Got>>>,
+    pub fail_first: Arc<AtomicUsize>,
+}
+
+impl Receiver {
+    pub async fn start(fail_first: usize) -> (Receiver, String) {
+        let r = Receiver::default();
+        r.fail_first.store(fail_first, Ordering::SeqCst);
+        let state = r.clone();
+        let app = axum::Router::new().route(
+            "/hook",
+            axum::routing::post(
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                    let st = state.clone();
+                    async move {
+                        let h = headers
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_owned()))
+                            .collect();
+                        let fail = st
+                            .fail_first
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok();
+                        let status = if fail { 503 } else { 200 };
+                        st.got.lock().unwrap().push((h, body.to_vec(), status));
+                        axum::http::StatusCode::from_u16(status).unwrap()
+                    }
+                },
+            ),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        (r, url)
+    }
+
+    pub fn requests(&self) -> Vec<Got> {
+        self.got.lock().unwrap().clone()
+    }
+}
+
+/// Checks a webhook signature with Python's hmac (an implementation routd does not share).
+pub fn signature_ok(secret: &str, headers: &HashMap<String, String>, body: &[u8]) -> bool {
+    const SCRIPT: &str = r#"
+import hashlib, hmac, json, sys
+i = json.load(sys.stdin)
+mac = hmac.new(i["secret"].encode(), (i["ts"] + "." + i["body"]).encode(), hashlib.sha256).hexdigest()
+print(json.dumps({"ok": hmac.compare_digest("v1=" + mac, i["sig"])}))
+"#;
+    let python = hako_shared::testing::conformance_python();
+    let out = hako_shared::testing::run_python(
+        &python,
+        SCRIPT,
+        &json!({
+            "secret": secret,
+            "ts": headers.get("x-hako-timestamp").cloned().unwrap_or_default(),
+            "sig": headers.get("x-hako-signature").cloned().unwrap_or_default(),
+            "body": String::from_utf8_lossy(body),
+        }),
+    );
+    out["ok"] == true
+}

@@ -1,0 +1,705 @@
+//! The LLM gateway and hako-agent's LLM brain, end to end: a real authd, runed and routd, real
+//! `hako-agent` containers whose model is a stub provider on loopback that speaks the Anthropic
+//! Messages wire format (streaming). The stub alone holds what it checks: the real key arrives
+//! there and nowhere else; the agent's tool calls take effect in the chat; usage is recorded;
+//! a spent budget reaches the chat as an error.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use common::*;
+use hako_shared::auth::AuthdClient;
+use hako_shared::auth::wire::MintRequest;
+use serde_json::{Value, json};
+
+const REAL_KEY: &str = "sk-ant-real-provider-key-0123456789";
+
+/// One request the stub provider got: its headers and body.
+#[derive(Debug, Clone)]
+struct Seen {
+    headers: HeaderMap,
+    body: Value,
+}
+
+/// A model on loopback that speaks Anthropic Messages: scripted by what the conversation's
+/// last message is, streaming its answers as server-sent events.
+#[derive(Clone, Default)]
+struct Provider {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+/// An answer's events: text blocks, then tool calls, then the stop reason and usage.
+fn answer(texts: &[&str], tools: &[(&str, &str, Value)], input_tokens: u64) -> String {
+    let mut s = String::new();
+    let mut ev = |name: &str, data: Value| {
+        s.push_str(&format!("event: {name}\ndata: {data}\n\n"));
+    };
+    ev(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+            "role": "assistant", "content": [], "model": "stub", "stop_reason": null,
+            "usage": {"input_tokens": input_tokens, "output_tokens": 1}}}),
+    );
+    let mut index = 0;
+    for t in texts {
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index,
+                "content_block": {"type": "text", "text": ""}}),
+        );
+        // Split, as a real stream would.
+        let (a, b) = t.split_at(t.len() / 2);
+        for piece in [a, b] {
+            ev(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "text_delta", "text": piece}}),
+            );
+        }
+        ev("ping", json!({"type": "ping"}));
+        ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        );
+        index += 1;
+    }
+    for (id, name, input) in tools {
+        ev(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index,
+                "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+        );
+        let args = input.to_string();
+        let (a, b) = args.split_at(args.len() / 2);
+        for piece in [a, b] {
+            ev(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": index,
+                    "delta": {"type": "input_json_delta", "partial_json": piece}}),
+            );
+        }
+        ev(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        );
+        index += 1;
+    }
+    let stop = if tools.is_empty() {
+        "end_turn"
+    } else {
+        "tool_use"
+    };
+    ev(
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
+            "usage": {"output_tokens": 20}}),
+    );
+    ev("message_stop", json!({"type": "message_stop"}));
+    s
+}
+
+impl Provider {
+    async fn start() -> (Provider, String) {
+        let p = Provider::default();
+        let state = p.clone();
+        let app = axum::Router::new().route(
+            "/v1/messages",
+            axum::routing::post(move |headers: HeaderMap, body: axum::body::Bytes| {
+                let st = state.clone();
+                async move {
+                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    st.seen.lock().unwrap().push(Seen {
+                        headers: headers.clone(),
+                        body: body.clone(),
+                    });
+                    let sse = Provider::script(&body);
+                    if body["stream"] == true {
+                        return axum::response::Response::builder()
+                            .header("content-type", "text/event-stream")
+                            .header("request-id", "req_stub")
+                            .body(axum::body::Body::from(sse))
+                            .unwrap();
+                    }
+                    // Not streamed: the same answer as one message.
+                    let text = sse
+                        .lines()
+                        .filter_map(|l| l.strip_prefix("data: "))
+                        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+                        .filter_map(|v| v["delta"]["text"].as_str().map(str::to_owned))
+                        .collect::<String>();
+                    let m = json!({"id": "msg_1", "type": "message", "role": "assistant",
+                        "model": "stub", "content": [{"type": "text", "text": text}],
+                        "stop_reason": "end_turn", "stop_sequence": null,
+                        "usage": {"input_tokens": 50, "output_tokens": 20}});
+                    axum::response::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(axum::body::Body::from(m.to_string()))
+                        .unwrap()
+                }
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        (p, url)
+    }
+
+    /// What the model says next, from the conversation so far.
+    fn script(body: &Value) -> String {
+        let last = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned()
+            .unwrap_or(Value::Null);
+        // Content is a string or a list of blocks.
+        let first = match &last["content"] {
+            Value::String(t) => json!({"type": "text", "text": t}),
+            c => c[0].clone(),
+        };
+        match (first["type"].as_str(), first["text"].as_str()) {
+            (Some("text"), Some(t)) if t.contains("use your tools") => answer(
+                &["Let me look at the chat first."],
+                &[("tu_1", "get_history", json!({"limit": 5}))],
+                100,
+            ),
+            (Some("tool_result"), _) => {
+                // Which call this answers: the assistant's turn before it says.
+                let msgs = body["messages"].as_array().unwrap();
+                let call = &msgs[msgs.len() - 2]["content"];
+                let name = call
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|b| b["type"] == "tool_use")
+                    .map(|b| b["name"].as_str().unwrap_or("").to_owned())
+                    .unwrap_or_default();
+                if name == "get_history" {
+                    let seen_hello = first["content"]
+                        .as_str()
+                        .unwrap_or("")
+                        .contains("use your tools");
+                    answer(
+                        &[],
+                        &[(
+                            "tu_2",
+                            "send_message",
+                            json!({"text": format!("a side note (history had my prompt: {seen_hello})")}),
+                        )],
+                        120,
+                    )
+                } else {
+                    answer(&["Done, after two tools."], &[], 140)
+                }
+            }
+            (_, Some(t)) => answer(&[&format!("You said: {t}")], &[], 50),
+            _ => answer(&["?"], &[], 10),
+        }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// The text of an Anthropic event stream, its deltas put together.
+fn streamed_text(body: &str) -> String {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| v["delta"]["text"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// A group whose agent uses the model, and a route for `chat`.
+async fn llm_group(rig: &Rig, folder: &str, chat: &str, daily_tokens: Option<u64>) {
+    let mut llm = json!({"model": "claude-stub-1"});
+    if let Some(n) = daily_tokens {
+        llm["daily_tokens"] = json!(n);
+    }
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            &format!("/v1/groups/{folder}"),
+            json!({"name": folder, "system_prompt": "You are a test.", "group": {"llm": llm}}),
+        )
+        .await;
+    assert!(s == 201 || s == 200, "{v}");
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            "/v1/routes",
+            json!({"pattern": chat, "folder": folder}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+}
+
+/// Every file under `dir`, read whole (the secret search).
+fn files_containing(dir: &std::path::Path, needle: &str) -> (usize, Vec<String>) {
+    let mut read = 0;
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else if ft.is_file() {
+                let bytes = std::fs::read(e.path()).unwrap();
+                read += 1;
+                if bytes.windows(needle.len()).any(|w| w == needle.as_bytes()) {
+                    hits.push(e.path().display().to_string());
+                }
+            }
+        }
+    }
+    (read, hits)
+}
+
+/// The agent's LLM brain runs a multi-step tool-use conversation through the gateway: its
+/// text before a tool call reaches the chat at once, its `send_message` call lands in the
+/// chat, the model gets the tools' results, and its final answer is the last reply. The real
+/// key is seen only by the provider; usage is recorded per turn and group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_llm_brain_uses_tools_through_the_gateway() {
+    let (provider, url) = Provider::start().await;
+    let rig = Rig::new(
+        &[],
+        &[
+            ("ANTHROPIC_API_KEY", REAL_KEY),
+            ("ROUTD_ANTHROPIC_URL", url.as_str()),
+        ],
+    )
+    .await;
+    let chat = "tg:llm-1";
+    llm_group(&rig, "llm", chat, None).await;
+    rig.say(chat, "q-1", "please use your tools").await;
+    let h = rig
+        .wait_for(chat, "three replies from the model", |h| {
+            replies(h).len() >= 3
+        })
+        .await;
+    assert_eq!(
+        replies(&h),
+        vec![
+            "Let me look at the chat first.".to_owned(),
+            "a side note (history had my prompt: true)".to_owned(),
+            "Done, after two tools.".to_owned(),
+        ],
+        "{h:#?}"
+    );
+
+    // What the provider saw: three streaming requests, each with the real key, the model,
+    // the system prompt, and the turn's tools with their schemas.
+    let seen = provider.seen();
+    assert_eq!(seen.len(), 3, "{seen:#?}");
+    for s in &seen {
+        assert_eq!(s.headers["x-api-key"], REAL_KEY);
+        assert!(s.headers.get("authorization").is_none());
+        assert_eq!(s.headers["anthropic-version"], "2023-06-01");
+        assert_eq!(s.body["model"], "claude-stub-1");
+        assert_eq!(s.body["system"], "You are a test.");
+        assert_eq!(s.body["stream"], true);
+        let tools: Vec<&str> = s.body["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        assert!(
+            tools.contains(&"send_message") && tools.contains(&"get_history"),
+            "{tools:?}"
+        );
+        assert!(
+            s.body["tools"][0]["input_schema"]["type"] == "object",
+            "{}",
+            s.body["tools"][0]
+        );
+    }
+    let results: Vec<&Value> = seen[1..]
+        .iter()
+        .map(|s| {
+            let m = s.body["messages"].as_array().unwrap();
+            &m[m.len() - 1]["content"][0]
+        })
+        .collect();
+    assert_eq!(results[0]["type"], "tool_result");
+    assert_eq!(results[0]["tool_use_id"], "tu_1");
+    assert_eq!(results[0]["is_error"], false);
+    assert_eq!(results[1]["tool_use_id"], "tu_2");
+
+    // Usage: 3 calls, 100 + 120 + 140 in, 3 × 20 out, for the group and the turn.
+    let deadline = Instant::now() + LIMIT;
+    let usage = loop {
+        let (s, v) = rig.api().get(&rig.operator, "/v1/usage?folder=llm").await;
+        assert_eq!(s, 200, "{v}");
+        if v["calls"] == 3 {
+            break v;
+        }
+        assert!(Instant::now() < deadline, "usage recorded: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        (&usage["input_tokens"], &usage["output_tokens"]),
+        (&json!(360), &json!(60)),
+        "{usage}"
+    );
+    assert_eq!(usage["rows"][0]["model"], "claude-stub-1");
+    assert_eq!(usage["rows"][0]["api"], "anthropic");
+    let metrics = reqwest::get(format!("{}/metrics", rig.base()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("routd_llm_tokens_total{api=\"anthropic\",kind=\"input\"} 360"),
+        "{metrics}"
+    );
+
+    // The real key is nowhere on disk: not in the data directory (databases, logs, the
+    // agent's home and session), and the socket is gone with the turn.
+    let (read, hits) = files_containing(&rig.dir.path().join("data"), REAL_KEY);
+    assert!(read > 5, "the search read {read} files");
+    assert!(hits.is_empty(), "the key is in {hits:?}");
+    let sock = rig.data().join("folders/llm/ipc/api.sock");
+    let deadline = Instant::now() + LIMIT;
+    while sock.exists() {
+        // The last reply reaches the chat a moment before the turn's end closes its sockets.
+        assert!(
+            Instant::now() < deadline,
+            "the gateway socket outlived its turn"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A follow-up turn resumes the session: the model sees the earlier exchange.
+    rig.say(chat, "q-2", "and now?").await;
+    rig.wait_for(chat, "the fourth reply", |h| replies(h).len() >= 4)
+        .await;
+    let last = provider.seen().pop().unwrap();
+    let msgs = last.body["messages"].as_array().unwrap();
+    assert!(msgs.len() >= 6, "the session carried over: {msgs:#?}");
+    assert_eq!(msgs[0]["content"][0]["text"], "please use your tools");
+    rig.stop().await;
+}
+
+/// A group's daily budget: once spent, the gateway answers 429 and the agent reports it as
+/// an error the chat sees; the provider is not called.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_spent_budget_reaches_the_chat_as_an_error() {
+    let (provider, url) = Provider::start().await;
+    let rig = Rig::new(
+        &[],
+        &[
+            ("ANTHROPIC_API_KEY", REAL_KEY),
+            ("ROUTD_ANTHROPIC_URL", url.as_str()),
+        ],
+    )
+    .await;
+    let chat = "tg:budget";
+    llm_group(&rig, "thrifty", chat, Some(60)).await;
+    rig.say(chat, "b-1", "hello").await;
+    rig.wait_for(chat, "the first answer", |h| !replies(h).is_empty())
+        .await;
+    // 50 + 20 tokens: over the 60 of the day.
+    rig.say(chat, "b-2", "hello again").await;
+    let h = rig
+        .wait_for(chat, "the budget error", |h| replies(h).len() >= 2)
+        .await;
+    let r = replies(&h);
+    assert_eq!(r[0], "You said: hello");
+    assert!(
+        r[1].contains("429") && r[1].contains("70 of its 60 tokens"),
+        "{r:?}"
+    );
+    assert_eq!(
+        provider.seen().len(),
+        1,
+        "the provider was not called again"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", rig.base()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .contains("routd_llm_requests_total{api=\"anthropic\",result=\"budget_exhausted\"} 1"),
+        "{metrics}"
+    );
+    rig.stop().await;
+}
+
+/// The gateway on a live turn's socket, called from outside: only this turn's spawn token
+/// passes; another folder's, a user token, an expired one, a revoked one, none: 401; a
+/// provider without a key: 503 naming the variable; a provider that is down: 502.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_gateway_lets_only_the_turns_token_through() {
+    let (provider, url) = Provider::start().await;
+    // The OpenAI side points at a port nobody listens on (port 1: a port freed by the test
+    // could be taken by another test's server meanwhile).
+    let dead_url = "http://127.0.0.1:1".to_owned();
+    let rig = Rig::new(
+        &[],
+        &[
+            ("ANTHROPIC_API_KEY", REAL_KEY),
+            ("ROUTD_ANTHROPIC_URL", url.as_str()),
+            ("OPENAI_API_KEY", "sk-openai-real-0123456789"),
+            ("ROUTD_OPENAI_URL", dead_url.as_str()),
+        ],
+    )
+    .await;
+    // A script-brain turn that stays live while the test calls its gateway.
+    for f in ["live", "other"] {
+        let (s, v) = rig
+            .api()
+            .put(
+                &rig.operator,
+                &format!("/v1/groups/{f}"),
+                json!({"name": f}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+    let turn = rig.running_turn("live").await;
+    let turn_id = turn["turn_id"].as_str().unwrap().to_owned();
+    let run_id = turn["run_id"].as_str().unwrap().to_owned();
+    let sock = rig.data().join("folders/live/ipc/api.sock");
+    assert!(sock.exists());
+    let try_id = format!("{turn_id}.1");
+    let spawn = |folder: &'static str, ttl: u64| rig.spawn_token(folder, &try_id, &run_id, ttl);
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .unix_socket(sock.clone())
+        .build()
+        .unwrap();
+    let call = |path: &'static str, header: Option<(&'static str, String)>, body: Value| {
+        let http = http.clone();
+        async move {
+            let mut r = http.post(format!("http://gateway{path}")).json(&body);
+            if let Some((k, v)) = header {
+                r = r.header(k, v);
+            }
+            let r = r.send().await.unwrap();
+            let status = r.status().as_u16();
+            let ct = r
+                .headers()
+                .get("content-type")
+                .map(|v| v.to_str().unwrap().to_owned())
+                .unwrap_or_default();
+            (status, ct, r.text().await.unwrap())
+        }
+    };
+    let msg = json!({"model": "m", "max_tokens": 10, "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]});
+
+    // The turn's own spawn token, either header: the stream passes through.
+    let own = spawn("live", 300).await;
+    let (s, ct, body) = call(
+        "/v1/messages",
+        Some(("x-api-key", own.token.clone())),
+        msg.clone(),
+    )
+    .await;
+    assert_eq!((s, ct.as_str()), (200, "text/event-stream"), "{body}");
+    assert_eq!(streamed_text(&body), "You said: hi", "{body}");
+    assert!(body.contains("event: message_stop"), "{body}");
+    let (s, _, body) = call(
+        "/v1/messages",
+        Some(("authorization", format!("Bearer {}", own.token))),
+        msg.clone(),
+    )
+    .await;
+    assert_eq!(s, 200, "{body}");
+
+    let refused = |s: u16, body: &str, code: &str| {
+        let v: Value = serde_json::from_str(body).unwrap_or(Value::Null);
+        assert_eq!((s, v["error"].as_str()), (401, Some(code)), "{body}");
+    };
+    let (s, _, body) = call("/v1/messages", None, msg.clone()).await;
+    refused(s, &body, "missing_token");
+    let foreign = spawn("other", 300).await;
+    let (s, _, body) = call(
+        "/v1/messages",
+        Some(("x-api-key", foreign.token)),
+        msg.clone(),
+    )
+    .await;
+    refused(s, &body, "wrong_turn");
+    // Downscoped from runed's token without a run: the scope, the folder, but not a spawn
+    // token of this turn.
+    let client = AuthdClient::new(&rig.authd_url()).unwrap();
+    let runed_token = client
+        .service_token("runed", RUNED_KEY)
+        .await
+        .unwrap()
+        .token;
+    let user = client
+        .mint(
+            &runed_token,
+            &MintRequest {
+                scope: vec!["llm:call".into()],
+                folder: Some("live".into()),
+                ttl_seconds: Some(300),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .token;
+    let (s, _, body) = call("/v1/messages", Some(("x-api-key", user)), msg.clone()).await;
+    refused(s, &body, "wrong_turn");
+    let (s, _, body) = call(
+        "/v1/messages",
+        Some(("x-api-key", "not.a.jwt".into())),
+        msg.clone(),
+    )
+    .await;
+    refused(s, &body, "invalid_token");
+    assert_eq!(
+        provider.seen().len(),
+        2,
+        "no refused call reached the provider"
+    );
+    let short = spawn("live", 1).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, _, body) = call(
+            "/v1/messages",
+            Some(("x-api-key", short.token.clone())),
+            msg.clone(),
+        )
+        .await;
+        if s == 401 {
+            refused(s, &body, "token_expired");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the token never expired: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let revoked = spawn("live", 300).await;
+    client
+        .revoke(&rig.operator, &revoked.jti)
+        .await
+        .expect("revoke");
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (s, _, body) = call(
+            "/v1/messages",
+            Some(("x-api-key", revoked.token.clone())),
+            msg.clone(),
+        )
+        .await;
+        if s == 401 {
+            refused(s, &body, "token_revoked");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the revocation never arrived: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Bad bodies and a provider that is down.
+    let before = provider.seen().len();
+    let (s, _, body) = call(
+        "/v1/messages",
+        Some(("x-api-key", own.token.clone())),
+        json!([1, 2]),
+    )
+    .await;
+    assert_eq!(s, 400, "{body}");
+    let (s, _, body) = call(
+        "/v1/chat/completions",
+        Some(("authorization", format!("Bearer {}", own.token))),
+        json!({"model": "m", "messages": []}),
+    )
+    .await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (502, Some("provider_unreachable")),
+        "{body}"
+    );
+    let (s, _, body) = call(
+        "/v1/nope",
+        Some(("x-api-key", own.token.clone())),
+        json!({}),
+    )
+    .await;
+    assert_eq!(s, 404, "{body}");
+    assert_eq!(
+        provider.seen().len(),
+        before,
+        "none of these reached the provider"
+    );
+
+    // The official Anthropic SDK, as an agent would use it: plain and streamed messages, and
+    // its authentication error for a bad key.
+    let python = tokio::task::spawn_blocking(hako_shared::testing::conformance_python)
+        .await
+        .unwrap();
+    let input = json!({"socket": sock, "token": own.token});
+    let sdk = tokio::task::spawn_blocking(move || {
+        hako_shared::testing::run_python(&python, include_str!("anthropic_sdk.py"), &input)
+    })
+    .await
+    .unwrap();
+    assert_eq!(sdk["plain"]["text"], "You said: from the sdk", "{sdk}");
+    assert_eq!(sdk["plain"]["stop_reason"], "end_turn", "{sdk}");
+    assert_eq!(
+        sdk["stream"]["pieces"],
+        json!(["You said:", " streamed"]),
+        "the stream arrives in its pieces: {sdk}"
+    );
+    assert_eq!(sdk["stream"]["output_tokens"], 20, "{sdk}");
+    assert_eq!(sdk["refused"]["status"], 401, "{sdk}");
+    assert_eq!(sdk["refused"]["body"]["error"], "invalid_token", "{sdk}");
+    assert_eq!(provider.seen().len(), before + 2);
+
+    // The turn ends: the socket is gone.
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            "/v1/messages",
+            json!({"chat_jid": "web:live", "sender": "op", "content": "/stop"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let deadline = Instant::now() + LIMIT;
+    while sock.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "the gateway socket outlived its turn"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    rig.stop().await;
+}
+
+/// Without a key for the provider, the gateway says which variable to set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_provider_without_a_key_is_named() {
+    let rig = Rig::new(&[], &[]).await;
+    let chat = "tg:nokey";
+    llm_group(&rig, "nokey", chat, None).await;
+    rig.say(chat, "n-1", "hello").await;
+    let h = rig
+        .wait_for(chat, "the configuration error", |h| !replies(h).is_empty())
+        .await;
+    let r = replies(&h);
+    assert!(
+        r[0].contains("503") && r[0].contains("ANTHROPIC_API_KEY"),
+        "{r:?}"
+    );
+    rig.stop().await;
+}
