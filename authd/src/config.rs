@@ -23,7 +23,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// `LISTEN_ADDR`, default `127.0.0.1:8181`.
     pub listen_addr: SocketAddr,
-    /// `AUTHD_SERVICE_KEYS` (required): `runed=<key>,routd=<key>,…`.
+    /// `AUTHD_SERVICE_KEYS` or the file `AUTHD_SERVICE_KEYS_FILE` names (required):
+    /// `runed=<key>,routd=<key>,…`.
     pub service_keys: ServiceKeys,
     /// `AUTHD_ISSUER`, default `hako-authd`.
     pub issuer: String,
@@ -45,7 +46,7 @@ impl Config {
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
         let data_dir = PathBuf::from(env.required("DATA_DIR")?);
         let listen_addr = env.listen_addr_or("LISTEN_ADDR", "127.0.0.1:8181")?;
-        let raw = env.required("AUTHD_SERVICE_KEYS")?;
+        let raw = env.required_secret("AUTHD_SERVICE_KEYS")?;
         let service_keys = ServiceKeys::parse(&raw).map_err(|reason| ConfigError::Invalid {
             var: "AUTHD_SERVICE_KEYS".into(),
             value: "<redacted>".into(),

@@ -7,6 +7,10 @@ use hako_shared::config::Env;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // The image's healthcheck: `authd health` asks the running daemon's /ready.
+    if std::env::args().nth(1).as_deref() == Some("health") {
+        return hako_shared::http::health_check(&["LISTEN_ADDR"], "127.0.0.1:8181");
+    }
     if let Err(e) = hako_shared::telemetry::init() {
         eprintln!("authd: {e}");
         return ExitCode::from(2);

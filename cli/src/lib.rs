@@ -1,15 +1,19 @@
 //! The `hako` command.
 //!
-//! `hako chat [group-folder]` talks to an agent: each message is one turn, run in one fresh,
-//! locked-down container through the container runner (the same library runed uses), with the
-//! session carried from turn to turn. At this stage the CLI drives the runner directly; when
-//! routd lands it will go through the daemons instead.
+//! - `hako up` / `hako down`: the compose stack (images, keys, the daemons, a demo turn).
+//! - `hako status`, `hako send`: the operator's view and voice, over the daemons' HTTP APIs.
+//! - `hako chat [group-folder]`: talk to an agent without any daemon: each message is one
+//!   turn, run in one fresh, locked-down container through the container runner (the same
+//!   library runed uses), with the session carried from turn to turn.
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
 pub mod chat;
+pub mod daemons;
+pub mod ops;
+pub mod stack;
 
 /// Command-line arguments.
 #[derive(Debug, Parser)]
@@ -27,13 +31,32 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Build the images and bring the stack up (authd, runed, routd), then say hello.
+    Up(stack::UpArgs),
+    /// Stop the stack (`--purge` also removes its data and keys).
+    Down(stack::DownArgs),
+    /// Each daemon's readiness, what runs and what waits.
+    Status(ops::StatusArgs),
+    /// Send a message to a chat and print the replies as they arrive.
+    Send(ops::SendArgs),
     /// Talk to a group's agent: one line of stdin is one turn in a fresh container.
     Chat(chat::ChatArgs),
 }
 
 /// Runs the command; the exit code says whether every turn succeeded.
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let ok = |b: bool| {
+        if b {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        }
+    };
     match cli.command {
+        Command::Up(args) => stack::up_command(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Down(args) => stack::down_command(args).await.map(|()| ExitCode::SUCCESS),
+        Command::Status(args) => ops::status(args).await.map(ok),
+        Command::Send(args) => ops::send(args).await.map(ok),
         Command::Chat(args) => chat::chat(args).await,
     }
 }

@@ -11,6 +11,8 @@
 //! image under the pipeline's target directory makes exactly one of them build; the others
 //! find the image afterwards.
 
+pub mod progress;
+
 use std::collections::HashMap;
 use std::fs::File;
 use std::io;
@@ -60,7 +62,14 @@ pub struct ImageSpec {
     pub dockerfile: &'static str,
     /// Workspace-relative directories whose contents determine the binary.
     pub sources: &'static [&'static str],
+    /// Host files copied into the build context beside the binary, and hashed: (absolute
+    /// path on the build machine, name in the context).
+    pub files: &'static [(&'static str, &'static str)],
 }
+
+/// The build machine's CA bundle (Debian's `ca-certificates`): what routd's gateway trusts
+/// for the providers' TLS, since a `FROM scratch` image has none.
+pub const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// The reference agent image.
 pub const AGENT: ImageSpec = ImageSpec {
@@ -69,6 +78,7 @@ pub const AGENT: ImageSpec = ImageSpec {
     bin: "hako-agent",
     dockerfile: "agent.Dockerfile",
     sources: &["shared", "agent"],
+    files: &[],
 };
 
 /// authd, the token authority.
@@ -78,6 +88,7 @@ pub const AUTHD: ImageSpec = ImageSpec {
     bin: "authd",
     dockerfile: "authd.Dockerfile",
     sources: &["shared", "authd"],
+    files: &[],
 };
 
 /// runed, the execution daemon.
@@ -87,10 +98,34 @@ pub const RUNED: ImageSpec = ImageSpec {
     bin: "runed",
     dockerfile: "runed.Dockerfile",
     sources: &["shared", "runed"],
+    files: &[],
+};
+
+/// routd, the routing daemon (with the CA bundle its LLM gateway verifies providers with).
+pub const ROUTD: ImageSpec = ImageSpec {
+    name: "hako-routd",
+    package: "hako-routd",
+    bin: "routd",
+    dockerfile: "routd.Dockerfile",
+    sources: &["shared", "routd", "mcp"],
+    files: &[(CA_BUNDLE, "ca-certificates.crt")],
 };
 
 /// Every image the pipeline knows, in build order.
-pub const IMAGES: &[ImageSpec] = &[AGENT, AUTHD, RUNED];
+pub const IMAGES: &[ImageSpec] = &[AGENT, AUTHD, RUNED, ROUTD];
+
+/// What the pipeline is doing for one image (for progress output).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step<'a> {
+    /// An image with this hashed tag exists: nothing to do.
+    UpToDate(&'a str),
+    /// Compiling the static binary (`cargo build --release`).
+    Compiling(&'a str),
+    /// Streaming the context to Docker's build.
+    Building,
+    /// Built and tagged.
+    Built(&'a str),
+}
 
 /// Pipeline failures.
 #[derive(Debug, thiserror::Error)]
@@ -185,6 +220,7 @@ impl Pipeline {
     pub fn hash_inputs(&self, spec: &ImageSpec) -> Result<Vec<PathBuf>, DeployError> {
         let mut files: Vec<PathBuf> = ROOT_INPUTS.iter().map(|f| self.root.join(f)).collect();
         files.push(self.root.join("deploy").join(spec.dockerfile));
+        files.extend(spec.files.iter().map(|(host, _)| PathBuf::from(host)));
         for dir in spec.sources {
             collect_files(&self.root.join(dir), true, &mut files)?;
         }
@@ -228,9 +264,19 @@ impl Pipeline {
     /// Returns the hashed tag of `spec`, building the image first if it does not exist.
     /// Also points `<name>:latest` at it.
     pub async fn ensure(&self, spec: &ImageSpec) -> Result<String, DeployError> {
+        self.ensure_with(spec, &|_: Step<'_>| {}).await
+    }
+
+    /// [`Pipeline::ensure`], telling `report` each step as it starts.
+    pub async fn ensure_with(
+        &self,
+        spec: &ImageSpec,
+        report: &(dyn Fn(Step<'_>) + Sync),
+    ) -> Result<String, DeployError> {
         let hash = self.content_hash(spec)?;
         let tag = format!("{}:{hash}", spec.name);
         if self.exists(&tag).await? {
+            report(Step::UpToDate(&tag));
             return Ok(tag);
         }
         std::fs::create_dir_all(&self.target_dir).map_err(io_err(&self.target_dir))?;
@@ -242,8 +288,11 @@ impl Pipeline {
             .map_err(|e| io_err(&lock_path)(io::Error::other(e)))?
             .map_err(io_err(&lock_path))?;
         // Someone else may have built it while we waited.
-        if !self.exists(&tag).await? {
-            self.build(spec, &hash).await?;
+        if self.exists(&tag).await? {
+            report(Step::UpToDate(&tag));
+        } else {
+            self.build_with(spec, &hash, report).await?;
+            report(Step::Built(&tag));
         }
         drop(lock);
         Ok(tag)
@@ -310,10 +359,21 @@ impl Pipeline {
 
     /// Compiles and builds `spec`'s image as `<name>:<hash>` and `<name>:latest`.
     pub async fn build(&self, spec: &ImageSpec, hash: &str) -> Result<(), DeployError> {
+        self.build_with(spec, hash, &|_: Step<'_>| {}).await
+    }
+
+    async fn build_with(
+        &self,
+        spec: &ImageSpec,
+        hash: &str,
+        report: &(dyn Fn(Step<'_>) + Sync),
+    ) -> Result<(), DeployError> {
         self.builds.fetch_add(1, Ordering::SeqCst);
+        report(Step::Compiling(spec.bin));
         let binary = self.compile(spec).await?;
+        report(Step::Building);
         let dockerfile = self.root.join("deploy").join(spec.dockerfile);
-        let context = build_context(&dockerfile, &binary, spec.bin)?;
+        let context = build_context(&dockerfile, &binary, spec)?;
         let tag = format!("{}:{hash}", spec.name);
         let labels = HashMap::from([
             (LABEL_HASH.to_owned(), hash.to_owned()),
@@ -414,10 +474,20 @@ fn collect_files(dir: &Path, top: bool, out: &mut Vec<PathBuf>) -> Result<(), De
     Ok(())
 }
 
-/// A tar with `Dockerfile` and the binary named `bin`, mode 0755.
-fn build_context(dockerfile: &Path, binary: &Path, bin: &str) -> Result<Vec<u8>, DeployError> {
+/// A tar with `Dockerfile`, the binary (mode 0755) and the spec's extra files (0644).
+fn build_context(
+    dockerfile: &Path,
+    binary: &Path,
+    spec: &ImageSpec,
+) -> Result<Vec<u8>, DeployError> {
     let df = std::fs::read(dockerfile).map_err(io_err(dockerfile))?;
     let exe = std::fs::read(binary).map_err(io_err(binary))?;
+    let mut extra = Vec::new();
+    for (host, name) in spec.files {
+        let path = Path::new(host);
+        let data = std::fs::read(path).map_err(io_err(path))?;
+        extra.push((*name, data, path));
+    }
     let mut ar = tar::Builder::new(Vec::with_capacity(exe.len() + df.len() + 4096));
     let mut add = |name: &str, data: &[u8], mode: u32| -> io::Result<()> {
         let mut h = tar::Header::new_gnu();
@@ -428,7 +498,10 @@ fn build_context(dockerfile: &Path, binary: &Path, bin: &str) -> Result<Vec<u8>,
         ar.append_data(&mut h, name, data)
     };
     add("Dockerfile", &df, 0o644).map_err(io_err(dockerfile))?;
-    add(bin, &exe, 0o755).map_err(io_err(binary))?;
+    add(spec.bin, &exe, 0o755).map_err(io_err(binary))?;
+    for (name, data, path) in &extra {
+        add(name, data, 0o644).map_err(io_err(path))?;
+    }
     ar.into_inner().map_err(io_err(binary))
 }
 
@@ -631,12 +704,21 @@ mod tests {
     }
 
     #[test]
-    fn build_context_is_a_two_file_tar() {
+    fn build_context_holds_the_dockerfile_the_binary_and_the_extra_files() {
         let dir = std::env::temp_dir().join(format!("hako-ctx-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("Dockerfile"), "FROM scratch").unwrap();
         std::fs::write(dir.join("bin"), b"\x7fELF").unwrap();
-        let tar_bytes = build_context(&dir.join("Dockerfile"), &dir.join("bin"), "app").unwrap();
+        std::fs::write(dir.join("ca.crt"), b"certs").unwrap();
+        let ca: &'static str = Box::leak(dir.join("ca.crt").display().to_string().into_boxed_str());
+        let files: &'static [(&'static str, &'static str)] =
+            Box::leak(vec![(ca, "ca-certificates.crt")].into_boxed_slice());
+        let spec = ImageSpec {
+            bin: "app",
+            files,
+            ..ROUTD
+        };
+        let tar_bytes = build_context(&dir.join("Dockerfile"), &dir.join("bin"), &spec).unwrap();
         let mut ar = tar::Archive::new(&tar_bytes[..]);
         let names: Vec<(String, u32)> = ar
             .entries()
@@ -651,7 +733,11 @@ mod tests {
             .collect();
         assert_eq!(
             names,
-            vec![("Dockerfile".into(), 0o644), ("app".into(), 0o755)]
+            vec![
+                ("Dockerfile".into(), 0o644),
+                ("app".into(), 0o755),
+                ("ca-certificates.crt".into(), 0o644)
+            ]
         );
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -3,6 +3,7 @@
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use hako_deploy::progress::Progress;
 use hako_deploy::{IMAGES, Pipeline, connect_docker};
 
 #[derive(Parser)]
@@ -43,13 +44,16 @@ async fn main() -> anyhow::Result<()> {
                     .map(|n| Pipeline::spec(n))
                     .collect::<Result<_, _>>()?
             };
+            let progress = Progress::stderr();
             for spec in specs {
                 let tag = if force {
                     let hash = pipeline.content_hash(&spec)?;
                     pipeline.build(&spec, &hash).await?;
                     format!("{}:{hash}", spec.name)
                 } else {
-                    pipeline.ensure(&spec).await?
+                    pipeline
+                        .ensure_with(&spec, &|step| progress.report(spec.name, step))
+                        .await?
                 };
                 println!("{tag}");
             }

@@ -22,7 +22,8 @@ pub struct Config {
     pub runed_url: String,
     /// `AUTHD_URL` and friends (open dev mode only with `HAKO_OPEN_DEV=1`).
     pub verifier: VerifierConfig,
-    /// `AUTHD_SERVICE_KEY`: routd's key for its service token (required with `AUTHD_URL`).
+    /// `AUTHD_SERVICE_KEY` (or `AUTHD_SERVICE_KEY_FILE`): routd's key for its service token
+    /// (required with `AUTHD_URL`).
     pub service_key: Option<String>,
     /// `ROUTD_BODY_LIMIT`, default 256 KiB.
     pub body_limit: usize,
@@ -74,10 +75,12 @@ pub struct Provider {
 #[derive(Debug, Clone)]
 pub struct LlmConfig {
     /// `ROUTD_ANTHROPIC_URL` (default `https://api.anthropic.com`) and `ANTHROPIC_API_KEY`
-    /// (or `ANTHROPIC_API_KEY_FILE`); `None` without a key.
+    /// (or `ANTHROPIC_API_KEY_FILE`, or `anthropic.key` in `ROUTD_PROVIDER_KEYS_DIR`); `None`
+    /// without a key.
     pub anthropic: Option<Provider>,
     /// `ROUTD_OPENAI_URL` (default `https://api.openai.com`) and `OPENAI_API_KEY` (or
-    /// `OPENAI_API_KEY_FILE`); `None` without a key.
+    /// `OPENAI_API_KEY_FILE`, or `openai.key` in `ROUTD_PROVIDER_KEYS_DIR`); `None` without
+    /// a key.
     pub openai: Option<Provider>,
     /// `ROUTD_LLM_DAILY_TOKENS`, default 1,000,000: a group's tokens (input and output) per
     /// UTC day, unless its `llm.daily_tokens` says otherwise.
@@ -127,7 +130,25 @@ impl LlmConfig {
                     reason: "expected an http:// or https:// URL".into(),
                 });
             }
-            Ok(env.secret_or_file(key_var)?.map(|key| Provider {
+            let mut key = env.secret_or_file(key_var)?;
+            // A directory of key files (a compose stack mounts one): `<name>.key`, if there.
+            if key.is_none()
+                && let Some(dir) = env.path("ROUTD_PROVIDER_KEYS_DIR")
+            {
+                let name = if key_var.starts_with("ANTHROPIC") {
+                    "anthropic.key"
+                } else {
+                    "openai.key"
+                };
+                let file = dir.join(name).display().to_string();
+                key = Env::from_pairs([(format!("{key_var}_FILE"), file.clone())])
+                    .secret_or_file(key_var)
+                    .or_else(|e| match std::fs::exists(&file) {
+                        Ok(false) => Ok(None),
+                        _ => Err(e),
+                    })?;
+            }
+            Ok(key.map(|key| Provider {
                 base_url: url.trim_end_matches('/').to_owned(),
                 key: Redacted(key),
             }))
@@ -225,7 +246,7 @@ impl Config {
         c.verifier = VerifierConfig::from_env(env)?;
         c.verifier.check_open_listen(listen_var, c.listen_addr)?;
         if c.verifier.authd_url.is_some() {
-            c.service_key = Some(env.required("AUTHD_SERVICE_KEY")?);
+            c.service_key = Some(env.required_secret("AUTHD_SERVICE_KEY")?);
         }
         c.body_limit = env.size_or("ROUTD_BODY_LIMIT", c.body_limit as u64)? as usize;
         c.max_content = env.size_or("ROUTD_MAX_CONTENT", c.max_content as u64)? as usize;

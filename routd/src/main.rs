@@ -7,6 +7,10 @@ use hako_shared::config::Env;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // The image's healthcheck: `routd health` asks the running daemon's /ready.
+    if std::env::args().nth(1).as_deref() == Some("health") {
+        return hako_shared::http::health_check(&["ROUTD_LISTEN", "LISTEN_ADDR"], "127.0.0.1:8183");
+    }
     if let Err(e) = hako_shared::telemetry::init() {
         eprintln!("routd: {e}");
         return ExitCode::from(2);

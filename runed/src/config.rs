@@ -20,7 +20,8 @@ pub struct Config {
     pub max_containers: usize,
     /// `AUTHD_URL` and friends; unset URL: open local-dev mode.
     pub verifier: VerifierConfig,
-    /// `AUTHD_SERVICE_KEY`: runed's key for its service token (required with `AUTHD_URL`).
+    /// `AUTHD_SERVICE_KEY` (or `AUTHD_SERVICE_KEY_FILE`): runed's key for its service token
+    /// (required with `AUTHD_URL`).
     pub service_key: Option<String>,
     /// `DOCKER_HOST` (`unix://…`), default `/var/run/docker.sock`.
     pub docker_socket: String,
@@ -101,7 +102,7 @@ impl Config {
         };
         c.verifier.check_open_listen(listen_var, c.listen_addr)?;
         if c.verifier.authd_url.is_some() {
-            c.service_key = Some(env.required("AUTHD_SERVICE_KEY")?);
+            c.service_key = Some(env.required_secret("AUTHD_SERVICE_KEY")?);
         }
         if let Some(h) = env.get("DOCKER_HOST") {
             c.docker_socket = h

@@ -7,6 +7,10 @@ use hako_shared::config::Env;
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // The image's healthcheck: `runed health` asks the running daemon's /ready.
+    if std::env::args().nth(1).as_deref() == Some("health") {
+        return hako_shared::http::health_check(&["RUNED_LISTEN", "LISTEN_ADDR"], "127.0.0.1:8182");
+    }
     if let Err(e) = hako_shared::telemetry::init() {
         eprintln!("runed: {e}");
         return ExitCode::from(2);

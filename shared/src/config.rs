@@ -198,6 +198,16 @@ impl Env {
         self.get(var).map(str::to_owned)
     }
 
+    /// A required secret from `var` or the file `<var>_FILE` names (see
+    /// [`Env::secret_or_file`]); neither set: an error naming both.
+    pub fn required_secret(&self, var: &str) -> Result<String, ConfigError> {
+        self.secret_or_file(var)?
+            .ok_or_else(|| ConfigError::Required {
+                var: var.into(),
+                hint: format!("set it, or {var}_FILE to a file holding it"),
+            })
+    }
+
     /// A secret from `var`, or from the file `<var>_FILE` names (where compose secrets and
     /// key files put it, so that it stays out of the process's environment). One trailing
     /// newline is dropped. Both set, an empty value, an unreadable or empty file: an error

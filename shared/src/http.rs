@@ -775,6 +775,53 @@ pub async fn serve_with(
     Ok(())
 }
 
+/// `<daemon> health`: the container healthcheck of a `FROM scratch` image (no shell, no curl).
+/// Asks the daemon's own `/ready` on loopback, at the port of the first of `listen_vars` that
+/// is set (else `default`), and answers the exit code: 0 when ready, 1 otherwise (what did
+/// not answer is printed).
+pub fn health_check(listen_vars: &[&str], default: &str) -> std::process::ExitCode {
+    use std::io::{Read as _, Write as _};
+    let addr = listen_vars
+        .iter()
+        .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()))
+        .unwrap_or_else(|| default.to_owned());
+    let mut addr: std::net::SocketAddr = match addr.parse() {
+        Ok(a) => a,
+        Err(e) => {
+            println!("unhealthy: listen address {addr:?}: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    if addr.ip().is_unspecified() {
+        addr.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let t = std::time::Duration::from_secs(5);
+    let answer = (|| -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect_timeout(&addr, t)?;
+        s.set_read_timeout(Some(t))?;
+        s.set_write_timeout(Some(t))?;
+        s.write_all(b"GET /ready HTTP/1.0\r\nHost: localhost\r\n\r\n")?;
+        let mut buf = Vec::new();
+        s.take(64 << 10).read_to_end(&mut buf)?;
+        Ok(String::from_utf8_lossy(&buf).into_owned())
+    })();
+    match answer {
+        Ok(a) if a.starts_with("HTTP/1.1 200") || a.starts_with("HTTP/1.0 200") => {
+            println!("ready");
+            std::process::ExitCode::SUCCESS
+        }
+        Ok(a) => {
+            let body = a.split("\r\n\r\n").nth(1).unwrap_or("").trim();
+            println!("unhealthy: {} {body}", a.lines().next().unwrap_or(""));
+            std::process::ExitCode::FAILURE
+        }
+        Err(e) => {
+            println!("unhealthy: {addr}: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
 /// Resolves on SIGTERM or Ctrl-C.
 pub async fn shutdown_signal() {
     let ctrl_c = async {

@@ -1,0 +1,282 @@
+//! The CLI's side of the daemons' HTTP APIs: where they are, the operator's token, and calls
+//! whose failures say which daemon did not answer, at which URL, and what to set.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, anyhow, bail};
+use hako_shared::auth::AuthdClient;
+use serde_json::Value;
+
+/// One call's limit (streams excepted).
+const CALL_TIMEOUT: Duration = Duration::from_secs(15);
+/// The longest server-sent event accepted.
+const MAX_EVENT: usize = 1 << 20;
+
+/// Where the daemons answer, and the operator's key.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    /// authd's base URL (`HAKO_AUTHD_URL`).
+    pub authd: String,
+    /// runed's base URL (`HAKO_RUNED_URL`).
+    pub runed: String,
+    /// routd's base URL (`HAKO_ROUTD_URL`).
+    pub routd: String,
+    /// The operator's service key file (`HAKO_OPERATOR_KEY_FILE`).
+    pub operator_key: PathBuf,
+}
+
+/// Clients of the three daemons.
+#[derive(Clone)]
+pub struct Daemons {
+    /// Where they are.
+    pub ep: Endpoints,
+    http: reqwest::Client,
+}
+
+/// An answer that is not 2xx: the envelope's code and message.
+#[derive(Debug, thiserror::Error)]
+#[error("{daemon} answered {status} {code}: {message}")]
+pub struct Refused {
+    /// Which daemon.
+    pub daemon: &'static str,
+    /// The status.
+    pub status: u16,
+    /// The envelope's code.
+    pub code: String,
+    /// The envelope's message.
+    pub message: String,
+}
+
+impl Daemons {
+    /// Clients for `ep`.
+    pub fn new(ep: &Endpoints) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .context("cannot build an HTTP client")?;
+        Ok(Self {
+            ep: ep.clone(),
+            http,
+        })
+    }
+
+    fn base(&self, daemon: &'static str) -> &str {
+        match daemon {
+            "authd" => &self.ep.authd,
+            "runed" => &self.ep.runed,
+            _ => &self.ep.routd,
+        }
+    }
+
+    /// Each daemon's `/ready`: `Ok` or what it (or the connection) said.
+    pub async fn ready_all(&self) -> Vec<(&'static str, Result<(), String>)> {
+        let mut out = Vec::new();
+        for d in ["authd", "runed", "routd"] {
+            let url = format!("{}/ready", self.base(d));
+            let r = match self.http.get(&url).timeout(CALL_TIMEOUT).send().await {
+                Err(e) => Err(format!("no answer at {url} ({})", root_cause(&e))),
+                Ok(r) if r.status().is_success() => Ok(()),
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    let v: Value = r.json().await.unwrap_or(Value::Null);
+                    Err(format!(
+                        "{status}: {}",
+                        v["message"].as_str().unwrap_or("not ready")
+                    ))
+                }
+            };
+            out.push((d, r));
+        }
+        out
+    }
+
+    /// The operator's service token, from the key file (or `HAKO_OPERATOR_KEY`), exchanged at
+    /// authd; `HAKO_TOKEN` instead, when set, is used as it is.
+    pub async fn operator_token(&self) -> anyhow::Result<String> {
+        if let Ok(t) = std::env::var("HAKO_TOKEN")
+            && !t.trim().is_empty()
+        {
+            return Ok(t.trim().to_owned());
+        }
+        let key = match std::env::var("HAKO_OPERATOR_KEY") {
+            Ok(k) if !k.trim().is_empty() => k.trim().to_owned(),
+            _ => std::fs::read_to_string(&self.ep.operator_key)
+                .with_context(|| {
+                    format!(
+                        "cannot read the operator key {} (made by `hako up`): set \
+                         HAKO_OPERATOR_KEY_FILE, HAKO_OPERATOR_KEY or HAKO_TOKEN",
+                        self.ep.operator_key.display()
+                    )
+                })?
+                .trim()
+                .to_owned(),
+        };
+        let client = AuthdClient::with_timeout(&self.ep.authd, CALL_TIMEOUT)
+            .map_err(|e| anyhow!("authd at {}: {e}", self.ep.authd))?;
+        let t = client
+            .service_token("operator", &key)
+            .await
+            .map_err(|e| anyhow!("authd at {} refused the operator key: {e}", self.ep.authd))?;
+        Ok(t.token)
+    }
+
+    /// A JSON call to `daemon`; a non-2xx answer is a [`Refused`] error.
+    pub async fn call(
+        &self,
+        daemon: &'static str,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
+        let url = format!("{}{path}", self.base(daemon));
+        let mut req = self
+            .http
+            .request(method, &url)
+            .bearer_auth(token)
+            .timeout(CALL_TIMEOUT);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.map_err(|e| {
+            anyhow!(
+                "{daemon} does not answer at {url} ({}): is the stack up (`hako status`)?",
+                root_cause(&e)
+            )
+        })?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .text()
+            .await
+            .with_context(|| format!("{daemon} at {url}: the answer broke off"))?;
+        let v: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text)
+                .with_context(|| format!("{daemon} at {url} answered something that is not JSON"))?
+        };
+        if !(200..300).contains(&status) {
+            return Err(Refused {
+                daemon,
+                status,
+                code: v["error"].as_str().unwrap_or("?").to_owned(),
+                message: v["message"].as_str().unwrap_or(&text).to_owned(),
+            }
+            .into());
+        }
+        Ok(v)
+    }
+
+    /// A JSON call to routd.
+    pub async fn routd_json(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<Value> {
+        self.call("routd", method, path, token, body).await
+    }
+
+    /// The chat's messages after `after` as they come (server-sent events), until `done`
+    /// says so or `wait` passes; answers the message `done` accepted.
+    pub async fn follow(
+        &self,
+        chat: &str,
+        after: i64,
+        token: &str,
+        wait: Duration,
+        mut done: impl FnMut(&Value) -> bool,
+    ) -> anyhow::Result<Value> {
+        let url = format!(
+            "{}/v1/chats/{}/events?after={after}",
+            self.ep.routd,
+            encode(chat)
+        );
+        let deadline = Instant::now() + wait;
+        let mut resp = self
+            .http
+            .get(&url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| anyhow!("routd does not answer at {url} ({})", root_cause(&e)))?;
+        if !resp.status().is_success() {
+            let status = resp.status().as_u16();
+            let v: Value = resp.json().await.unwrap_or(Value::Null);
+            bail!(
+                "routd answered {status} for {url}: {}",
+                v["message"].as_str().unwrap_or("?")
+            );
+        }
+        let mut buf = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let chunk = tokio::time::timeout(left, resp.chunk())
+                .await
+                .map_err(|_| anyhow!("no answer in {chat} within {}s", wait.as_secs()))?
+                .with_context(|| format!("routd's event stream of {chat} broke off"))?
+                .ok_or_else(|| anyhow!("routd closed the event stream of {chat}"))?;
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            if buf.len() > MAX_EVENT {
+                bail!("an event of {chat} longer than {MAX_EVENT} bytes");
+            }
+            while let Some(end) = buf.find("\n\n") {
+                let ev: String = buf.drain(..end + 2).collect();
+                for line in ev.lines() {
+                    if let Some(data) = line.strip_prefix("data:")
+                        && let Ok(v) = serde_json::from_str::<Value>(data.trim())
+                        && done(&v)
+                    {
+                        return Ok(v);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The first outbound message of `chat` after `after` (a reply or a notice).
+    pub async fn first_reply(
+        &self,
+        chat: &str,
+        after: i64,
+        token: &str,
+        wait: Duration,
+    ) -> anyhow::Result<Value> {
+        self.follow(chat, after, token, wait, |m| m["direction"] == "out")
+            .await
+    }
+}
+
+/// Percent-encodes a path segment (a chat JID, a folder).
+pub fn encode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~:".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// The innermost cause of an error, which says what went wrong (refused, timed out).
+fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(s) = cur.source() {
+        cur = s;
+    }
+    cur.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn encoding() {
+        assert_eq!(super::encode("web:acme/support"), "web:acme%2Fsupport");
+        assert_eq!(super::encode("a b%"), "a%20b%25");
+    }
+}

@@ -1,0 +1,459 @@
+//! `hako up` / `hako down`: the compose stack (`deploy/compose.yaml`) as one command.
+//!
+//! `up` builds the images (skipped by content hash), makes `$HAKO_HOME` (data, authd's
+//! database, the keys), writes `compose.env` (paths, ports, uids, image tags: nothing secret),
+//! runs the compose tool, waits until every daemon is ready, and (unless `--no-demo`) creates
+//! the `demo` group, sends it one message over HTTP and prints the agent's reply. Running it
+//! again is safe: the images and keys are kept, compose leaves a running stack as it is.
+//!
+//! hako's daemons talk to Docker only through the Engine API; this command drives the
+//! operator's own compose tool (`docker compose`, else `docker-compose`), as a person would.
+
+use std::io::Write as _;
+use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use hako_deploy::progress::Progress;
+use hako_deploy::{AGENT, AUTHD, Pipeline, ROUTD, RUNED};
+use serde_json::json;
+
+use crate::daemons::{Daemons, Endpoints};
+
+/// The daemons that get a service key, and who uses it.
+const KEYED: &[&str] = &["runed", "routd", "operator", "channel"];
+/// How long `up` waits for the stack to be ready.
+const READY_WAIT: Duration = Duration::from_secs(180);
+/// How long the demo waits for the agent's reply.
+const REPLY_WAIT: Duration = Duration::from_secs(120);
+
+/// Where a stack lives and how it is reached.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StackArgs {
+    /// The stack's home: data, authd's database, keys (default `~/.local/share/hako`).
+    #[arg(long, env = "HAKO_HOME")]
+    pub home: Option<PathBuf>,
+    /// The compose project name (and runed's install id).
+    #[arg(long, env = "HAKO_PROJECT", default_value = "hako")]
+    pub project: String,
+    /// routd's port on the host.
+    #[arg(long, env = "HAKO_ROUTD_PORT", default_value_t = 8183)]
+    pub routd_port: u16,
+    /// authd's port on the host (loopback only).
+    #[arg(long, env = "HAKO_AUTHD_PORT", default_value_t = 8181)]
+    pub authd_port: u16,
+    /// runed's port on the host (loopback only).
+    #[arg(long, env = "HAKO_RUNED_PORT", default_value_t = 8182)]
+    pub runed_port: u16,
+    /// The host address routd's API is published on.
+    #[arg(long, env = "HAKO_BIND", default_value = "127.0.0.1")]
+    pub bind: String,
+}
+
+/// Arguments of `hako up`.
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    #[command(flatten)]
+    pub stack: StackArgs,
+    /// Do not create the demo group nor send it a message.
+    #[arg(long)]
+    pub no_demo: bool,
+}
+
+/// Arguments of `hako down`.
+#[derive(Debug, clap::Args)]
+pub struct DownArgs {
+    #[command(flatten)]
+    pub stack: StackArgs,
+    /// Also remove the data, the keys and the agents' folders (everything under the home).
+    #[arg(long)]
+    pub purge: bool,
+}
+
+impl StackArgs {
+    /// The home directory.
+    pub fn home(&self) -> anyhow::Result<PathBuf> {
+        if let Some(h) = &self.home {
+            return Ok(std::path::absolute(h)?);
+        }
+        let base = std::env::var_os("XDG_DATA_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+            .context("neither HAKO_HOME nor HOME is set: pass --home")?;
+        Ok(base.join("hako"))
+    }
+
+    /// Where the daemons answer on this host.
+    pub fn endpoints(&self) -> anyhow::Result<Endpoints> {
+        let host = if self.bind == "0.0.0.0" {
+            "127.0.0.1"
+        } else {
+            &self.bind
+        };
+        Ok(Endpoints {
+            authd: format!("http://127.0.0.1:{}", self.authd_port),
+            runed: format!("http://127.0.0.1:{}", self.runed_port),
+            routd: format!("http://{host}:{}", self.routd_port),
+            operator_key: self.home()?.join("secrets/operator.key"),
+        })
+    }
+}
+
+/// The compose tool: `docker compose` (v2) if it answers, else `docker-compose` (v1).
+fn compose_tool() -> anyhow::Result<Vec<String>> {
+    let works = |cmd: &[&str]| {
+        std::process::Command::new(cmd[0])
+            .args(&cmd[1..])
+            .arg("version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if works(&["docker", "compose"]) {
+        Ok(vec!["docker".into(), "compose".into()])
+    } else if works(&["docker-compose"]) {
+        Ok(vec!["docker-compose".into()])
+    } else {
+        bail!(
+            "neither `docker compose` nor `docker-compose` works here: install Docker Compose \
+             (Debian: apt-get install docker-compose)"
+        )
+    }
+}
+
+/// The compose command line for this stack, up to the subcommand.
+pub fn compose_command(s: &StackArgs) -> anyhow::Result<Vec<String>> {
+    let home = s.home()?;
+    let file = hako_deploy::workspace_root().join("deploy/compose.yaml");
+    let mut cmd = compose_tool()?;
+    cmd.extend([
+        "-p".into(),
+        s.project.clone(),
+        "--env-file".into(),
+        home.join("compose.env").display().to_string(),
+        "-f".into(),
+        file.display().to_string(),
+    ]);
+    Ok(cmd)
+}
+
+fn shell_words(cmd: &[String]) -> String {
+    cmd.iter()
+        .map(|w| {
+            if w.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_./=:@".contains(&b))
+            {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn run_compose(cmd: &[String], args: &[&str]) -> anyhow::Result<()> {
+    let status = std::process::Command::new(&cmd[0])
+        .args(&cmd[1..])
+        .args(args)
+        .stdin(Stdio::null())
+        .status()
+        .with_context(|| format!("cannot run {}", cmd[0]))?;
+    if !status.success() {
+        bail!(
+            "`{} {}` failed ({status}); see its output above",
+            shell_words(cmd),
+            args.join(" ")
+        );
+    }
+    Ok(())
+}
+
+fn mkdir(path: &Path, mode: u32) -> anyhow::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        .with_context(|| format!("cannot set the mode of {}", path.display()))
+}
+
+/// Writes `data` to `path` with mode 0600, atomically (a temp file, then rename).
+fn write_secret(path: &Path, data: &str) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .with_context(|| format!("cannot write {}", tmp.display()))?;
+    f.write_all(data.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn new_key() -> anyhow::Result<String> {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("no randomness for a key: {e}"))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// The service keys: made once (32 random bytes each, files 0600 in a 0700 directory, never
+/// printed), then reused. A key file that is empty, or that disagrees with authd's list,
+/// stops `up` with what to do.
+pub fn ensure_keys(secrets: &Path) -> anyhow::Result<bool> {
+    mkdir(secrets, 0o700)?;
+    mkdir(&secrets.join("providers"), 0o700)?;
+    let all = secrets.join("authd-service-keys");
+    let restart = "delete the directory to make new keys (the daemons then get new tokens)";
+    if !all.exists() {
+        let mut pairs = Vec::new();
+        for name in KEYED {
+            let k = new_key()?;
+            write_secret(&secrets.join(format!("{name}.key")), &k)?;
+            pairs.push(format!("{name}={k}"));
+        }
+        write_secret(&all, &pairs.join(","))?;
+        return Ok(true);
+    }
+    let listed =
+        std::fs::read_to_string(&all).with_context(|| format!("cannot read {}", all.display()))?;
+    for name in KEYED {
+        let path = secrets.join(format!("{name}.key"));
+        let key = std::fs::read_to_string(&path)
+            .with_context(|| format!("{} is missing: {restart}", path.display()))?;
+        let key = key.trim();
+        if key.is_empty() {
+            bail!("{} is empty: {restart}", path.display());
+        }
+        if !listed
+            .split(',')
+            .any(|p| p.trim() == format!("{name}={key}"))
+        {
+            bail!(
+                "{} does not match authd's list in {}: {restart}",
+                path.display(),
+                all.display()
+            );
+        }
+    }
+    Ok(false)
+}
+
+/// Copies provider keys from `up`'s environment into the stack's key files (routd reads them
+/// there; they never enter a container's environment).
+fn provider_keys(secrets: &Path) -> anyhow::Result<Vec<&'static str>> {
+    let mut found = Vec::new();
+    for (var, file) in [
+        ("ANTHROPIC_API_KEY", "anthropic.key"),
+        ("OPENAI_API_KEY", "openai.key"),
+    ] {
+        if let Some(k) = std::env::var(var).ok().filter(|k| !k.trim().is_empty()) {
+            write_secret(&secrets.join("providers").join(file), k.trim())?;
+            found.push(var);
+        }
+    }
+    Ok(found)
+}
+
+/// Builds (or finds) the four images; their hashed tags in the order agent, authd, runed,
+/// routd.
+pub async fn images() -> anyhow::Result<[String; 4]> {
+    let docker = hako_deploy::connect_docker()
+        .context("cannot reach the Docker daemon (is it running? is DOCKER_HOST right?)")?;
+    let pipeline = Pipeline::new(docker);
+    let progress = Progress::stderr();
+    let mut tags = Vec::new();
+    for spec in [AGENT, AUTHD, RUNED, ROUTD] {
+        let tag = pipeline
+            .ensure_with(&spec, &|step| progress.report(spec.name, step))
+            .await
+            .with_context(|| format!("building {}", spec.name))?;
+        tags.push(tag);
+    }
+    tags.try_into()
+        .map_err(|_| anyhow::anyhow!("four images, four tags"))
+}
+
+/// Prepares the home and brings the stack up; answers once every daemon is ready.
+pub async fn up(s: &StackArgs) -> anyhow::Result<Endpoints> {
+    let home = s.home()?;
+    eprintln!("hako up: images (skipped when their content hash exists)");
+    let [agent, authd, runed, routd] = images().await?;
+    eprintln!("hako up: home {}", home.display());
+    mkdir(&home, 0o755)?;
+    mkdir(&home.join("data"), 0o755)?;
+    mkdir(&home.join("authd"), 0o700)?;
+    let secrets = home.join("secrets");
+    let made = ensure_keys(&secrets)?;
+    eprintln!(
+        "  service keys in {} ({}; 0600, never printed)",
+        secrets.display(),
+        if made { "made now" } else { "kept" }
+    );
+    let providers = provider_keys(&secrets)?;
+    if providers.is_empty() {
+        eprintln!(
+            "  no model provider key (ANTHROPIC_API_KEY / OPENAI_API_KEY unset): groups run the script agent"
+        );
+    } else {
+        eprintln!(
+            "  provider keys for routd's gateway: {}",
+            providers.join(", ")
+        );
+    }
+    let uid = rustix::process::getuid().as_raw();
+    let gid = rustix::process::getgid().as_raw();
+    let env = [
+        ("HAKO_HOME", home.display().to_string()),
+        ("HAKO_PROJECT", s.project.clone()),
+        ("HAKO_INSTALL_ID", s.project.clone()),
+        ("HAKO_UID", uid.to_string()),
+        ("HAKO_GID", gid.to_string()),
+        ("HAKO_AGENT_IMAGE", agent),
+        ("HAKO_AUTHD_IMAGE", authd),
+        ("HAKO_RUNED_IMAGE", runed),
+        ("HAKO_ROUTD_IMAGE", routd),
+        ("HAKO_AUTHD_PORT", s.authd_port.to_string()),
+        ("HAKO_RUNED_PORT", s.runed_port.to_string()),
+        ("HAKO_ROUTD_PORT", s.routd_port.to_string()),
+        ("HAKO_BIND", s.bind.clone()),
+    ];
+    let text: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    std::fs::write(home.join("compose.env"), text).context("cannot write compose.env")?;
+
+    let cmd = compose_command(s)?;
+    eprintln!("hako up: {} up -d", shell_words(&cmd));
+    run_compose(&cmd, &["up", "-d"])?;
+
+    let ep = s.endpoints()?;
+    let daemons = Daemons::new(&ep)?;
+    eprint!("hako up: waiting for authd, runed and routd to be ready");
+    let started = Instant::now();
+    loop {
+        let states = daemons.ready_all().await;
+        if states.iter().all(|(_, r)| r.is_ok()) {
+            eprintln!(" — ready in {:.1}s", started.elapsed().as_secs_f64());
+            break;
+        }
+        if started.elapsed() > READY_WAIT {
+            eprintln!();
+            let why: Vec<String> = states
+                .iter()
+                .filter_map(|(d, r)| r.as_ref().err().map(|e| format!("{d}: {e}")))
+                .collect();
+            bail!(
+                "the stack is not ready after {}s: {}\nsee `{} logs`",
+                READY_WAIT.as_secs(),
+                why.join("; "),
+                shell_words(&cmd)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(ep)
+}
+
+/// Creates the demo group, sends it `text` over HTTP and answers the agent's reply.
+pub async fn demo(ep: &Endpoints, text: &str) -> anyhow::Result<String> {
+    let d = Daemons::new(ep)?;
+    let token = d.operator_token().await?;
+    d.routd_json(
+        reqwest::Method::PUT,
+        "/v1/groups/demo",
+        &token,
+        Some(json!({"name": "demo", "system_prompt": "The demo group of `hako up`."})),
+    )
+    .await?;
+    let posted = d
+        .routd_json(
+            reqwest::Method::POST,
+            "/v1/messages",
+            &token,
+            Some(json!({"chat_jid": "web:demo", "sender": "hako-up", "content": text})),
+        )
+        .await?;
+    let seq = posted["seq"].as_i64().unwrap_or(0);
+    let reply = d.first_reply("web:demo", seq, &token, REPLY_WAIT).await?;
+    Ok(reply["content"].as_str().unwrap_or("").to_owned())
+}
+
+/// `hako up`.
+pub async fn up_command(args: UpArgs) -> anyhow::Result<()> {
+    let ep = up(&args.stack).await?;
+    let cmd = compose_command(&args.stack)?;
+    if !args.no_demo {
+        let text = "hello, hako";
+        eprintln!("hako up: sending {text:?} to the demo group (chat web:demo)");
+        let reply = demo(&ep, text).await?;
+        println!("demo agent> {reply}");
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "\nhako is up: routd's API at {}.\nNext:\n  \
+         hako send web:demo 'what can you do?'   talk to the demo group's agent\n  \
+         hako status                             what runs, what waits\n  \
+         hako down                               stop the stack (or: {} down)",
+        ep.routd,
+        shell_words(&cmd)
+    )?;
+    Ok(())
+}
+
+/// `hako down`.
+pub async fn down_command(args: DownArgs) -> anyhow::Result<()> {
+    let home = args.stack.home()?;
+    if !home.join("compose.env").exists() {
+        bail!(
+            "no stack at {} (no compose.env): nothing to stop; pass --home if it lives elsewhere",
+            home.display()
+        );
+    }
+    let cmd = compose_command(&args.stack)?;
+    run_compose(&cmd, &["down", "--remove-orphans"])?;
+    remove_agents(&args.stack.project).await?;
+    if args.purge {
+        std::fs::remove_dir_all(&home)
+            .with_context(|| format!("cannot remove {}", home.display()))?;
+        eprintln!("hako down: removed {}", home.display());
+    }
+    Ok(())
+}
+
+/// Removes agent and sidecar containers runed left behind for this install (runed detaches
+/// from live runs when it stops; without it nobody would reap them).
+pub async fn remove_agents(install: &str) -> anyhow::Result<usize> {
+    use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
+    let docker = hako_deploy::connect_docker()?;
+    let filters = std::collections::HashMap::from([(
+        "label".to_owned(),
+        vec![format!(
+            "{}={install}",
+            hako_runed::runner::docker::labels::INSTALL
+        )],
+    )]);
+    let list = docker
+        .list_containers(Some(
+            ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await?;
+    let mut n = 0;
+    for c in list {
+        if let Some(id) = c.id {
+            let opts = RemoveContainerOptionsBuilder::new().force(true).build();
+            if docker.remove_container(&id, Some(opts)).await.is_ok() {
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
