@@ -41,6 +41,11 @@ impl Out {
 
 /// Reads the input and runs its commands.
 pub async fn run() -> Result<(), String> {
+    // The host's wake signal (follow-ups, `_close`) must not kill this agent: it takes no
+    // follow-ups, it only runs its commands and exits.
+    let mut usr1 = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1())
+        .map_err(|e| format!("SIGUSR1: {e}"))?;
+    tokio::spawn(async move { while usr1.recv().await.is_some() {} });
     let line = tokio::task::spawn_blocking(|| {
         let mut line = String::new();
         std::io::stdin()

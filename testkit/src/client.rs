@@ -218,7 +218,7 @@ async fn tunnel(
     hyper::upgrade::on(resp).await.map_err(Fetched::err)
 }
 
-/// One GET of `url`, through the environment's proxy if any.
+/// One GET of `url`, through the environment's proxy if any; `token` `-` sends none.
 pub async fn fetch(url: &str, ca: Option<&str>, token: Option<&str>, limit: Duration) -> Fetched {
     let t = match target(url) {
         Ok(t) => t,
@@ -227,6 +227,7 @@ pub async fn fetch(url: &str, ca: Option<&str>, token: Option<&str>, limit: Dura
     let proxy = ProxyUrl::from_env(if t.https { "https" } else { "http" });
     // An explicit --token wins, sent as a bearer; else the URL's credential, as basic auth.
     let (cred, bearer) = match token {
+        Some("-") => (None, false),
         Some(tok) => (Some(tok.to_owned()), true),
         None => (proxy.as_ref().and_then(|p| p.token.clone()), false),
     };

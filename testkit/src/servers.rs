@@ -41,11 +41,22 @@ async fn listener(args: &[String]) -> Result<(TcpListener, Arc<str>), String> {
     Ok((l, name))
 }
 
-/// `http-server --listen ADDR --name NAME`: answers every request with one line naming itself,
-/// the method, the target and whether a proxy credential reached it.
+/// `http-server --listen ADDR [--listen ADDR…] --name NAME`: answers every request with one
+/// line naming itself, the method, the target and whether a proxy credential reached it.
 pub async fn http_main(args: &[String]) -> Result<(), String> {
     let (l, name) = listener(args).await?;
+    for extra in crate::opts(args, "--listen").into_iter().skip(1) {
+        let more = TcpListener::bind(extra)
+            .await
+            .map_err(|e| format!("listen {extra}: {e}"))?;
+        tokio::spawn(serve_http(more, Arc::clone(&name)));
+    }
     println!("LISTENING {}", l.local_addr().map_err(|e| e.to_string())?);
+    serve_http(l, name).await;
+    Ok(())
+}
+
+async fn serve_http(l: TcpListener, name: Arc<str>) {
     loop {
         let Ok((s, _)) = l.accept().await else {
             continue;
