@@ -13,6 +13,7 @@
 //! | `jti` | the token's `jti` (not a secret: the revocation key) |
 //! | `wait-file NAME MS` | waits for `/workspace/ipc/input/NAME`, then removes it |
 //! | `hold HOST:PORT MS` | a `CONNECT` tunnel with the token: a block when open, one when it ends |
+//! | `bench URL N C [connect]` | a child `hako-testkit bench URL --requests N --concurrency C [--via connect]`, with the token in its proxy variables |
 
 use std::io::{BufRead as _, Read as _};
 use std::time::{Duration, Instant};
@@ -83,8 +84,16 @@ async fn command(line: &str, token: &str, out: &Out) -> Value {
     let arg = |i: usize| words.get(i).map(String::as_str).unwrap_or("");
     let ms = |i: usize, d: u64| Duration::from_millis(arg(i).parse().unwrap_or(d));
     match arg(0) {
-        "fetch" => child(&words[1..], token, false).await,
-        "direct" => child(&words[1..], token, true).await,
+        "fetch" => child("fetch", &words[1..], token, false).await,
+        "direct" => child("fetch", &words[1..], token, true).await,
+        "bench" => {
+            let mut args = vec![arg(1).to_owned(), "--requests".into(), arg(2).to_owned()];
+            args.extend(["--concurrency".into(), arg(3).to_owned()]);
+            if arg(4) == "connect" {
+                args.extend(["--via".into(), "connect".into()]);
+            }
+            child("bench", &args, token, false).await
+        }
         "tcp" => tcp(arg(1), ms(2, 3000)).await,
         "tcp-gateway" => match gateway() {
             Some(gw) => tcp(&format!("{gw}:{}", arg(1)), ms(2, 3000)).await,
@@ -130,12 +139,12 @@ async fn command(line: &str, token: &str, out: &Out) -> Value {
     }
 }
 
-/// Runs `hako-testkit fetch ARGS` as a child process: with the run's token in its proxy
+/// Runs `hako-testkit <what> ARGS` as a child process: with the run's token in its proxy
 /// variables, or (`bypass`) with no proxy variable at all.
-async fn child(args: &[String], token: &str, bypass: bool) -> Value {
+async fn child(what: &str, args: &[String], token: &str, bypass: bool) -> Value {
     let exe = std::env::current_exe().unwrap_or_else(|_| "/hako-testkit".into());
     let mut cmd = tokio::process::Command::new(exe);
-    cmd.arg("fetch").args(args).kill_on_drop(true);
+    cmd.arg(what).args(args).kill_on_drop(true);
     if bypass {
         for k in PROXY_VARS {
             cmd.env_remove(k);
@@ -143,7 +152,7 @@ async fn child(args: &[String], token: &str, bypass: bool) -> Value {
     } else {
         cmd.envs(child_proxy_env(std::env::vars(), token));
     }
-    match tokio::time::timeout(Duration::from_secs(30), cmd.output()).await {
+    match tokio::time::timeout(Duration::from_secs(600), cmd.output()).await {
         Ok(Ok(o)) => {
             let text = String::from_utf8_lossy(&o.stdout);
             serde_json::from_str(text.trim()).unwrap_or_else(|_| json!({"error": text.trim()}))
