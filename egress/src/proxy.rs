@@ -430,7 +430,8 @@ fn strip_hop_by_hop(h: &mut HeaderMap) {
     }
 }
 
-/// The request as the target sees it: origin-form, its `Host`, no credentials for the proxy.
+/// The request as the target sees it: origin-form, `Host` set to the allowed authority, no
+/// credentials for the proxy.
 fn origin_request(req: Request<Incoming>, target: &Target) -> Option<Request<Incoming>> {
     let (mut parts, body) = req.into_parts();
     let path = parts
@@ -440,16 +441,16 @@ fn origin_request(req: Request<Incoming>, target: &Target) -> Option<Request<Inc
         .to_owned();
     parts.uri = path.parse::<Uri>().ok()?;
     strip_hop_by_hop(&mut parts.headers);
-    if !parts.headers.contains_key(header::HOST) {
-        let host = if target.port == 80 {
-            target.host.to_string()
-        } else {
-            format!("{}:{}", target.host, target.port)
-        };
-        parts
-            .headers
-            .insert(header::HOST, HeaderValue::from_str(&host).ok()?);
-    }
+    // `Host` is the authority that was allowed, whatever the client wrote: a different one
+    // would reach another site behind the same address (a CDN's), around the allowlist.
+    let host = if target.port == 80 {
+        target.host.to_string()
+    } else {
+        format!("{}:{}", target.host, target.port)
+    };
+    parts
+        .headers
+        .insert(header::HOST, HeaderValue::from_str(&host).ok()?);
     parts.version = hyper::Version::HTTP_11;
     Some(Request::from_parts(parts, body))
 }

@@ -285,12 +285,24 @@ async fn allowed_targets_answer_over_http_and_through_connect() {
         !text.to_ascii_lowercase().contains("proxy-authorization") && !text.contains(&token),
         "the token never reaches the target: {text}"
     );
+    // The Host the target sees is the allowed authority, not one the client made up.
+    let (st, text) = send(
+        p,
+        &format!(
+            "GET http://{web}/fronted HTTP/1.1\r\nHost: evil.test\r\n{}Connection: close\r\n\r\n",
+            basic(&token)
+        ),
+    )
+    .await;
+    assert_eq!(st, 200, "{text}");
+    assert!(text.contains(&format!("host: {web}")), "{text}");
+    assert!(!text.contains("evil.test"), "{text}");
     // CONNECT with a bearer token: a tunnel that carries bytes both ways, untouched.
     let mut t = connect(p, &tls.to_string(), &bearer(&token)).await.unwrap();
     assert!(echo_round(&mut t, b"\x16\x03\x01 client hello bytes").await);
     assert!(echo_round(&mut t, &[0u8; 100_000]).await);
     drop(t);
-    assert_eq!(metric(&proxy, "egress_allowed_total{kind=\"http\"}"), 1);
+    assert_eq!(metric(&proxy, "egress_allowed_total{kind=\"http\"}"), 2);
     assert_eq!(metric(&proxy, "egress_allowed_total{kind=\"connect\"}"), 1);
     // The admin listener: health, readiness, the metrics.
     let a = proxy.admin_addr();
