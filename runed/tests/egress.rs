@@ -378,6 +378,27 @@ async fn the_proxy_killed_mid_run_fails_closed_and_comes_back() {
         assert!(Instant::now() < deadline, "the proxy did not come back");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let metrics = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("{}/metrics", rig.runed.as_ref().unwrap().url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let restarts: u64 = metrics
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("runed_egress_proxy_restarts_total ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(restarts >= 1, "{metrics}");
+    assert!(metrics.contains("runed_egress_proxy_up 1"), "{metrics}");
     rig.go("go2");
     let b = rig.blocks(&run, 5).await;
     let three = answer(&b, "fetch http://web.test/three");
