@@ -93,6 +93,9 @@ pub struct Config {
     pub header_timeout: Duration,
     /// `EGRESS_DNS_TIMEOUT` (5s): resolving the target.
     pub dns_timeout: Duration,
+    /// `EGRESS_DNS_CACHE` (5s, `0s`: off): how long a name's addresses are reused. They are
+    /// checked again on every use.
+    pub dns_cache: Duration,
     /// `EGRESS_RECHECK_INTERVAL` (1s): how often live connections' tokens are checked again
     /// (revoked or expired: the connection is cut).
     pub recheck: Duration,
@@ -113,6 +116,7 @@ impl Config {
             connect_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
             dns_timeout: Duration::from_secs(5),
+            dns_cache: Duration::from_secs(5),
             recheck: Duration::from_secs(1),
         }
     }
@@ -158,6 +162,7 @@ impl Config {
                 })
                 .collect::<Result<_, _>>()?;
         }
+        c.dns_cache = env.duration_or("EGRESS_DNS_CACHE", c.dns_cache)?;
         c.max_connections = positive(env, "EGRESS_MAX_CONNECTIONS", c.max_connections)?;
         c.max_per_token = positive(env, "EGRESS_MAX_CONNECTIONS_PER_TOKEN", c.max_per_token)?;
         for (var, field) in [

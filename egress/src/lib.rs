@@ -149,6 +149,7 @@ pub async fn start(
     let proxy = Arc::new(Proxy {
         sessions: Sessions::new(cfg.max_per_token),
         metrics: ProxyMetrics::new(),
+        dns: Default::default(),
         verifier,
         cfg,
     });

@@ -38,6 +38,36 @@ pub struct Proxy {
     pub(crate) verifier: Verifier,
     pub(crate) sessions: Sessions,
     pub(crate) metrics: ProxyMetrics,
+    pub(crate) dns: DnsCache,
+}
+
+/// Most names remembered (full: forgotten all at once, O(1) amortised).
+const DNS_CACHE_CAP: usize = 1024;
+
+/// Names resolved in the last `EGRESS_DNS_CACHE`: what a lookup answered, not a verdict
+/// (every use checks the addresses again), so a short memory cannot let anything new through.
+#[derive(Default)]
+pub struct DnsCache {
+    map: std::sync::Mutex<std::collections::HashMap<(String, u16), Resolved>>,
+}
+
+/// When a name was resolved, and to what.
+type Resolved = (Instant, Vec<SocketAddr>);
+
+impl DnsCache {
+    fn get(&self, name: &str, port: u16, ttl: Duration) -> Option<Vec<SocketAddr>> {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let (at, addrs) = map.get(&(name.to_owned(), port))?;
+        (at.elapsed() < ttl).then(|| addrs.clone())
+    }
+
+    fn put(&self, name: &str, port: u16, addrs: &[SocketAddr]) {
+        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= DNS_CACHE_CAP {
+            map.clear();
+        }
+        map.insert((name.to_owned(), port), (Instant::now(), addrs.to_vec()));
+    }
 }
 
 /// A request's target.
@@ -204,9 +234,21 @@ impl Proxy {
         match &t.host {
             TargetHost::Ip(ip) => Some(vec![SocketAddr::new(*ip, t.port)]),
             TargetHost::Name(n) => {
+                let ttl = self.cfg.dns_cache;
+                if !ttl.is_zero()
+                    && let Some(hit) = self.dns.get(n, t.port, ttl)
+                {
+                    return Some(hit);
+                }
                 let lookup = tokio::net::lookup_host((n.as_str(), t.port));
                 match tokio::time::timeout(self.cfg.dns_timeout, lookup).await {
-                    Ok(Ok(addrs)) => Some(addrs.take(16).collect()),
+                    Ok(Ok(addrs)) => {
+                        let addrs: Vec<SocketAddr> = addrs.take(16).collect();
+                        if !ttl.is_zero() && !addrs.is_empty() {
+                            self.dns.put(n, t.port, &addrs);
+                        }
+                        Some(addrs)
+                    }
                     _ => None,
                 }
             }
