@@ -20,7 +20,7 @@ use hako_shared::http::ApiError;
 /// Most scopes in one token.
 pub const MAX_SCOPES: usize = 64;
 /// Most egress hosts in one token.
-pub const MAX_EGRESS: usize = 64;
+pub const MAX_EGRESS: usize = hako_shared::egress::MAX_ENTRIES;
 pub use hako_shared::ids::MAX_ID;
 use hako_shared::ids::{ID_GRAMMAR, is_valid_id};
 
@@ -76,7 +76,9 @@ pub enum MintError {
     #[error("run_id and turn_id must equal the parent token's")]
     RunOutsideParent,
     /// An egress host is malformed.
-    #[error("egress host {0:?} is invalid: use a lowercase DNS name or IPv4 address, no port")]
+    #[error(
+        "egress entry {0:?} is invalid: use a DNS name, *.suffix or IPv4 address, with an optional :port"
+    )]
     InvalidEgress(String),
     /// An egress host a non-service parent does not have.
     #[error("egress host {0:?} is not in the parent token's egress list")]
@@ -512,7 +514,10 @@ mod tests {
             "invalid_request"
         );
         let mut r = spawn_req();
-        r.egress = vec!["*.example.com".into()];
+        r.egress = vec!["*.Example.com:8443".into(), "*.example.com:8443".into()];
+        let c = downscope(&runed, &r, NOW, "c".into(), LIMITS).unwrap();
+        assert_eq!(c.egress, vec!["*.example.com:8443"], "canonical, once");
+        r.egress = vec!["*.com".into()];
         assert_eq!(
             code(downscope(&runed, &r, NOW, "c".into(), LIMITS)),
             "invalid_egress"

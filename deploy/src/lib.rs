@@ -111,8 +111,32 @@ pub const ROUTD: ImageSpec = ImageSpec {
     files: &[(CA_BUNDLE, "ca-certificates.crt")],
 };
 
+/// The egress proxy of `allowlist` groups (runed starts it).
+pub const EGRESS: ImageSpec = ImageSpec {
+    name: "hako-egress",
+    package: "hako-egress",
+    bin: "egress",
+    dockerfile: "egress.Dockerfile",
+    sources: &["shared", "egress"],
+    files: &[],
+};
+
 /// Every image the pipeline knows, in build order.
-pub const IMAGES: &[ImageSpec] = &[AGENT, AUTHD, RUNED, ROUTD];
+pub const IMAGES: &[ImageSpec] = &[AGENT, AUTHD, RUNED, ROUTD, EGRESS];
+
+/// Test-only: the egress tests' and bench's targets, client and minimal agent. Built by
+/// the tests that need it, never by `hako-images build`.
+pub const TESTKIT: ImageSpec = ImageSpec {
+    name: "hako-testkit",
+    package: "hako-testkit",
+    bin: "hako-testkit",
+    dockerfile: "testkit.Dockerfile",
+    sources: &["shared", "testkit"],
+    files: &[],
+};
+
+/// The images tests build besides [`IMAGES`]; the same checks hold for them.
+pub const TEST_IMAGES: &[ImageSpec] = &[TESTKIT];
 
 /// What the pipeline is doing for one image (for progress output).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -516,6 +540,16 @@ pub async fn ensure_agent_image() -> Result<String, DeployError> {
     ensure_image_once(&AGENT).await
 }
 
+/// Ensures the egress proxy's image exists and returns its hashed tag; once per process.
+pub async fn ensure_egress_image() -> Result<String, DeployError> {
+    ensure_image_once(&EGRESS).await
+}
+
+/// Ensures the test kit's image exists and returns its hashed tag; once per process.
+pub async fn ensure_testkit_image() -> Result<String, DeployError> {
+    ensure_image_once(&TESTKIT).await
+}
+
 /// Ensures `spec` exists, building it at most once per process.
 pub async fn ensure_image_once(spec: &ImageSpec) -> Result<String, DeployError> {
     static TAGS: tokio::sync::Mutex<Vec<(&'static str, String)>> =
@@ -534,7 +568,7 @@ mod tests {
     #[test]
     fn every_image_has_a_dockerfile_copying_its_binary() {
         let root = super::workspace_root();
-        for spec in super::IMAGES {
+        for spec in super::IMAGES.iter().chain(super::TEST_IMAGES) {
             let path = root.join("deploy").join(spec.dockerfile);
             let text = std::fs::read_to_string(&path)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -626,7 +660,7 @@ mod tests {
             }
             Some(Path::new(p["manifest_path"].as_str()?).parent()?.to_owned())
         };
-        for spec in IMAGES {
+        for spec in IMAGES.iter().chain(TEST_IMAGES) {
             let start = packages
                 .iter()
                 .find(|p| p["name"] == spec.package)

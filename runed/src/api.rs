@@ -126,6 +126,15 @@ async fn status(sh: &Shared, r: SpawnRow) -> Result<RunStatus, ApiFailure> {
     })
 }
 
+/// Whether the caller is a service token (or open dev mode): the only callers that choose a
+/// group's network.
+fn is_service(who: &Principal) -> bool {
+    match who {
+        Principal::Open => true,
+        Principal::Token(c) => c.typ == hako_shared::auth::TokenType::Service,
+    }
+}
+
 /// Start a run: queued, then one container in its folder's turn. Idempotent on `turn_id`
 /// within the folder (a repeat answers the same run with `existing: true`).
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", security(("bearer" = [])),
@@ -148,7 +157,20 @@ async fn create_run(
     who.require_folder(&folder)?;
     req.group.validate()?;
     let elevated = req.group.beyond(&sh.cfg.runner.limits);
-    if !elevated.is_empty() && !who.is_unbound() {
+    // A folder-bound caller may only tighten; an unbound one may set the rest, except the
+    // network (and what an allowlist reaches), which only a service token chooses (routd,
+    // from the group's config).
+    let elevated: Vec<&'static str> = if is_service(&who) {
+        Vec::new()
+    } else if who.is_unbound() {
+        elevated
+            .into_iter()
+            .filter(|f| matches!(*f, "network" | "egress_allowlist"))
+            .collect()
+    } else {
+        elevated
+    };
+    if !elevated.is_empty() {
         let refused = ApiFailure::ForbiddenGroupSetting(elevated.clone());
         audit_row(
             &sh,

@@ -195,7 +195,12 @@ async fn run_one(
             &folder,
             req.turn_id.as_str(),
             &run_id,
-            &req.group.egress_allowlist,
+            // Egress only where the proxy enforces it: other runs' tokens name no host.
+            if req.group.network == hako_shared::runs::Network::Allowlist {
+                &req.group.egress_allowlist
+            } else {
+                &[]
+            },
             ceiling + sh.cfg.token_margin,
         )
         .await

@@ -11,6 +11,7 @@ mod adopt;
 mod api;
 pub mod config;
 mod daemon;
+mod egress;
 mod error;
 mod gc;
 pub mod metrics;
@@ -211,6 +212,7 @@ pub async fn start(
                 sh.probe_docker()
                     .await
                     .map_err(|e| format!("docker: {e}"))?;
+                egress::ready(&sh)?;
                 Ok(())
             })
         }),
@@ -223,6 +225,7 @@ pub async fn start(
     let tasks = vec![
         tokio::spawn(daemon::scheduler(shared.clone())),
         tokio::spawn(gc::gc_loop(shared.clone())),
+        tokio::spawn(egress::supervise(shared.clone())),
     ];
     let (stop, stopped) = oneshot::channel::<()>();
     let server = tokio::spawn(hako_shared::http::serve_with(

@@ -33,6 +33,10 @@ pub struct DaemonMetrics {
     pub docker_latency: Histogram,
     /// Runs re-adopted at start.
     pub adopted: Counter,
+    /// Times the egress proxy was found gone and created again.
+    pub egress_restarts: Counter,
+    /// 1 while the egress proxy answers ready.
+    pub egress_up: Gauge,
 }
 
 impl DaemonMetrics {
@@ -81,6 +85,16 @@ impl DaemonMetrics {
             adopted: registry.counter(
                 "runed_adopted_total",
                 "Runs re-adopted after a restart.",
+                &[],
+            ),
+            egress_restarts: registry.counter(
+                "runed_egress_proxy_restarts_total",
+                "Times the egress proxy was found gone or stopped and created again.",
+                &[],
+            ),
+            egress_up: registry.gauge(
+                "runed_egress_proxy_up",
+                "1 while the egress proxy answers ready (0 also when none is configured).",
                 &[],
             ),
             spawns,

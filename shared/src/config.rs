@@ -70,6 +70,14 @@ impl Env {
         }
     }
 
+    /// Every variable with a non-empty value (e.g. to pass a family of them on).
+    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.vars
+            .iter()
+            .filter(|(_, v)| !v.is_empty())
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
     /// The raw value; an empty string counts as unset.
     pub fn get(&self, var: &str) -> Option<&str> {
         self.vars

@@ -3,7 +3,7 @@
 //! metrics. Every daemon, the CLI and the agent build on it; nothing here is defined twice.
 //!
 //! The agent (a static binary in a `FROM scratch` image) uses only the always-on modules
-//! (`config`, `contract`, `folder`); the daemons enable the `server`, `db` and `telemetry`
+//! (`config`, `contract`, `folder`, `egress`); the daemons enable the `server`, `db` and `telemetry`
 //! features.
 
 #![warn(missing_docs)]
@@ -16,6 +16,7 @@ pub mod contract;
 pub mod cron;
 #[cfg(feature = "db")]
 pub mod db;
+pub mod egress;
 pub mod folder;
 pub mod glob;
 pub mod grants;

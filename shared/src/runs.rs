@@ -157,7 +157,8 @@ pub struct GroupSpec {
     /// Network policy.
     #[serde(default)]
     pub network: Network,
-    /// Hosts reachable with `network: allowlist`.
+    /// What `network: allowlist` reaches through the egress proxy: `host`, `*.suffix` or an
+    /// IPv4 address, each with an optional `:port` (default 443 and 80). See `specs/egress.md`.
     #[serde(default)]
     pub egress_allowlist: Vec<String>,
     /// Run ceiling (defaults to `RUNED_RUN_TIMEOUT`; never above it).
@@ -334,6 +335,19 @@ impl GroupSpec {
                 "llm.daily_tokens",
                 "must be at least 1 (leave it out for routd's default)".into(),
             )?;
+        }
+        check(
+            self.egress_allowlist.len() <= crate::egress::MAX_ENTRIES,
+            "egress_allowlist",
+            format!("at most {} entries", crate::egress::MAX_ENTRIES),
+        )?;
+        for (i, e) in self.egress_allowlist.iter().enumerate() {
+            if let Err(why) = crate::egress::EgressRule::parse(e) {
+                return Err(GroupSpecError {
+                    field: format!("egress_allowlist[{i}]"),
+                    reason: why,
+                });
+            }
         }
         for (i, s) in self.sidecars.iter().enumerate() {
             if let Some(m) = s.memory {
@@ -823,6 +837,10 @@ mod tests {
             (
                 json!({"sidecars": [{"name": "s", "image": "i", "cpus": 0}]}),
                 "sidecars[0].cpus",
+            ),
+            (
+                json!({"egress_allowlist": ["ok.example", "*.com"]}),
+                "egress_allowlist[1]",
             ),
         ] {
             let g: GroupSpec = serde_json::from_value(body.clone()).unwrap();

@@ -73,6 +73,8 @@ pub struct RunnerConfig {
     pub steer_wait: Duration,
     /// Network used for `network: open`.
     pub open_network: String,
+    /// The egress proxy for `network: allowlist` (`RUNED_EGRESS_IMAGE`); `None`: refused.
+    pub egress: Option<super::egress::EgressConfig>,
     /// The Docker socket the client talks to (named in errors).
     pub docker_socket: String,
 }
@@ -131,6 +133,7 @@ impl RunnerConfig {
             idle_timeout: Some(Duration::ZERO),
             steer_wait: Duration::from_secs(10),
             open_network: "bridge".into(),
+            egress: None,
             docker_socket: super::docker::socket_path(),
         }
     }
@@ -266,6 +269,7 @@ impl RunnerConfig {
             }
         }
         c.open_network = env.string_or("RUNED_OPEN_NETWORK", &c.open_network);
+        c.egress = super::egress::EgressConfig::from_env(env)?;
         let passthrough = env.string_or("HAKO_ENV_PASSTHROUGH", DEFAULT_PASSTHROUGH);
         c.host_env = passthrough
             .split(',')

@@ -114,6 +114,12 @@ impl Runner {
         };
         let (mut errors, agent_error) = tokio::join!(sidecars, agent);
         errors.extend(agent_error);
+        // The run's egress network, once its agent is gone (a network in use cannot go).
+        if let Some(e) = &self.egress
+            && let Err(err) = e.detach_run(run_id).await
+        {
+            errors.push(format!("egress network: {err}"));
+        }
         for e in &errors {
             tracing::error!(run = run_id, "cleanup: {e}");
         }

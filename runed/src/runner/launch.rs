@@ -45,9 +45,23 @@ impl Runner {
         live: &LiveRun,
     ) -> Result<Launched, RunError> {
         let prepared = self.prepare(spec).await?;
+        // An allowlist run's network: internal, its only other member the egress proxy.
+        let egress_net = match (&self.egress, spec.group.network) {
+            (Some(e), Network::Allowlist) => {
+                Some(e.attach_run(&spec.run_id, spec.folder.as_str()).await?)
+            }
+            (None, Network::Allowlist) => {
+                return Err(RunError::Invalid(
+                    "network \"allowlist\" needs the egress proxy (RUNED_EGRESS_IMAGE)".into(),
+                ));
+            }
+            _ => None,
+        };
         self.start_sidecars(spec, &prepared).await?;
         let deadline = Instant::now() + ceiling;
-        let (id, output) = self.launch(spec, &prepared, ceiling, live).await?;
+        let (id, output) = self
+            .launch(spec, &prepared, ceiling, live, egress_net)
+            .await?;
         Ok(Launched {
             id,
             output,
@@ -78,10 +92,11 @@ impl Runner {
         format!("hako-{}-{clean}{suffix}", self.cfg.install_id)
     }
 
-    fn network_for(&self, g: &GroupSpec) -> String {
-        match g.network {
-            Network::None | Network::Allowlist => "none".into(),
-            Network::Open => self.cfg.open_network.clone(),
+    fn network_for(&self, g: &GroupSpec, egress_net: Option<String>) -> String {
+        match (g.network, egress_net) {
+            (Network::Allowlist, Some(net)) => net,
+            (Network::None | Network::Allowlist, _) => "none".into(),
+            (Network::Open, _) => self.cfg.open_network.clone(),
         }
     }
 
@@ -179,6 +194,7 @@ impl Runner {
         p: &Prepared,
         ceiling: Duration,
         live: &LiveRun,
+        egress_net: Option<String>,
     ) -> Result<(String, OutputStream), RunError> {
         let cfg = &self.cfg;
         let g = &spec.group;
@@ -199,6 +215,11 @@ impl Runner {
             env.push(format!("{MARKER_START_ENV}={}", cfg.markers.start));
             env.push(format!("{MARKER_END_ENV}={}", cfg.markers.end));
         }
+        if egress_net.is_some() {
+            // The proxy's address only: the token travels on stdin, and the agent puts it
+            // into its tools' proxy variables itself (specs/egress.md).
+            env.extend(super::egress::Egress::agent_env());
+        }
         let mut labels = self.base_labels(&spec.run_id, &spec.folder, "agent");
         labels.insert(labels::TURN.to_owned(), spec.turn_id.clone());
         let deadline_ms = hako_shared::time::unix_millis(SystemTime::now() + ceiling);
@@ -210,7 +231,7 @@ impl Runner {
             env,
             cmd: None,
             mounts: p.mounts.clone(),
-            network: self.network_for(g),
+            network: self.network_for(g, egress_net),
             limits: g.limits(&cfg.limits),
             labels,
             stdin: true,

@@ -20,6 +20,7 @@
 mod adopt;
 pub mod config;
 pub mod docker;
+pub mod egress;
 mod finish;
 mod launch;
 pub mod mounts;
@@ -294,6 +295,8 @@ pub struct Runner {
     docker: Docker,
     cfg: Arc<RunnerConfig>,
     storage: Arc<Storage>,
+    /// The egress proxy, when `cfg.egress` is set.
+    egress: Option<Arc<egress::Egress>>,
 }
 
 impl Runner {
@@ -303,11 +306,25 @@ impl Runner {
         let storage = Arc::new(Storage::open(&cfg.layout.data_dir)?);
         // What an earlier process moved aside and did not finish deleting.
         storage.schedule_reap();
+        let egress = cfg.egress.clone().map(|e| {
+            Arc::new(egress::Egress::new(
+                docker.clone(),
+                e,
+                cfg.install_id.clone(),
+                cfg.docker_timeout,
+            ))
+        });
         Ok(Runner {
             docker,
             cfg: Arc::new(cfg),
             storage,
+            egress,
         })
+    }
+
+    /// The egress proxy of `allowlist` runs, if configured.
+    pub fn egress(&self) -> Option<&egress::Egress> {
+        self.egress.as_deref()
     }
 
     /// The configuration.
@@ -354,6 +371,8 @@ impl Runner {
         let orphans: Vec<_> = docker::list_install(&self.docker, &self.cfg.install_id, t)
             .await?
             .into_iter()
+            // The egress proxy belongs to the install, not to a run.
+            .filter(|c| c.labels.get(labels::ROLE).map(String::as_str) != Some(egress::ROLE_PROXY))
             .filter(|c| !c.run_id().is_some_and(|r| live.contains(r)))
             .collect();
         // In parallel (a few at a time): a restart after a crash may find many.
@@ -366,6 +385,11 @@ impl Runner {
             .collect()
             .await;
         let removed = results.iter().filter(|r| r.is_ok()).count();
+        if let Some(e) = &self.egress
+            && let Err(err) = e.cleanup_networks(live).await
+        {
+            tracing::warn!(error = %err, "removing orphaned egress networks failed");
+        }
         // Every orphan was tried; the first failure is reported.
         match results.into_iter().find_map(Result::err) {
             Some(e) => Err(e),

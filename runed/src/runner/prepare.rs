@@ -38,10 +38,10 @@ impl Runner {
         let g = &spec.group;
         g.validate()
             .map_err(|e| RunError::Invalid(format!("group: {e}")))?;
-        if g.network == Network::Allowlist {
+        if g.network == Network::Allowlist && self.egress.is_none() {
             // Fail closed: without the egress proxy an allowlist cannot be enforced.
             return Err(RunError::Invalid(
-                "network \"allowlist\" needs the egress proxy, which is not configured; use \"none\" or \"open\"".into(),
+                "network \"allowlist\" needs the egress proxy, which is not configured (RUNED_EGRESS_IMAGE); use \"none\" or \"open\"".into(),
             ));
         }
         for s in &g.sidecars {

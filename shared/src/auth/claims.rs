@@ -66,7 +66,8 @@ pub struct Claims {
     /// The token this one was downscoped from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_jti: Option<String>,
-    /// Hosts the egress proxy lets this token reach (exact names).
+    /// What the egress proxy lets this token reach: entries of `crate::egress::EgressRule`
+    /// (`host`, `*.suffix`, IPv4, each with an optional `:port`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress: Vec<String>,
 }
@@ -93,24 +94,14 @@ impl Claims {
 }
 
 /// Longest host name accepted in an `egress` claim.
-pub const MAX_HOST: usize = 253;
+pub const MAX_HOST: usize = crate::egress::MAX_HOST;
 
-/// Normalises and validates an egress host: a DNS name or IPv4 address, lowercase, no port,
-/// no wildcard (the proxy allows exactly the hosts named). Returns the lowercase form.
+/// Normalises and validates an egress entry (`crate::egress::EgressRule`): a DNS name,
+/// `*.suffix` or IPv4 address, with an optional `:port`, lowercase. Returns the canonical form.
 pub fn normalize_egress_host(raw: &str) -> Option<String> {
-    let host = raw.trim().to_ascii_lowercase();
-    if host.is_empty() || host.len() > MAX_HOST {
-        return None;
-    }
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-            && l.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    };
-    host.split('.').all(label_ok).then_some(host)
+    crate::egress::EgressRule::parse(raw)
+        .ok()
+        .map(|r| r.to_string())
 }
 
 #[cfg(test)]
@@ -168,15 +159,12 @@ mod tests {
             normalize_egress_host("10.0.0.1").as_deref(),
             Some("10.0.0.1")
         );
+        assert_eq!(
+            normalize_egress_host("*.Example.com:8443").as_deref(),
+            Some("*.example.com:8443")
+        );
         for bad in [
-            "",
-            "*.example.com",
-            "a..b",
-            "-a.com",
-            "a.com:443",
-            "a b",
-            ".",
-            "é.com",
+            "", "*.com", "a..b", "-a.com", "a.com:0", "a b", ".", "é.com",
         ] {
             assert!(normalize_egress_host(bad).is_none(), "{bad:?}");
         }

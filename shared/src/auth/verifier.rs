@@ -198,6 +198,8 @@ struct Inner {
     /// count move and looks again instead of fetching (or waiting) itself.
     fetches: AtomicU64,
     revoked: RwLock<HashMap<String, i64>>,
+    /// When the revocation list was last fetched from authd (remote mode).
+    revoked_fetched: Mutex<Option<Instant>>,
     /// Verified tokens; held only for a lookup or an insert, never across an await.
     cache: Mutex<HashMap<TokenDigest, CachedToken>>,
     tasks_started: OnceLock<()>,
@@ -289,6 +291,7 @@ impl Verifier {
                 fetch_gate: tokio::sync::Mutex::new(None),
                 fetches: AtomicU64::new(0),
                 revoked: RwLock::new(HashMap::new()),
+                revoked_fetched: Mutex::new(None),
                 cache: Mutex::new(HashMap::new()),
                 tasks_started: OnceLock::new(),
                 tasks: Mutex::new(Vec::new()),
@@ -563,7 +566,20 @@ impl Verifier {
             .map(|e| (e.jti, e.exp))
             .collect();
         *write(&self.inner.revoked) = fresh;
+        *lock(&self.inner.revoked_fetched) = Some(Instant::now());
         Ok(())
+    }
+
+    /// How old this verifier's knowledge of revocations is: since the last successful poll
+    /// of authd's list (remote mode; `None` before the first), zero for a verifier whose
+    /// owner pushes revocations in, `None` in open mode. A caller that must fail closed (the
+    /// egress proxy) refuses tokens while this is `None` or too old.
+    pub fn revocations_age(&self) -> Option<Duration> {
+        match self.inner.mode {
+            Mode::Remote(_) => lock(&self.inner.revoked_fetched).map(|t| t.elapsed()),
+            Mode::Local => Some(Duration::ZERO),
+            Mode::Open => None,
+        }
     }
 
     fn leeway_secs(&self) -> i64 {
