@@ -118,7 +118,15 @@ impl Daemons {
         let t = client
             .service_token("operator", &key)
             .await
-            .map_err(|e| anyhow!("authd at {} refused the operator key: {e}", self.ep.authd))?;
+            .map_err(|e| match e {
+                hako_shared::auth::ClientError::Api { .. } => {
+                    anyhow!("authd at {} refused the operator key: {e}", self.ep.authd)
+                }
+                e => anyhow!(
+                    "authd does not answer at {} ({e}): is the stack up (`hako status`)?",
+                    self.ep.authd
+                ),
+            })?;
         Ok(t.token)
     }
 

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use hako_deploy::progress::Progress;
-use hako_deploy::{AGENT, AUTHD, Pipeline, ROUTD, RUNED};
+use hako_deploy::{AGENT, AUTHD, EGRESS, Pipeline, ROUTD, RUNED};
 use serde_json::json;
 
 use crate::daemons::{Daemons, Endpoints};
@@ -261,15 +261,15 @@ fn provider_keys(secrets: &Path) -> anyhow::Result<Vec<&'static str>> {
     Ok(found)
 }
 
-/// Builds (or finds) the four images; their hashed tags in the order agent, authd, runed,
-/// routd.
-pub async fn images() -> anyhow::Result<[String; 4]> {
+/// Builds (or finds) the stack's images; their hashed tags in the order agent, authd, runed,
+/// routd, egress.
+pub async fn images() -> anyhow::Result<[String; 5]> {
     let docker = hako_deploy::connect_docker()
         .context("cannot reach the Docker daemon (is it running? is DOCKER_HOST right?)")?;
     let pipeline = Pipeline::new(docker);
     let progress = Progress::stderr();
     let mut tags = Vec::new();
-    for spec in [AGENT, AUTHD, RUNED, ROUTD] {
+    for spec in [AGENT, AUTHD, RUNED, ROUTD, EGRESS] {
         let tag = pipeline
             .ensure_with(&spec, &|step| progress.report(spec.name, step))
             .await
@@ -277,14 +277,14 @@ pub async fn images() -> anyhow::Result<[String; 4]> {
         tags.push(tag);
     }
     tags.try_into()
-        .map_err(|_| anyhow::anyhow!("four images, four tags"))
+        .map_err(|_| anyhow::anyhow!("five images, five tags"))
 }
 
 /// Prepares the home and brings the stack up; answers once every daemon is ready.
 pub async fn up(s: &StackArgs) -> anyhow::Result<Endpoints> {
     let home = s.home()?;
     eprintln!("hako up: images (skipped when their content hash exists)");
-    let [agent, authd, runed, routd] = images().await?;
+    let [agent, authd, runed, routd, egress] = images().await?;
     eprintln!("hako up: home {}", home.display());
     mkdir(&home, 0o755)?;
     mkdir(&home.join("data"), 0o755)?;
@@ -319,6 +319,7 @@ pub async fn up(s: &StackArgs) -> anyhow::Result<Endpoints> {
         ("HAKO_AUTHD_IMAGE", authd),
         ("HAKO_RUNED_IMAGE", runed),
         ("HAKO_ROUTD_IMAGE", routd),
+        ("HAKO_EGRESS_IMAGE", egress),
         ("HAKO_AUTHD_PORT", s.authd_port.to_string()),
         ("HAKO_RUNED_PORT", s.runed_port.to_string()),
         ("HAKO_ROUTD_PORT", s.routd_port.to_string()),
@@ -393,17 +394,29 @@ pub async fn up_command(args: UpArgs) -> anyhow::Result<()> {
         let reply = demo(&ep, text).await?;
         println!("demo agent> {reply}");
     }
+    let hako = self_command();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "\nhako is up: routd's API at {}.\nNext:\n  \
-         hako send web:demo 'what can you do?'   talk to the demo group's agent\n  \
-         hako status                             what runs, what waits\n  \
-         hako down                               stop the stack (or: {} down)",
+         {hako} send web:demo 'what can you do?'   talk to the demo group's agent\n  \
+         {hako} status                             what runs, what waits\n  \
+         {hako} down                               stop the stack (or: {} down)",
         ep.routd,
         shell_words(&cmd)
     )?;
     Ok(())
+}
+
+/// How the user runs this command again: `hako` when installed, the `cargo run` line when it
+/// runs from the workspace's target directory.
+fn self_command() -> String {
+    match std::env::current_exe() {
+        Ok(p) if p.components().any(|c| c.as_os_str() == "target") => {
+            "cargo run -q -p hako-cli --bin hako --".into()
+        }
+        _ => "hako".into(),
+    }
 }
 
 /// `hako down`.
@@ -415,15 +428,25 @@ pub async fn down_command(args: DownArgs) -> anyhow::Result<()> {
             home.display()
         );
     }
-    let cmd = compose_command(&args.stack)?;
-    run_compose(&cmd, &["down", "--remove-orphans"])?;
-    remove_agents(&args.stack.project).await?;
+    down(&args.stack).await?;
     if args.purge {
         std::fs::remove_dir_all(&home)
             .with_context(|| format!("cannot remove {}", home.display()))?;
         eprintln!("hako down: removed {}", home.display());
     }
     Ok(())
+}
+
+/// Stops the stack: the daemons first (so runed starts nothing more), then what runed made
+/// (agents, sidecars, the egress proxy, which sits on the daemons' network), then the rest.
+pub async fn down(s: &StackArgs) -> anyhow::Result<()> {
+    let cmd = compose_command(s)?;
+    run_compose(&cmd, &["stop"])?;
+    let n = remove_agents(&s.project).await?;
+    if n > 0 {
+        eprintln!("hako down: removed {n} container(s) runed had started");
+    }
+    run_compose(&cmd, &["down", "--volumes", "--remove-orphans"])
 }
 
 /// Removes agent and sidecar containers runed left behind for this install (runed detaches

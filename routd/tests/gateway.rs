@@ -11,11 +11,14 @@ use std::time::{Duration, Instant};
 
 use axum::http::HeaderMap;
 use common::*;
+use futures_util::StreamExt as _;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use serde_json::{Value, json};
 
 const REAL_KEY: &str = "sk-ant-real-provider-key-0123456789";
+/// Where the stub's stream pauses (between a text and a tool call).
+const PAUSE: &str = "\u{0}pause\u{0}";
 
 /// One request the stub provider got: its headers and body.
 #[derive(Debug, Clone)]
@@ -35,7 +38,11 @@ struct Provider {
 fn answer(texts: &[&str], tools: &[(&str, &str, Value)], input_tokens: u64) -> String {
     let mut s = String::new();
     let mut ev = |name: &str, data: Value| {
-        s.push_str(&format!("event: {name}\ndata: {data}\n\n"));
+        if name.is_empty() {
+            s.push_str(PAUSE);
+        } else {
+            s.push_str(&format!("event: {name}\ndata: {data}\n\n"));
+        }
     };
     ev(
         "message_start",
@@ -65,6 +72,11 @@ fn answer(texts: &[&str], tools: &[(&str, &str, Value)], input_tokens: u64) -> S
             json!({"type": "content_block_stop", "index": index}),
         );
         index += 1;
+    }
+    // A real model takes a while to write a call's arguments after its text: the pause
+    // (where the stub stream waits) lets the text the agent sent on reach the chat first.
+    if !texts.is_empty() && !tools.is_empty() {
+        ev("", Value::Null);
     }
     for (id, name, input) in tools {
         ev(
@@ -117,12 +129,21 @@ impl Provider {
                     });
                     let sse = Provider::script(&body);
                     if body["stream"] == true {
+                        let parts: Vec<String> = sse.split(PAUSE).map(str::to_owned).collect();
+                        let stream = futures_util::stream::iter(parts.into_iter().enumerate())
+                            .then(|(i, part)| async move {
+                                if i > 0 {
+                                    tokio::time::sleep(Duration::from_millis(500)).await;
+                                }
+                                Ok::<_, std::io::Error>(axum::body::Bytes::from(part))
+                            });
                         return axum::response::Response::builder()
                             .header("content-type", "text/event-stream")
                             .header("request-id", "req_stub")
-                            .body(axum::body::Body::from(sse))
+                            .body(axum::body::Body::from_stream(stream))
                             .unwrap();
                     }
+                    let sse = sse.replace(PAUSE, "");
                     // Not streamed: the same answer as one message.
                     let text = sse
                         .lines()

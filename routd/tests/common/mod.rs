@@ -35,6 +35,51 @@ pub struct Rig {
     pub routd_env: Vec<(String, String)>,
     pub operator: String,
     pub channel: String,
+    /// runed's install id: this rig's containers carry it, and are removed on drop.
+    pub install: String,
+}
+
+impl Drop for Rig {
+    /// Whatever a test leaves (a failed assertion skips `stop`): the binary, and every
+    /// container of this rig's install.
+    fn drop(&mut self) {
+        if let Some((mut c, _)) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let install = self.install.clone();
+        let _ = std::thread::spawn(move || {
+            use bollard::query_parameters::{
+                ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+            };
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                let Ok(docker) = hako_deploy::connect_docker() else {
+                    return;
+                };
+                let filters = HashMap::from([(
+                    "label".to_owned(),
+                    vec![format!("io.hako.install={install}")],
+                )]);
+                let opts = ListContainersOptionsBuilder::new()
+                    .all(true)
+                    .filters(&filters)
+                    .build();
+                for c in docker.list_containers(Some(opts)).await.unwrap_or_default() {
+                    if let Some(id) = c.id {
+                        let rm = RemoveContainerOptionsBuilder::new().force(true).build();
+                        let _ = docker.remove_container(&id, Some(rm)).await;
+                    }
+                }
+            });
+        })
+        .join();
+    }
 }
 
 impl Rig {
@@ -72,6 +117,13 @@ impl Rig {
         };
         let mut runed_env = own(runed_env);
         runed_env.push(("CONTAINER_IMAGE".into(), image));
+        let install = {
+            let mut b = [0u8; 6];
+            getrandom::fill(&mut b).unwrap();
+            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+            format!("routd-test-{hex}")
+        };
+        runed_env.push(("HAKO_INSTALL_ID".into(), install.clone()));
         let routd_port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -89,6 +141,7 @@ impl Rig {
             routd_env: own(routd_env),
             operator,
             channel,
+            install,
         };
         rig.start_runed().await;
         rig.start_routd().await;

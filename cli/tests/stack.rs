@@ -1,0 +1,286 @@
+//! The compose stack end to end: `hako up`'s own code builds the images and brings authd,
+//! runed and routd up with the compose tool, on a project name and ports of this test run;
+//! a message goes in over HTTP and the agent's reply comes out on routd's event stream; the
+//! runed container restarted mid-turn still gives exactly one reply; routd restarted gives no
+//! duplicate. Everything (containers, networks, agents, the home) is torn down even when an
+//! assertion fails.
+
+use std::time::{Duration, Instant};
+
+use bollard::query_parameters::{ListContainersOptionsBuilder, RestartContainerOptionsBuilder};
+use hako_cli::daemons::{Daemons, Endpoints};
+use hako_cli::stack::{self, StackArgs};
+use serde_json::{Value, json};
+
+const LIMIT: Duration = Duration::from_secs(120);
+
+/// A stack of this test run, taken down on drop.
+struct Stack {
+    args: StackArgs,
+    home: std::path::PathBuf,
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        let args = self.args.clone();
+        let home = self.home.clone();
+        // Off the test's runtime: a runtime of its own for `hako down`'s code.
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                if let Err(e) = rt.block_on(stack::down(&args)) {
+                    eprintln!("teardown: {e:#}");
+                }
+                // Whatever `down` could not take (it failed half way): by label.
+                let _ = rt.block_on(stack::remove_agents(&args.project));
+            }
+            let _ = std::fs::remove_dir_all(&home);
+        })
+        .join();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn unique() -> String {
+    let mut b = [0u8; 4];
+    getrandom::fill(&mut b).unwrap();
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The container of `service` in the stack.
+async fn container(project: &str, service: &str) -> String {
+    let docker = hako_deploy::connect_docker().unwrap();
+    let filters = std::collections::HashMap::from([(
+        "label".to_owned(),
+        vec![
+            format!("com.docker.compose.project={project}"),
+            format!("com.docker.compose.service={service}"),
+        ],
+    )]);
+    let list = docker
+        .list_containers(Some(
+            ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .unwrap();
+    list.into_iter()
+        .next()
+        .and_then(|c| c.id)
+        .unwrap_or_else(|| panic!("no {service} container in {project}"))
+}
+
+async fn restart(project: &str, service: &str) {
+    let docker = hako_deploy::connect_docker().unwrap();
+    let id = container(project, service).await;
+    docker
+        .restart_container(
+            &id,
+            Some(RestartContainerOptionsBuilder::new().t(10).build()),
+        )
+        .await
+        .unwrap();
+}
+
+async fn history(d: &Daemons, token: &str, chat: &str) -> Vec<Value> {
+    let v = d
+        .routd_json(
+            reqwest::Method::GET,
+            &format!(
+                "/v1/chats/{}/messages?limit=1000",
+                hako_cli::daemons::encode(chat)
+            ),
+            token,
+            None,
+        )
+        .await
+        .unwrap();
+    v["messages"].as_array().cloned().unwrap_or_default()
+}
+
+fn replies_with(h: &[Value], text: &str) -> usize {
+    h.iter()
+        .filter(|m| {
+            m["direction"] == "out"
+                && m["kind"] == "message"
+                && m["content"].as_str().is_some_and(|c| c.contains(text))
+        })
+        .count()
+}
+
+async fn wait_ready(d: &Daemons) {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let r = d.ready_all().await;
+        if r.iter().all(|(_, r)| r.is_ok()) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "not ready again: {r:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Waits until the turn that covers message `id` of `folder` runs; answers it.
+async fn running_turn(d: &Daemons, token: &str, folder: &str, id: &str) -> Value {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let v = d
+            .routd_json(
+                reqwest::Method::GET,
+                &format!("/v1/turns?folder={folder}&state=running"),
+                token,
+                None,
+            )
+            .await
+            .unwrap();
+        let covering = v["turns"].as_array().and_then(|ts| {
+            ts.iter().find(|t| {
+                t["messages"]
+                    .as_array()
+                    .is_some_and(|m| m.contains(&json!(id)))
+            })
+        });
+        if let Some(t) = covering {
+            return t.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no running turn for {id} in {folder}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn turn_done(d: &Daemons, token: &str, turn_id: &str) -> Value {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let v = d
+            .routd_json(
+                reqwest::Method::GET,
+                &format!("/v1/turns/{turn_id}"),
+                token,
+                None,
+            )
+            .await
+            .unwrap();
+        if !matches!(
+            v["state"].as_str(),
+            Some("starting" | "running" | "waiting")
+        ) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "the turn never ended: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stack_answers_survives_restarts_and_never_answers_twice() {
+    let home = std::env::temp_dir().join(format!("hako-stack-{}", unique()));
+    let args = StackArgs {
+        home: Some(home.clone()),
+        project: format!("hakotest{}", unique()),
+        routd_port: free_port(),
+        authd_port: free_port(),
+        runed_port: free_port(),
+        bind: "127.0.0.1".into(),
+    };
+    let guard = Stack {
+        args: args.clone(),
+        home: home.clone(),
+    };
+    let ep: Endpoints = stack::up(&args).await.expect("the stack comes up");
+
+    // The keys: 0600 files in a 0700 directory; none of them in the compose file or env file.
+    let secrets = home.join("secrets");
+    let mode = |p: &std::path::Path| {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(p).unwrap().permissions())
+            & 0o777
+    };
+    assert_eq!(mode(&secrets), 0o700);
+    let routd_key = std::fs::read_to_string(secrets.join("routd.key")).unwrap();
+    assert_eq!(mode(&secrets.join("routd.key")), 0o600);
+    let env_file = std::fs::read_to_string(home.join("compose.env")).unwrap();
+    assert!(!env_file.contains(routd_key.trim()));
+
+    // A message in over HTTP, the agent's reply on routd's event stream.
+    let reply = stack::demo(&ep, "hello from the stack test").await.unwrap();
+    assert_eq!(reply, "hello from the stack test");
+
+    let d = Daemons::new(&ep).unwrap();
+    let token = d.operator_token().await.unwrap();
+    // runed restarted mid-turn: the run is re-adopted and answers exactly once.
+    let chat = "web:demo";
+    d.routd_json(
+        reqwest::Method::POST,
+        "/v1/messages",
+        &token,
+        Some(json!({"id": "slow-1", "chat_jid": chat, "sender": "t",
+            "content": "/sleep 4\nafter the runed restart"})),
+    )
+    .await
+    .unwrap();
+    let turn = running_turn(&d, &token, "demo", "slow-1").await;
+    restart(&args.project, "runed").await;
+    let done = turn_done(&d, &token, turn["turn_id"].as_str().unwrap()).await;
+    assert_eq!(done["state"], "done", "{done}");
+    let h = history(&d, &token, chat).await;
+    assert_eq!(
+        replies_with(&h, "after the runed restart"),
+        1,
+        "exactly one reply: {h:#?}"
+    );
+
+    // routd restarted: nothing delivered twice, and it answers again.
+    restart(&args.project, "routd").await;
+    wait_ready(&d).await;
+    let token = d.operator_token().await.unwrap();
+    let h = history(&d, &token, chat).await;
+    assert_eq!(replies_with(&h, "after the runed restart"), 1, "{h:#?}");
+    assert_eq!(replies_with(&h, "hello from the stack test"), 1, "{h:#?}");
+    let reply = stack::demo(&ep, "after the routd restart").await.unwrap();
+    assert_eq!(reply, "after the routd restart");
+
+    // `hako up` again: safe, and the keys are kept.
+    stack::up(&args).await.expect("up again");
+    assert_eq!(
+        std::fs::read_to_string(secrets.join("routd.key")).unwrap(),
+        routd_key
+    );
+    drop(guard);
+    assert!(!home.exists(), "the home is gone");
+    // Nothing of the stack is left: containers (the daemons', runed's) and the network.
+    let docker = hako_deploy::connect_docker().unwrap();
+    let filters = std::collections::HashMap::from([(
+        "label".to_owned(),
+        vec![format!("com.docker.compose.project={}", args.project)],
+    )]);
+    let left = docker
+        .list_containers(Some(
+            ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+    assert!(
+        docker
+            .inspect_network(&format!("{}-net", args.project), None)
+            .await
+            .is_err(),
+        "the network is gone"
+    );
+}
