@@ -11,5 +11,5 @@
 pub mod server;
 pub mod tools;
 
-pub use server::{ServeOptions, serve};
+pub use server::{ServeOptions, bind_socket, serve};
 pub use tools::{Backend, Call, Scope, ToolDef, ToolError, dispatch};

@@ -7,6 +7,9 @@
 //! error for [`ServeOptions::grace`] and closes them. Connections are bounded; a line is
 //! bounded; a refusal is a tool error the model reads, never a dropped connection.
 
+use std::io;
+use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -180,4 +183,43 @@ pub async fn serve<B: Backend>(
         }
     }
     close.cancel();
+}
+
+/// Binds a unix socket at `path` (mode 0666: the agent's user connects; its directory limits
+/// who can), replacing a stale one, after checking that the directory is writable only by
+/// this process's user (or root): no agent can plant a link where it binds. Answers the
+/// listener (non-blocking) and the socket's inode, to remove it later only if it is still
+/// this one.
+pub fn bind_socket(path: &Path) -> io::Result<(std::os::unix::net::UnixListener, u64)> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::other("a socket path needs a directory"))?;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)?;
+    let meta = std::fs::symlink_metadata(dir)?;
+    let me = rustix::process::geteuid().as_raw();
+    if !meta.is_dir() || (meta.uid() != me && meta.uid() != 0) || meta.mode() & 0o022 != 0 {
+        return Err(io::Error::other(format!(
+            "{} must be a directory only this user (uid {me}) or root can write; it is owned by uid {} with mode {:o}",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => {
+            return Err(io::Error::other("a directory is where the socket goes"));
+        }
+        // A stale socket of an earlier routd, or of this folder's previous turn.
+        Ok(_) => std::fs::remove_file(path)?,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
+    listener.set_nonblocking(true)?;
+    let ino = std::fs::symlink_metadata(path)?.ino();
+    Ok((listener, ino))
 }

@@ -10,8 +10,8 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::MetadataExt as _;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use hako_mcp::ServeOptions;
@@ -56,42 +56,6 @@ pub(crate) enum SocketError {
     },
 }
 
-/// Binds a socket at `path`, replacing a stale one, after checking that its directory is
-/// only writable by routd's user (or root).
-fn bind(path: &Path) -> io::Result<(std::os::unix::net::UnixListener, u64)> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| io::Error::other("a socket path needs a directory"))?;
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)?;
-    let meta = std::fs::symlink_metadata(dir)?;
-    let me = rustix::process::geteuid().as_raw();
-    if !meta.is_dir() || (meta.uid() != me && meta.uid() != 0) || meta.mode() & 0o022 != 0 {
-        return Err(io::Error::other(format!(
-            "{} must be a directory only routd's user (uid {me}) or root can write; it is owned by uid {} with mode {:o}",
-            dir.display(),
-            meta.uid(),
-            meta.mode() & 0o7777
-        )));
-    }
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.is_dir() => {
-            return Err(io::Error::other("a directory is where the socket goes"));
-        }
-        // A stale socket of an earlier routd, or of this folder's previous turn.
-        Ok(_) => std::fs::remove_file(path)?,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    let listener = std::os::unix::net::UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666))?;
-    listener.set_nonblocking(true)?;
-    let ino = std::fs::symlink_metadata(path)?.ino();
-    Ok((listener, ino))
-}
-
 /// Removes a bound socket, unless another one took its place since.
 fn remove(s: &Bound) {
     if std::fs::symlink_metadata(&s.path).is_ok_and(|m| m.ino() == s.ino) {
@@ -106,7 +70,7 @@ async fn listen(path: PathBuf) -> Result<(tokio::net::UnixListener, Bound), Sock
         path: path.clone(),
         source,
     };
-    let (listener, ino) = tokio::task::spawn_blocking(move || bind(&p))
+    let (listener, ino) = tokio::task::spawn_blocking(move || hako_mcp::bind_socket(&p))
         .await
         .map_err(|e| io(io::Error::other(e)))?
         .map_err(io)?;

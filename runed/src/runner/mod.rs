@@ -207,6 +207,11 @@ impl LiveRun {
             .clone()
     }
 
+    /// Whether the run has ended (its container gone or going).
+    pub fn has_ended(&self) -> bool {
+        self.ended.is_cancelled()
+    }
+
     fn set_container(&self, id: &str) {
         *self.container.lock().unwrap_or_else(|p| p.into_inner()) = Some(id.to_owned());
     }
