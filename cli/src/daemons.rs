@@ -245,6 +245,58 @@ impl Daemons {
         }
     }
 
+    /// A run's events from runed (its stored blocks, then each state and block as it comes)
+    /// until the stream ends with the run; whether it ended `exited`.
+    pub async fn run_events(
+        &self,
+        run: &str,
+        token: &str,
+        mut each: impl FnMut(&Value),
+    ) -> anyhow::Result<bool> {
+        let url = format!("{}/v1/runs/{}/events", self.ep.runed, encode(run));
+        let mut resp = self
+            .http
+            .get(&url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| anyhow!("runed does not answer at {url} ({})", root_cause(&e)))?;
+        if !resp.status().is_success() {
+            let status = resp.status().as_u16();
+            let v: Value = resp.json().await.unwrap_or(Value::Null);
+            bail!(
+                "runed answered {status} for {url}: {}",
+                v["message"].as_str().unwrap_or("?")
+            );
+        }
+        let mut buf = String::new();
+        let mut last_state = String::new();
+        while let Some(chunk) = resp
+            .chunk()
+            .await
+            .with_context(|| format!("runed's event stream of {run} broke off"))?
+        {
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            if buf.len() > MAX_EVENT {
+                bail!("an event of {run} longer than {MAX_EVENT} bytes");
+            }
+            while let Some(end) = buf.find("\n\n") {
+                let ev: String = buf.drain(..end + 2).collect();
+                for line in ev.lines() {
+                    if let Some(data) = line.strip_prefix("data:")
+                        && let Ok(v) = serde_json::from_str::<Value>(data.trim())
+                    {
+                        if v["type"] == "state" {
+                            last_state = v["state"].as_str().unwrap_or_default().to_owned();
+                        }
+                        each(&v);
+                    }
+                }
+            }
+        }
+        Ok(last_state == "exited")
+    }
+
     /// The first outbound message of `chat` after `after` (a reply or a notice).
     pub async fn first_reply(
         &self,

@@ -20,7 +20,11 @@ pub mod stack;
 #[command(
     name = "hako",
     version,
-    about = "Run AI agents in throwaway containers"
+    about = "Run AI agents in throwaway containers",
+    after_help = "Exit codes: 0 done; 1 a daemon refused or did not answer, a turn failed, or a \
+                  daemon is not ready (status); 2 bad arguments; 130 interrupted.\n\n\
+                  Examples:\n  hako up\n  hako send web:demo 'hello'\n  hako status\n  \
+                  hako chat team/dev\n  hako runs list --state running"
 )]
 pub struct Cli {
     /// What to do.
@@ -39,6 +43,14 @@ pub enum Command {
     Status(ops::StatusArgs),
     /// Send a message to a chat and print the replies as they arrive.
     Send(ops::SendArgs),
+    /// Runs on runed: list, show, kill, logs.
+    Runs(ops::RunsArgs),
+    /// Groups on routd: list, show, set, rm.
+    Groups(ops::GroupsArgs),
+    /// Routes on routd: list, add, rm.
+    Routes(ops::RoutesArgs),
+    /// Tokens from authd: service, mint.
+    Token(ops::TokenArgs),
     /// Talk to a group's agent: one line of stdin is one turn in a fresh container.
     Chat(chat::ChatArgs),
 }
@@ -57,6 +69,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Down(args) => stack::down_command(args).await.map(|()| ExitCode::SUCCESS),
         Command::Status(args) => ops::status(args).await.map(ok),
         Command::Send(args) => ops::send(args).await.map(ok),
+        Command::Runs(args) => ops::runs(args).await.map(ok),
+        Command::Groups(args) => ops::groups(args).await.map(ok),
+        Command::Routes(args) => ops::routes(args).await.map(ok),
+        Command::Token(args) => ops::token(args).await.map(ok),
         Command::Chat(args) => chat::chat(args).await,
     }
 }

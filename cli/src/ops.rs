@@ -291,3 +291,532 @@ mod tests {
         assert_eq!(super::sample(t, "nope"), None);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// runs, groups, routes, tokens
+
+/// Prints `v` as JSON (`--json`) or calls `human`.
+fn emit(json: bool, v: &Value, human: impl FnOnce(&Value)) {
+    if json {
+        println!("{v}");
+    } else {
+        human(v);
+    }
+}
+
+fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v[k].as_str().unwrap_or("-")
+}
+
+/// `hako runs …`.
+#[derive(Debug, clap::Args)]
+pub struct RunsArgs {
+    #[command(subcommand)]
+    pub command: RunsCommand,
+    #[command(flatten)]
+    pub ops: OpsArgs,
+}
+
+/// What to do with runs (runed).
+#[derive(Debug, clap::Subcommand)]
+pub enum RunsCommand {
+    /// Runs, newest first.
+    #[command(
+        after_help = "Examples:\n  hako runs list\n  hako runs list --folder team --state running --json"
+    )]
+    List {
+        /// Only this folder and those below it.
+        #[arg(long)]
+        folder: Option<String>,
+        /// Only runs in this state (queued, starting, running, exited, error, killed, timed_out).
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many.
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// One run: state, outcome, its output.
+    Show {
+        /// The run id.
+        run: String,
+    },
+    /// Stop a run (stop, kill, remove its container); a kill is never retried.
+    Kill {
+        /// The run id.
+        run: String,
+    },
+    /// A run's output blocks; `--follow` streams them until the run ends.
+    Logs {
+        /// The run id.
+        run: String,
+        /// Keep printing blocks as they come until the run is over.
+        #[arg(long)]
+        follow: bool,
+    },
+}
+
+fn print_block(b: &Value) {
+    match b["status"].as_str() {
+        Some("ok") => println!("{}", b["result"].as_str().unwrap_or("")),
+        Some(st) => println!("[{st}] {}", b["error"].as_str().unwrap_or("")),
+        None => {}
+    }
+}
+
+/// `hako runs`.
+pub async fn runs(args: RunsArgs) -> anyhow::Result<bool> {
+    let d = args.ops.daemons()?;
+    let token = d.operator_token().await?;
+    let json = args.ops.json;
+    match args.command {
+        RunsCommand::List {
+            folder,
+            state,
+            limit,
+        } => {
+            let mut q = format!("/v1/runs?limit={}", limit.clamp(1, 1000));
+            if let Some(f) = folder {
+                q.push_str(&format!("&folder={}", encode(&f)));
+            }
+            if let Some(st) = state {
+                q.push_str(&format!("&state={}", encode(&st)));
+            }
+            let v = d
+                .call("runed", reqwest::Method::GET, &q, &token, None)
+                .await?;
+            emit(json, &v, |v| {
+                println!(
+                    "{:<24} {:<16} {:<9} {:<9} {:<24} created",
+                    "run", "folder", "state", "outcome", "turn"
+                );
+                for r in v["runs"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:<24} {:<16} {:<9} {:<9} {:<24} {}",
+                        s(r, "run_id"),
+                        s(r, "folder"),
+                        s(r, "state"),
+                        s(r, "outcome"),
+                        s(r, "turn_id"),
+                        s(r, "created_at")
+                    );
+                }
+            });
+        }
+        RunsCommand::Show { run } => {
+            let v = d
+                .call(
+                    "runed",
+                    reqwest::Method::GET,
+                    &format!("/v1/runs/{}", encode(&run)),
+                    &token,
+                    None,
+                )
+                .await?;
+            emit(json, &v, |v| {
+                for k in ["run_id", "folder", "turn_id", "state", "outcome", "error"] {
+                    println!("{k:<11} {}", s(v, k));
+                }
+                println!("{:<11} {}", "exit_code", v["exit_code"]);
+                for k in ["created_at", "started_at", "ended_at"] {
+                    println!("{k:<11} {}", s(v, k));
+                }
+                println!("output:");
+                for b in v["outputs"].as_array().into_iter().flatten() {
+                    print_block(b);
+                }
+            });
+        }
+        RunsCommand::Kill { run } => {
+            let v = d
+                .call(
+                    "runed",
+                    reqwest::Method::DELETE,
+                    &format!("/v1/runs/{}", encode(&run)),
+                    &token,
+                    None,
+                )
+                .await?;
+            emit(json, &v, |v| {
+                println!(
+                    "{}: {} ({})",
+                    s(v, "run_id"),
+                    s(v, "state"),
+                    s(v, "outcome")
+                );
+            });
+        }
+        RunsCommand::Logs { run, follow } => {
+            let path = format!("/v1/runs/{}", encode(&run));
+            if !follow {
+                let v = d
+                    .call("runed", reqwest::Method::GET, &path, &token, None)
+                    .await?;
+                for b in v["outputs"].as_array().into_iter().flatten() {
+                    if json {
+                        println!("{b}");
+                    } else {
+                        print_block(b);
+                    }
+                }
+                return Ok(true);
+            }
+            let ok = d
+                .run_events(&run, &token, |ev| {
+                    if json {
+                        println!("{ev}");
+                    } else if ev["type"] == "output" {
+                        print_block(&ev["block"]);
+                    } else if ev["type"] == "state" {
+                        eprintln!("({})", s(ev, "state"));
+                    }
+                })
+                .await?;
+            return Ok(ok);
+        }
+    }
+    Ok(true)
+}
+
+/// `hako groups …`.
+#[derive(Debug, clap::Args)]
+pub struct GroupsArgs {
+    #[command(subcommand)]
+    pub command: GroupsCommand,
+    #[command(flatten)]
+    pub ops: OpsArgs,
+}
+
+/// What to do with groups (routd).
+#[derive(Debug, clap::Subcommand)]
+pub enum GroupsCommand {
+    /// Every group.
+    List,
+    /// One group's settings.
+    Show {
+        /// The folder.
+        folder: String,
+    },
+    /// Create or replace a group; settings from a JSON file (the body of
+    /// `PUT /v1/groups/{folder}`), flags on top. routd checks them and names what is wrong.
+    #[command(
+        after_help = "Examples:\n  hako groups set team/dev --name 'Dev team'\n  \
+        hako groups set team/dev --file team-dev.json\n  \
+        hako groups set team/dev --model claude-sonnet-4-5 --daily-tokens 500000\n\n\
+        The file: {\"name\", \"system_prompt\", \"grants\": [..], \"group\": {\"network\", \"llm\", ...}}"
+    )]
+    Set {
+        /// The folder.
+        folder: String,
+        /// The settings file (JSON).
+        #[arg(long)]
+        file: Option<std::path::PathBuf>,
+        /// Its name.
+        #[arg(long)]
+        name: Option<String>,
+        /// Its system prompt.
+        #[arg(long)]
+        prompt: Option<String>,
+        /// The model its agent calls through routd's gateway.
+        #[arg(long)]
+        model: Option<String>,
+        /// The model's wire format (anthropic, openai).
+        #[arg(long)]
+        api: Option<String>,
+        /// Tokens per UTC day.
+        #[arg(long)]
+        daily_tokens: Option<u64>,
+    },
+    /// Remove a group (its folder's files stay).
+    Rm {
+        /// The folder.
+        folder: String,
+    },
+}
+
+/// `hako groups`.
+pub async fn groups(args: GroupsArgs) -> anyhow::Result<bool> {
+    let d = args.ops.daemons()?;
+    let token = d.operator_token().await?;
+    let json = args.ops.json;
+    match args.command {
+        GroupsCommand::List => {
+            let v = d
+                .routd_json(reqwest::Method::GET, "/v1/groups", &token, None)
+                .await?;
+            emit(json, &v, |v| {
+                println!("{:<24} {:<24} {:<10} session", "folder", "name", "trust");
+                for g in v["groups"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:<24} {:<24} {:<10} {}",
+                        s(g, "folder"),
+                        s(g, "name"),
+                        g["group"]["trust"].as_str().unwrap_or("untrusted"),
+                        s(g, "session_id")
+                    );
+                }
+            });
+        }
+        GroupsCommand::Show { folder } => {
+            let v = d
+                .routd_json(
+                    reqwest::Method::GET,
+                    &format!("/v1/groups/{}", encode(&folder)),
+                    &token,
+                    None,
+                )
+                .await?;
+            emit(json, &v, |v| {
+                println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+            });
+        }
+        GroupsCommand::Set {
+            folder,
+            file,
+            name,
+            prompt,
+            model,
+            api,
+            daily_tokens,
+        } => {
+            let mut body = match &file {
+                Some(f) => {
+                    let text = std::fs::read_to_string(f)
+                        .with_context(|| format!("cannot read {}", f.display()))?;
+                    serde_json::from_str::<Value>(&text)
+                        .with_context(|| format!("{} is not JSON", f.display()))?
+                }
+                None => json!({}),
+            };
+            anyhow::ensure!(
+                body.is_object(),
+                "the settings file must hold a JSON object"
+            );
+            if let Some(n) = name {
+                body["name"] = json!(n);
+            }
+            if body.get("name").is_none() {
+                body["name"] = json!(folder);
+            }
+            if let Some(p) = prompt {
+                body["system_prompt"] = json!(p);
+            }
+            if model.is_some() || api.is_some() || daily_tokens.is_some() {
+                if !body["group"].is_object() {
+                    body["group"] = json!({});
+                }
+                let mut llm = body["group"]["llm"].clone();
+                if !llm.is_object() {
+                    llm = json!({});
+                }
+                if let Some(m) = model {
+                    llm["model"] = json!(m);
+                }
+                if let Some(a) = api {
+                    llm["api"] = json!(a);
+                }
+                if let Some(t) = daily_tokens {
+                    llm["daily_tokens"] = json!(t);
+                }
+                body["group"]["llm"] = llm;
+            }
+            let v = d
+                .routd_json(
+                    reqwest::Method::PUT,
+                    &format!("/v1/groups/{}", encode(&folder)),
+                    &token,
+                    Some(body),
+                )
+                .await?;
+            emit(json, &v, |v| println!("group {} set", s(v, "folder")));
+        }
+        GroupsCommand::Rm { folder } => {
+            let v = d
+                .routd_json(
+                    reqwest::Method::DELETE,
+                    &format!("/v1/groups/{}", encode(&folder)),
+                    &token,
+                    None,
+                )
+                .await?;
+            emit(json, &v, |_| println!("group {folder} removed"));
+        }
+    }
+    Ok(true)
+}
+
+/// `hako routes …`.
+#[derive(Debug, clap::Args)]
+pub struct RoutesArgs {
+    #[command(subcommand)]
+    pub command: RoutesCommand,
+    #[command(flatten)]
+    pub ops: OpsArgs,
+}
+
+/// What to do with routes (routd).
+#[derive(Debug, clap::Subcommand)]
+pub enum RoutesCommand {
+    /// The rules, in order.
+    List,
+    /// A rule: chats whose JID matches `pattern` (exact or glob) go to `folder`.
+    #[command(
+        after_help = "Examples:\n  hako routes add 'tg:-100*' team/dev\n  hako routes add web:lobby lobby --position 0"
+    )]
+    Add {
+        /// A JID or a glob (`*`, `?`).
+        pattern: String,
+        /// The group folder.
+        folder: String,
+        /// Its place in the order (default: last).
+        #[arg(long)]
+        position: Option<i64>,
+    },
+    /// Remove a rule by id.
+    Rm {
+        /// The rule's id (`hako routes list`).
+        id: i64,
+    },
+}
+
+/// `hako routes`.
+pub async fn routes(args: RoutesArgs) -> anyhow::Result<bool> {
+    let d = args.ops.daemons()?;
+    let token = d.operator_token().await?;
+    let json = args.ops.json;
+    match args.command {
+        RoutesCommand::List => {
+            let v = d
+                .routd_json(reqwest::Method::GET, "/v1/routes", &token, None)
+                .await?;
+            emit(json, &v, |v| {
+                println!("{:<6} {:<9} {:<28} folder", "id", "position", "pattern");
+                for r in v["routes"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:<6} {:<9} {:<28} {}",
+                        r["id"],
+                        r["position"],
+                        s(r, "pattern"),
+                        s(r, "folder")
+                    );
+                }
+            });
+        }
+        RoutesCommand::Add {
+            pattern,
+            folder,
+            position,
+        } => {
+            let mut body = json!({"pattern": pattern, "folder": folder});
+            if let Some(p) = position {
+                body["position"] = json!(p);
+            }
+            let v = d
+                .routd_json(reqwest::Method::POST, "/v1/routes", &token, Some(body))
+                .await?;
+            emit(json, &v, |v| {
+                println!(
+                    "route {}: {} -> {}",
+                    v["id"],
+                    s(v, "pattern"),
+                    s(v, "folder")
+                );
+            });
+        }
+        RoutesCommand::Rm { id } => {
+            let v = d
+                .routd_json(
+                    reqwest::Method::DELETE,
+                    &format!("/v1/routes/{id}"),
+                    &token,
+                    None,
+                )
+                .await?;
+            emit(json, &v, |_| println!("route {id} removed"));
+        }
+    }
+    Ok(true)
+}
+
+/// `hako token …`.
+#[derive(Debug, clap::Args)]
+pub struct TokenArgs {
+    #[command(subcommand)]
+    pub command: TokenCommand,
+    #[command(flatten)]
+    pub ops: OpsArgs,
+}
+
+/// Tokens from authd.
+#[derive(Debug, clap::Subcommand)]
+pub enum TokenCommand {
+    /// A service token: the operator's (default), or another identity's from its key file in
+    /// the stack's `secrets/` (e.g. `channel` for a chat adapter).
+    #[command(after_help = "Examples:\n  hako token service\n  hako token service channel")]
+    Service {
+        /// The identity (operator, channel, routd, runed).
+        #[arg(default_value = "operator")]
+        daemon: String,
+    },
+    /// A token downscoped from the operator's: fewer scopes, one folder, a shorter life.
+    #[command(
+        after_help = "Examples:\n  hako token mint --scope chats:read --scope messages:write --folder team --ttl 1h"
+    )]
+    Mint {
+        /// A scope (`resource:verb`); repeat for more.
+        #[arg(long = "scope", required = true)]
+        scopes: Vec<String>,
+        /// The folder it is bound to (and those below it).
+        #[arg(long)]
+        folder: Option<String>,
+        /// Its life (at most the operator token's).
+        #[arg(long, default_value = "1h", value_parser = hako_shared::config::parse_duration)]
+        ttl: Duration,
+    },
+}
+
+/// `hako token`.
+pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
+    let d = args.ops.daemons()?;
+    let json = args.ops.json;
+    match args.command {
+        TokenCommand::Service { daemon } => {
+            let v = if daemon == "operator" {
+                json!({"token": d.operator_token().await?, "daemon": "operator"})
+            } else {
+                let file =
+                    d.ep.operator_key
+                        .parent()
+                        .map(|p| p.join(format!("{daemon}.key")))
+                        .context("no key directory")?;
+                let key = std::fs::read_to_string(&file)
+                    .with_context(|| format!("cannot read {daemon}'s key {}", file.display()))?;
+                let client = hako_shared::auth::AuthdClient::new(&d.ep.authd)
+                    .map_err(|e| anyhow::anyhow!("authd at {}: {e}", d.ep.authd))?;
+                let t = client
+                    .service_token(&daemon, key.trim())
+                    .await
+                    .map_err(|e| anyhow::anyhow!("authd at {}: {e}", d.ep.authd))?;
+                serde_json::to_value(&t)?
+            };
+            emit(json, &v, |v| println!("{}", s(v, "token")));
+        }
+        TokenCommand::Mint {
+            scopes,
+            folder,
+            ttl,
+        } => {
+            let token = d.operator_token().await?;
+            let v = d
+                .call(
+                    "authd",
+                    reqwest::Method::POST,
+                    "/v1/tokens",
+                    &token,
+                    Some(json!({"scope": scopes, "folder": folder, "ttl_seconds": ttl.as_secs()})),
+                )
+                .await?;
+            emit(json, &v, |v| println!("{}", s(v, "token")));
+        }
+    }
+    Ok(true)
+}

@@ -53,7 +53,7 @@ pub(crate) const INFO: ApiInfo = ApiInfo {
 /// nothing is served that the document does not list.
 pub(crate) fn documented() -> OpenApiRouter<AppState> {
     api_router::<AppState>(INFO)
-        .routes(routes!(create_run))
+        .routes(routes!(create_run, list_runs))
         .routes(routes!(stop_folder))
         .routes(routes!(get_run, kill_run))
         .routes(routes!(events))
@@ -734,6 +734,81 @@ struct PageQuery {
     folder: Option<String>,
     before: Option<i64>,
     limit: Option<usize>,
+}
+
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct RunsQuery {
+    /// Only this folder and the folders below it.
+    folder: Option<String>,
+    /// Only runs in this state (`queued`, `starting`, `running`, `exited`, `error`, `killed`,
+    /// `timed_out`).
+    state: Option<String>,
+    /// The previous page's `next_before`.
+    before: Option<i64>,
+    /// At most this many, 1-1000 (default 100).
+    limit: Option<usize>,
+}
+
+/// Runs and holds, newest first (a folder-bound caller sees its folders only).
+#[utoipa::path(get, path = "/v1/runs", tag = "runs", security(("bearer" = [])),
+    params(RunsQuery),
+    responses(
+        (status = 200, description = "A page of runs", body = hako_shared::runs::RunList),
+        (status = 400, description = "`invalid_query` (an unknown state)", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`runs:read`)", body = ErrorBody),
+        (status = 404, description = "A folder the caller does not cover", body = ErrorBody),
+    ))]
+async fn list_runs(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    ApiQuery(q): ApiQuery<RunsQuery>,
+) -> Result<Json<hako_shared::runs::RunList>, ApiFailure> {
+    who.require(scopes::RUNS_READ)?;
+    let folder = match (q.folder, who.folder()) {
+        (Some(f), _) => {
+            if !who.covers_folder(&f) {
+                return Err(ApiFailure::NoFolder(f));
+            }
+            Some(f)
+        }
+        (None, bound) => bound.map(str::to_owned),
+    };
+    let state = match q.state.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(RunState::parse(s).ok_or_else(|| {
+            ApiFailure::from(hako_shared::http::ApiError::bad_request(
+                "invalid_query",
+                format!("state {s:?} is none of queued, starting, running, exited, error, killed, timed_out"),
+            ))
+        })?),
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, 1000);
+    let rows = sh.store.list(folder, state, q.before, limit).await?;
+    let next_before = (rows.len() == limit)
+        .then(|| rows.last().map(|(id, _)| *id))
+        .flatten();
+    let t = |ms: i64| rfc3339(from_unix_millis(ms));
+    let runs = rows
+        .into_iter()
+        .filter(|(_, r)| who.covers_folder(&r.folder))
+        .map(|(_, r)| hako_shared::runs::RunSummary {
+            run_id: r.run_id,
+            kind: r.kind,
+            folder: r.folder,
+            turn_id: r.turn_id,
+            state: r.state,
+            outcome: r.outcome,
+            exit_code: r.exit_code,
+            error: r.error,
+            created_at: t(r.created_at),
+            started_at: r.started_at.map(t),
+            ended_at: r.ended_at.map(t),
+        })
+        .collect();
+    Ok(Json(hako_shared::runs::RunList { runs, next_before }))
 }
 
 /// Session history, newest first (a folder-bound caller sees its folders only).

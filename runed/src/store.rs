@@ -186,25 +186,30 @@ const COLS: &str = "run_id, kind, folder, turn_id, session_id, state, outcome, e
                     truncated, container_id, request, had_secrets, created_at, started_at, ended_at";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SpawnRow> {
-    let state: String = r.get(5)?;
-    let outcome: Option<String> = r.get(6)?;
+    row_at(r, 0)
+}
+
+/// A spawn row whose columns ([`COLS`]) start at column `o`.
+fn row_at(r: &rusqlite::Row<'_>, o: usize) -> rusqlite::Result<SpawnRow> {
+    let state: String = r.get(o + 5)?;
+    let outcome: Option<String> = r.get(o + 6)?;
     Ok(SpawnRow {
-        run_id: r.get(0)?,
-        kind: r.get(1)?,
-        folder: r.get(2)?,
-        turn_id: r.get(3)?,
-        session_id: r.get(4)?,
+        run_id: r.get(o)?,
+        kind: r.get(o + 1)?,
+        folder: r.get(o + 2)?,
+        turn_id: r.get(o + 3)?,
+        session_id: r.get(o + 4)?,
         state: RunState::parse(&state).unwrap_or(RunState::Error),
         outcome: outcome.as_deref().and_then(Outcome::parse),
-        exit_code: r.get(7)?,
-        error: r.get(8)?,
-        truncated: r.get::<_, i64>(9)? != 0,
-        container_id: r.get(10)?,
-        request: r.get(11)?,
-        had_secrets: r.get::<_, i64>(12)? != 0,
-        created_at: r.get(13)?,
-        started_at: r.get(14)?,
-        ended_at: r.get(15)?,
+        exit_code: r.get(o + 7)?,
+        error: r.get(o + 8)?,
+        truncated: r.get::<_, i64>(o + 9)? != 0,
+        container_id: r.get(o + 10)?,
+        request: r.get(o + 11)?,
+        had_secrets: r.get::<_, i64>(o + 12)? != 0,
+        created_at: r.get(o + 13)?,
+        started_at: r.get(o + 14)?,
+        ended_at: r.get(o + 15)?,
     })
 }
 
@@ -303,6 +308,38 @@ impl Store {
                     "SELECT {COLS} FROM spawns WHERE folder = ?1 AND turn_id = ?2 AND kind = 'run'"
                 );
                 Ok(c.query_row(&sql, [&f, &t], row).optional()?)
+            })
+            .await
+    }
+
+    /// Runs and holds, newest first: of `folder` and the folders below it, in `state`, with a
+    /// rowid below `before` (the previous page's last); each with its rowid.
+    pub async fn list(
+        &self,
+        folder: Option<String>,
+        state: Option<RunState>,
+        before: Option<i64>,
+        limit: usize,
+    ) -> Result<Vec<(i64, SpawnRow)>, DbError> {
+        let state = state.map(|s| s.as_str().to_owned());
+        self.db
+            .call(move |c| {
+                // A prefix test that takes the folder as it is (LIKE would read `_` as a
+                // wildcard).
+                let sql = format!(
+                    "SELECT rowid, {COLS} FROM spawns \
+                     WHERE (?1 IS NULL OR folder = ?1 OR substr(folder, 1, length(?1) + 1) = ?1 || '/') \
+                     AND (?2 IS NULL OR state = ?2) AND (?3 IS NULL OR rowid < ?3) \
+                     ORDER BY rowid DESC LIMIT ?4"
+                );
+                let mut st = c.prepare_cached(&sql)?;
+                let rows = st
+                    .query_map(rusqlite::params![folder, state, before, limit as i64], |r| {
+                        let id: i64 = r.get(0)?;
+                        Ok((id, row_at(r, 1)?))
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
             })
             .await
     }

@@ -568,6 +568,44 @@ impl fmt::Display for Outcome {
     }
 }
 
+/// One run in a list (`GET /v1/runs`): its status without its output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RunSummary {
+    /// The run (or hold).
+    pub run_id: String,
+    /// `run` or `hold`.
+    pub kind: String,
+    /// Its folder.
+    pub folder: String,
+    /// Its turn.
+    pub turn_id: String,
+    /// Its state.
+    pub state: RunState,
+    /// Its outcome, once over.
+    pub outcome: Option<Outcome>,
+    /// The container's exit code.
+    pub exit_code: Option<i64>,
+    /// What went wrong.
+    pub error: Option<String>,
+    /// RFC 3339.
+    pub created_at: String,
+    /// RFC 3339.
+    pub started_at: Option<String>,
+    /// RFC 3339.
+    pub ended_at: Option<String>,
+}
+
+/// `GET /v1/runs` answer, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RunList {
+    /// The runs.
+    pub runs: Vec<RunSummary>,
+    /// Pass as `before` for the next page; absent on the last.
+    pub next_before: Option<i64>,
+}
+
 /// `GET /v1/runs/{run_id}` body.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

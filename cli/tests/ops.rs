@@ -1,0 +1,306 @@
+//! The operator's commands against real daemons (authd, runed, routd in-process on loopback
+//! ports, real agent containers): each command's `--json` parsed and checked, the human form
+//! of some, and what a daemon that is down looks like.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use hako_shared::config::Env;
+use serde_json::{Value, json};
+
+const OPERATOR_KEY: &str = "operator-ops-test-key-0123456789";
+const CHANNEL_KEY: &str = "channel-ops-test-key-0123456789";
+const RUNED_KEY: &str = "runed-ops-test-key-0123456789";
+const ROUTD_KEY: &str = "routd-ops-test-key-0123456789";
+
+struct Daemons {
+    home: tempfile::TempDir,
+    authd: Option<hako_authd::Running>,
+    runed: Option<hako_runed::Running>,
+    routd: Option<hako_routd::Running>,
+    urls: [String; 3],
+    install: String,
+}
+
+impl Daemons {
+    async fn start() -> Daemons {
+        let image = hako_deploy::ensure_agent_image().await.expect("image");
+        let home = tempfile::tempdir().unwrap();
+        let mut b = [0u8; 4];
+        getrandom::fill(&mut b).unwrap();
+        let install = format!(
+            "ops-test-{}",
+            b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+        );
+        let bind = || async { tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap() };
+        let authd = hako_authd::start(
+            hako_authd::Config::from_env(&Env::from_pairs([
+                ("DATA_DIR", home.path().join("authd").display().to_string()),
+                (
+                    "AUTHD_SERVICE_KEYS",
+                    format!(
+                        "runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY},channel={CHANNEL_KEY}"
+                    ),
+                ),
+            ]))
+            .unwrap(),
+            bind().await,
+        )
+        .await
+        .unwrap();
+        let data = home.path().join("data").display().to_string();
+        let runed = hako_runed::start(
+            hako_runed::Config::from_env(&Env::from_pairs([
+                ("DATA_DIR", data.clone()),
+                ("AUTHD_URL", authd.url()),
+                ("AUTHD_SERVICE_KEY", RUNED_KEY.into()),
+                ("CONTAINER_IMAGE", image),
+                ("HAKO_INSTALL_ID", install.clone()),
+                ("RUNED_STOP_GRACE", "1s".into()),
+            ]))
+            .unwrap(),
+            bind().await,
+        )
+        .await
+        .unwrap();
+        let routd = hako_routd::start(
+            hako_routd::Config::from_env(&Env::from_pairs([
+                ("DATA_DIR", data),
+                ("AUTHD_URL", authd.url()),
+                ("AUTHD_SERVICE_KEY", ROUTD_KEY.into()),
+                ("RUNED_URL", runed.url()),
+                ("ROUTD_LISTEN", "127.0.0.1:0".into()),
+            ]))
+            .unwrap(),
+            bind().await,
+        )
+        .await
+        .unwrap();
+        // Where `hako token service channel` finds that identity's key.
+        let secrets = home.path().join("secrets");
+        std::fs::create_dir_all(&secrets).unwrap();
+        std::fs::write(secrets.join("channel.key"), CHANNEL_KEY).unwrap();
+        let urls = [authd.url(), runed.url(), routd.url()];
+        Daemons {
+            home,
+            authd: Some(authd),
+            runed: Some(runed),
+            routd: Some(routd),
+            urls,
+            install,
+        }
+    }
+
+    /// `hako <args>`: exit code, stdout, stderr.
+    fn hako(&self, args: &[&str]) -> (i32, String, String) {
+        let out = Command::new(env!("CARGO_BIN_EXE_hako"))
+            .args(args)
+            .env("HAKO_HOME", self.home.path())
+            .env("HAKO_AUTHD_URL", &self.urls[0])
+            .env("HAKO_RUNED_URL", &self.urls[1])
+            .env("HAKO_ROUTD_URL", &self.urls[2])
+            .env("HAKO_OPERATOR_KEY", OPERATOR_KEY)
+            .env_remove("HAKO_TOKEN")
+            .output()
+            .expect("hako runs");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// `hako <args> --json`, which must succeed; its (last) JSON line.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut a = args.to_vec();
+        a.push("--json");
+        let (code, out, err) = self.hako(&a);
+        assert_eq!(code, 0, "hako {args:?}: {err}");
+        let last = out.lines().last().unwrap_or_default();
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("hako {args:?}: {e}: {out}"))
+    }
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        let install = self.install.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let _ = rt.block_on(hako_cli::stack::remove_agents(&install));
+        })
+        .join();
+    }
+}
+
+fn claims(token: &str) -> Value {
+    use base64::Engine as _;
+    let payload = token.split('.').nth(1).expect("a JWT");
+    serde_json::from_slice(
+        &base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(payload)
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operator_command_against_real_daemons() {
+    let mut d = Daemons::start().await;
+
+    // Groups: set from flags and from a file, refused settings named, list, show.
+    let g = d.json(&["groups", "set", "team/dev", "--name", "Dev team"]);
+    assert_eq!(
+        (&g["folder"], &g["name"]),
+        (&json!("team/dev"), &json!("Dev team"))
+    );
+    let file = d.home.path().join("bad.json");
+    std::fs::write(&file, r#"{"name": "x", "group": {"memory": "0"}}"#).unwrap();
+    let (code, _, err) = d.hako(&[
+        "groups",
+        "set",
+        "team/dev",
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("routd answered 400 invalid_group") && err.contains("memory"),
+        "{err}"
+    );
+    let list = d.json(&["groups", "list"]);
+    assert!(
+        list["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["folder"] == "team/dev"),
+        "{list}"
+    );
+    let (code, out, _) = d.hako(&["groups", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("team/dev") && l.contains("Dev team")),
+        "{out}"
+    );
+    assert_eq!(d.json(&["groups", "show", "team/dev"])["name"], "Dev team");
+
+    // Routes.
+    let r = d.json(&["routes", "add", "tg:*", "team/dev"]);
+    let id = r["id"].as_i64().unwrap();
+    let routes = d.json(&["routes", "list"]);
+    assert!(
+        routes["routes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["id"] == id)
+    );
+    d.json(&["routes", "rm", &id.to_string()]);
+    assert!(
+        d.json(&["routes", "list"])["routes"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
+    // Send: the reply as it arrives; then the run it took.
+    let (code, out, err) = d.hako(&["send", "web:team/dev", "hello from ops"]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "agent> hello from ops");
+    let runs = d.json(&["runs", "list", "--folder", "team"]);
+    let run = runs["runs"][0].clone();
+    assert_eq!(
+        (&run["folder"], &run["state"]),
+        (&json!("team/dev"), &json!("exited")),
+        "{runs}"
+    );
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    let shown = d.json(&["runs", "show", &run_id]);
+    assert_eq!(shown["outputs"][0]["result"], "hello from ops", "{shown}");
+    let (code, out, _) = d.hako(&["runs", "logs", &run_id]);
+    assert_eq!((code, out.trim()), (0, "hello from ops"));
+
+    // Kill a live run.
+    let token = d.json(&["token", "service"])["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let posted = http
+        .post(format!("{}/v1/messages", d.urls[2]))
+        .bearer_auth(&token)
+        .json(&json!({"chat_jid": "web:team/dev", "sender": "t", "content": "/sleep 60"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 201);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let live = loop {
+        let v = d.json(&["runs", "list", "--state", "running"]);
+        if let Some(r) = v["runs"].as_array().and_then(|r| r.first()) {
+            break r["run_id"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the long run never ran");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let killed = d.json(&["runs", "kill", &live]);
+    assert_eq!(
+        (&killed["state"], &killed["outcome"]),
+        (&json!("killed"), &json!("killed"))
+    );
+    let (code, out, err) = d.hako(&["runs", "logs", &live, "--follow"]);
+    assert_eq!(code, 1, "a killed run's logs end non-zero: {out} {err}");
+    let (code, _, err) = d.hako(&["runs", "show", "run-nope"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("runed answered 404"), "{err}");
+
+    // Tokens: another identity's, and a downscoped one.
+    let ch = d.json(&["token", "service", "channel"]);
+    assert_eq!(claims(ch["token"].as_str().unwrap())["sub"], "channel");
+    let minted = d.json(&[
+        "token",
+        "mint",
+        "--scope",
+        "chats:read",
+        "--folder",
+        "team",
+        "--ttl",
+        "5m",
+    ]);
+    let c = claims(minted["token"].as_str().unwrap());
+    assert_eq!(
+        (&c["scope"], &c["folder"]),
+        (&json!(["chats:read"]), &json!("team")),
+        "{c}"
+    );
+    assert!(c["exp"].as_i64().unwrap() - c["iat"].as_i64().unwrap() <= 300);
+
+    // Status, then with routd down: a clear message, a non-zero exit.
+    let st = d.json(&["status"]);
+    assert!(
+        ["authd", "runed", "routd"]
+            .iter()
+            .all(|n| st["daemons"][n]["ready"] == true),
+        "{st}"
+    );
+    d.routd.take().unwrap().shutdown().await;
+    let (code, out, _) = d.hako(&["status"]);
+    assert_eq!(code, 1);
+    assert!(out.contains("routd  NOT READY: no answer at"), "{out}");
+    let (code, _, err) = d.hako(&["groups", "list"]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!("routd does not answer at {}/v1/groups", d.urls[2])),
+        "{err}"
+    );
+    if let Some(r) = d.runed.take() {
+        r.shutdown().await;
+    }
+    if let Some(a) = d.authd.take() {
+        let _ = a.shutdown().await;
+    }
+}
