@@ -127,6 +127,16 @@ impl Provider {
                         headers: headers.clone(),
                         body: body.clone(),
                     });
+                    // A provider having a bad day, on request.
+                    if body["model"] == "overloaded" {
+                        return axum::response::Response::builder()
+                            .status(529)
+                            .header("content-type", "application/json")
+                            .body(axum::body::Body::from(
+                                r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+                            ))
+                            .unwrap();
+                    }
                     let sse = Provider::script(&body);
                     if body["stream"] == true {
                         let parts: Vec<String> = sse.split(PAUSE).map(str::to_owned).collect();
@@ -474,6 +484,7 @@ async fn the_gateway_lets_only_the_turns_token_through() {
             ("ROUTD_ANTHROPIC_URL", url.as_str()),
             ("OPENAI_API_KEY", "sk-openai-real-0123456789"),
             ("ROUTD_OPENAI_URL", dead_url.as_str()),
+            ("ROUTD_LLM_BODY_LIMIT", "64k"),
         ],
     )
     .await;
@@ -657,11 +668,38 @@ async fn the_gateway_lets_only_the_turns_token_through() {
     )
     .await;
     assert_eq!(s, 404, "{body}");
+    // Over ROUTD_LLM_BODY_LIMIT: 413, the provider never asked.
+    let big = json!({"model": "m", "messages": [{"role": "user", "content": "x".repeat(100_000)}]});
+    let (s, _, body) = call("/v1/messages", Some(("x-api-key", own.token.clone())), big).await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (413, Some("body_too_large")),
+        "{body}"
+    );
     assert_eq!(
         provider.seen().len(),
         before,
         "none of these reached the provider"
     );
+    // The provider's server error: 502 naming its status, which also rides in a header.
+    let r = http
+        .post("http://gateway/v1/messages")
+        .header("x-api-key", &own.token)
+        .json(&json!({"model": "overloaded", "max_tokens": 5, "messages": []}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 502);
+    assert_eq!(r.headers()["x-hako-provider-status"], "529");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"], "provider_error", "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("529")
+            && v["message"].as_str().unwrap().contains("Overloaded"),
+        "{v}"
+    );
+    let before = provider.seen().len();
 
     // The official Anthropic SDK, as an agent would use it: plain and streamed messages, and
     // its authentication error for a bad key.
