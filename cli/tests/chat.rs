@@ -82,9 +82,20 @@ impl Session {
 }
 
 impl Drop for Session {
+    /// A failed assertion kills `hako chat` before it cleans up: its containers go here.
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let install = self.install.clone();
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                let _ = rt.block_on(hako_cli::stack::remove_agents(&install));
+            }
+        })
+        .join();
     }
 }
 
@@ -282,6 +293,30 @@ print(json.dumps({"prompt": ok_prompt, "reply": ok_reply, "status": status,
         !std::path::Path::new(temp).exists(),
         "{temp} is gone: {out}"
     );
+}
+
+/// `--message`: one turn, the reply, and the container told to finish at once (not after the
+/// idle timeout), even though the end of input comes before the container exists.
+#[tokio::test]
+async fn one_message_is_answered_and_the_chat_ends_at_once() {
+    let image = hako_deploy::ensure_agent_image().await.expect("image");
+    let data = tempfile::tempdir().expect("tempdir");
+    let install = unique("cli-test");
+    let started = Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["chat", "demo", "--message", "hello, hako"])
+        .env("DATA_DIR", data.path())
+        .env("CONTAINER_IMAGE", &image)
+        .env("HAKO_INSTALL_ID", &install)
+        .output()
+        .expect("hako runs");
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello, hako\n");
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "ended by the close, not the 10-minute idle timeout"
+    );
+    assert!(containers(&install).await.is_empty());
 }
 
 #[tokio::test]

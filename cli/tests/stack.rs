@@ -185,8 +185,50 @@ async fn turn_done(d: &Daemons, token: &str, turn_id: &str) -> Value {
     }
 }
 
+/// Stacks of earlier runs of this test that were killed before their teardown (a timeout
+/// kills without unwinding): containers of `hakotest*` projects created over an hour ago.
+async fn sweep_stale_stacks() {
+    use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
+    let docker = hako_deploy::connect_docker().unwrap();
+    let filters = std::collections::HashMap::from([(
+        "label".to_owned(),
+        vec!["com.docker.compose.project".to_owned()],
+    )]);
+    let list = docker
+        .list_containers(Some(
+            ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .unwrap_or_default();
+    let hour_ago = hako_shared::time::unix_millis(std::time::SystemTime::now()) / 1000 - 3600;
+    let mut projects = std::collections::BTreeSet::new();
+    for c in list {
+        let project = c
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("com.docker.compose.project"))
+            .cloned()
+            .unwrap_or_default();
+        if project.starts_with("hakotest") && c.created.unwrap_or(i64::MAX) < hour_ago {
+            if let Some(id) = c.id {
+                let opts = RemoveContainerOptionsBuilder::new().force(true).build();
+                let _ = docker.remove_container(&id, Some(opts)).await;
+            }
+            projects.insert(project);
+        }
+    }
+    for p in projects {
+        let _ = stack::remove_agents(&p).await;
+        let _ = docker.remove_network(&format!("{p}-net")).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stack_answers_survives_restarts_and_never_answers_twice() {
+    sweep_stale_stacks().await;
     let home = std::env::temp_dir().join(format!("hako-stack-{}", unique()));
     let args = StackArgs {
         home: Some(home.clone()),

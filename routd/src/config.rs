@@ -93,6 +93,9 @@ pub struct LlmConfig {
     pub timeout: Duration,
     /// `ROUTD_LLM_IDLE_TIMEOUT`, default 5m: the longest silence inside an answer.
     pub idle_timeout: Duration,
+    /// `ROUTD_LLM_MAX_CALLS`, default 4: a turn's calls in flight at once (the budget is
+    /// checked as each starts, so this bounds how far a turn can overshoot it).
+    pub max_calls: usize,
 }
 
 impl Default for LlmConfig {
@@ -105,6 +108,7 @@ impl Default for LlmConfig {
             max_response: 64 << 20,
             timeout: Duration::from_secs(600),
             idle_timeout: Duration::from_secs(300),
+            max_calls: 4,
         }
     }
 }
@@ -169,6 +173,7 @@ impl LlmConfig {
             max_response: env.size_or("ROUTD_LLM_MAX_RESPONSE", d.max_response)?,
             timeout: env.duration_or("ROUTD_LLM_TIMEOUT", d.timeout)?,
             idle_timeout: env.duration_or("ROUTD_LLM_IDLE_TIMEOUT", d.idle_timeout)?,
+            max_calls: env.parse_or("ROUTD_LLM_MAX_CALLS", d.max_calls)?,
         };
         for (var, zero) in [
             ("ROUTD_LLM_DAILY_TOKENS", c.daily_tokens == 0),
@@ -176,6 +181,7 @@ impl LlmConfig {
             ("ROUTD_LLM_MAX_RESPONSE", c.max_response == 0),
             ("ROUTD_LLM_TIMEOUT", c.timeout.is_zero()),
             ("ROUTD_LLM_IDLE_TIMEOUT", c.idle_timeout.is_zero()),
+            ("ROUTD_LLM_MAX_CALLS", c.max_calls == 0),
         ] {
             if zero {
                 return Err(ConfigError::Invalid {

@@ -485,6 +485,7 @@ async fn the_gateway_lets_only_the_turns_token_through() {
             ("OPENAI_API_KEY", "sk-openai-real-0123456789"),
             ("ROUTD_OPENAI_URL", dead_url.as_str()),
             ("ROUTD_LLM_BODY_LIMIT", "64k"),
+            ("ROUTD_LLM_MAX_CALLS", "2"),
         ],
     )
     .await;
@@ -699,6 +700,36 @@ async fn the_gateway_lets_only_the_turns_token_through() {
             && v["message"].as_str().unwrap().contains("Overloaded"),
         "{v}"
     );
+    // Two calls in flight (streams the stub holds open): a third waits its turn, 429.
+    let slow = json!({"model": "m", "max_tokens": 10, "stream": true,
+        "messages": [{"role": "user", "content": "please use your tools"}]});
+    let mut open = Vec::new();
+    for _ in 0..2 {
+        let r = http
+            .post("http://gateway/v1/messages")
+            .header("x-api-key", &own.token)
+            .json(&slow)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        open.push(r);
+    }
+    let (s, _, body) = call(
+        "/v1/messages",
+        Some(("x-api-key", own.token.clone())),
+        msg.clone(),
+    )
+    .await;
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (429, Some("too_many_calls")),
+        "{body}"
+    );
+    for r in open {
+        r.text().await.unwrap();
+    }
     let before = provider.seen().len();
 
     // The official Anthropic SDK, as an agent would use it: plain and streamed messages, and

@@ -250,9 +250,8 @@ impl Chat {
                     Input::Line(l) => self.say(&l, &screen, &block_tx).await?,
                     Input::End => {
                         ending = true;
-                        match &self.live {
-                            Some(l) => { let _ = self.runner.close(&l.live).await; }
-                            None => return Ok(self.code()),
+                        if !self.close_live() {
+                            return Ok(self.code());
                         }
                     }
                     Input::Interrupt => return self.interrupt(&screen).await,
@@ -260,8 +259,9 @@ impl Chat {
                         screen.note(&format!("hako chat: {e}"));
                         self.failed = true;
                         ending = true;
-                        if let Some(l) = &self.live { let _ = self.runner.close(&l.live).await; }
-                        else { return Ok(self.code()); }
+                        if !self.close_live() {
+                            return Ok(self.code());
+                        }
                     }
                 },
                 Some(ev) = blocks.recv() => self.show(ev, &screen),
@@ -285,6 +285,22 @@ impl Chat {
                 _ = term.recv() => return self.interrupt(&screen).await,
             }
         }
+    }
+
+    /// Tells the live container to finish once it exists (a `_close` dropped before it is
+    /// created would be swept away with the stale follow-ups); `false` without one.
+    fn close_live(&self) -> bool {
+        let Some(l) = &self.live else {
+            return false;
+        };
+        let (runner, live) = (self.runner.clone(), l.live.clone());
+        tokio::spawn(async move {
+            while live.container_id().is_none() && !live.has_ended() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            let _ = runner.close(&live).await;
+        });
+        true
     }
 
     fn code(&self) -> ExitCode {

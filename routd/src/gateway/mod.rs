@@ -64,6 +64,8 @@ pub(crate) struct GatewayTurn {
     pub sh: Arc<Shared>,
     pub folder: GroupFolder,
     pub turn_id: String,
+    /// Calls in flight (`ROUTD_LLM_MAX_CALLS`): a permit is held until the answer ends.
+    pub calls: Arc<tokio::sync::Semaphore>,
 }
 
 /// Why the gateway did not forward a call (the provider's own 4xx answers pass through).
@@ -93,6 +95,11 @@ pub(crate) enum GatewayError {
         /// The daily budget.
         budget: u64,
     },
+    /// The turn has `ROUTD_LLM_MAX_CALLS` calls in flight already.
+    #[error(
+        "this turn has {0} model calls in flight already (ROUTD_LLM_MAX_CALLS); wait for one to end"
+    )]
+    TooManyCalls(usize),
     /// The body is not a JSON object.
     #[error("the body must be a JSON object: {0}")]
     InvalidJson(String),
@@ -133,6 +140,7 @@ impl GatewayError {
             GatewayError::Auth(_) | GatewayError::WrongTurn(_) => "unauthorized",
             GatewayError::NotConfigured(_) => "not_configured",
             GatewayError::Budget { .. } => "budget_exhausted",
+            GatewayError::TooManyCalls(_) => "too_many_calls",
             GatewayError::InvalidJson(_) => "invalid",
             GatewayError::Unreachable { .. } => "unreachable",
             GatewayError::Provider { .. } => "provider_error",
@@ -152,6 +160,7 @@ impl From<GatewayError> for ApiError {
                 (StatusCode::SERVICE_UNAVAILABLE, "provider_not_configured")
             }
             GatewayError::Budget { .. } => (StatusCode::TOO_MANY_REQUESTS, "budget_exhausted"),
+            GatewayError::TooManyCalls(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_calls"),
             GatewayError::InvalidJson(_) => (StatusCode::BAD_REQUEST, "invalid_json"),
             GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "provider_unreachable"),
             GatewayError::Provider { .. } => (StatusCode::BAD_GATEWAY, "provider_error"),
@@ -282,6 +291,11 @@ async fn forward(
     t.authenticate(headers).await?;
     let cfg = &t.sh.cfg.llm;
     let provider = cfg.provider(api).ok_or(GatewayError::NotConfigured(api))?;
+    let permit = t
+        .calls
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| GatewayError::TooManyCalls(cfg.max_calls))?;
     let day = utc_day(crate::now_ms());
     let budget = t.budget().await?;
     let used = t.sh.store.llm_used(t.folder.as_str(), &day).await?;
@@ -396,6 +410,7 @@ async fn forward(
         model,
         day,
         meter: Meter::new(api, is_stream),
+        _permit: permit,
     };
     let body = metered(resp, record, cfg.max_response, cfg.idle_timeout);
     out.body(body)
@@ -445,6 +460,8 @@ struct Record {
     model: String,
     day: String,
     meter: Meter,
+    /// The turn's call slot, free again when the answer is done with.
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
 impl Drop for Record {
@@ -531,6 +548,7 @@ pub(crate) fn turn(sh: &Arc<Shared>, folder: &GroupFolder, turn_id: &str) -> Arc
         sh: sh.clone(),
         folder: folder.clone(),
         turn_id: turn_id.to_owned(),
+        calls: Arc::new(tokio::sync::Semaphore::new(sh.cfg.llm.max_calls)),
     })
 }
 
