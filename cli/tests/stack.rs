@@ -162,6 +162,32 @@ async fn running_turn(d: &Daemons, token: &str, folder: &str, id: &str) -> Value
     }
 }
 
+/// Waits until `folder` has no live turn, so that the next message starts a turn of its own
+/// (a message arriving during a turn is steered into it).
+async fn wait_idle(d: &Daemons, token: &str, folder: &str) {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let mut live = 0;
+        for state in ["starting", "running", "waiting"] {
+            let v = d
+                .routd_json(
+                    reqwest::Method::GET,
+                    &format!("/v1/turns?folder={folder}&state={state}"),
+                    token,
+                    None,
+                )
+                .await
+                .unwrap();
+            live += v["turns"].as_array().map_or(0, Vec::len);
+        }
+        if live == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{folder} never went idle");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn turn_done(d: &Daemons, token: &str, turn_id: &str) -> Value {
     let deadline = Instant::now() + LIMIT;
     loop {
@@ -264,6 +290,7 @@ async fn the_stack_answers_survives_restarts_and_never_answers_twice() {
     let token = d.operator_token().await.unwrap();
     // runed restarted mid-turn: the run is re-adopted and answers exactly once.
     let chat = "web:demo";
+    wait_idle(&d, &token, "demo").await;
     d.routd_json(
         reqwest::Method::POST,
         "/v1/messages",

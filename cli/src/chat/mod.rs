@@ -287,15 +287,16 @@ impl Chat {
         }
     }
 
-    /// Tells the live container to finish once it exists (a `_close` dropped before it is
-    /// created would be swept away with the stale follow-ups); `false` without one.
+    /// Tells the live container to finish once it has started (a `_close` dropped before its
+    /// creation would be swept away with the stale follow-ups, and a wake-up signal before
+    /// the agent runs would kill it); `false` without one.
     fn close_live(&self) -> bool {
         let Some(l) = &self.live else {
             return false;
         };
         let (runner, live) = (self.runner.clone(), l.live.clone());
         tokio::spawn(async move {
-            while live.container_id().is_none() && !live.has_ended() {
+            while !live.is_started() && !live.has_ended() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             let _ = runner.close(&live).await;

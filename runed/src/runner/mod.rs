@@ -207,6 +207,12 @@ impl LiveRun {
             .clone()
     }
 
+    /// Whether the container has started and taken its input: follow-ups and the close can
+    /// reach the agent from now on.
+    pub fn is_started(&self) -> bool {
+        self.gate.try_read().is_ok_and(|g| *g)
+    }
+
     /// Whether the run has ended (its container gone or going).
     pub fn has_ended(&self) -> bool {
         self.ended.is_cancelled()
