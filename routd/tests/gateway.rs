@@ -172,6 +172,24 @@ impl Provider {
                 }
             }),
         );
+        let state = p.clone();
+        let app = app.route(
+            "/v1/chat/completions",
+            axum::routing::post(move |headers: HeaderMap, body: axum::body::Bytes| {
+                let st = state.clone();
+                async move {
+                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    st.seen.lock().unwrap().push(Seen {
+                        headers: headers.clone(),
+                        body: body.clone(),
+                    });
+                    axum::response::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(axum::body::Body::from(Provider::openai_script(&body)))
+                        .unwrap()
+                }
+            }),
+        );
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(l, app).await });
@@ -228,6 +246,48 @@ impl Provider {
             (_, Some(t)) => answer(&[&format!("You said: {t}")], &[], 50),
             _ => answer(&["?"], &[], 10),
         }
+    }
+
+    /// The OpenAI-compatible model: a tool call, then an answer naming what the tool said.
+    fn openai_script(body: &Value) -> String {
+        let last = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .cloned()
+            .unwrap_or(Value::Null);
+        let mut out = String::new();
+        let mut chunk = |v: Value| out.push_str(&format!("data: {v}\n\n"));
+        if last["role"] == "tool" {
+            let saw = last["content"]
+                .as_str()
+                .unwrap_or("")
+                .contains("use your tools");
+            chunk(
+                json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Done "}}]}),
+            );
+            chunk(
+                json!({"choices": [{"index": 0, "delta": {"content": format!("via OpenAI (history had my prompt: {saw}).")}}]}),
+            );
+            chunk(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}));
+        } else {
+            chunk(
+                json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Checking."}}]}),
+            );
+            chunk(
+                json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1",
+                "type": "function", "function": {"name": "get_history", "arguments": "{\"lim"}}]}}]}),
+            );
+            chunk(
+                json!({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0,
+                "function": {"arguments": "it\": 5}"}}]}}]}),
+            );
+            chunk(json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}));
+        }
+        if body["stream_options"]["include_usage"] == true {
+            chunk(json!({"choices": [], "usage": {"prompt_tokens": 40, "completion_tokens": 10}}));
+        }
+        out.push_str("data: [DONE]\n\n");
+        out
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -417,6 +477,90 @@ async fn the_llm_brain_uses_tools_through_the_gateway() {
     let msgs = last.body["messages"].as_array().unwrap();
     assert!(msgs.len() >= 6, "the session carried over: {msgs:#?}");
     assert_eq!(msgs[0]["content"][0]["text"], "please use your tools");
+    rig.stop().await;
+}
+
+/// The LLM brain in the OpenAI-compatible format (`llm.api: openai`): the same tool-use loop
+/// through the gateway's `/v1/chat/completions`, the key sent as a bearer, usage read from the
+/// stream's last chunk (which the gateway asks for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_llm_brain_speaks_the_openai_format_too() {
+    let (provider, url) = Provider::start().await;
+    let rig = Rig::new(
+        &[],
+        &[
+            ("OPENAI_API_KEY", "sk-openai-real-0123456789"),
+            ("ROUTD_OPENAI_URL", url.as_str()),
+        ],
+    )
+    .await;
+    let chat = "tg:openai";
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            "/v1/groups/oai",
+            json!({"name": "oai", "group": {"llm": {"model": "gpt-stub", "api": "openai"}}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            "/v1/routes",
+            json!({"pattern": chat, "folder": "oai"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    rig.say(chat, "o-1", "please use your tools").await;
+    let h = rig
+        .wait_for(chat, "two replies", |h| replies(h).len() >= 2)
+        .await;
+    assert_eq!(
+        replies(&h),
+        vec![
+            "Checking.".to_owned(),
+            "Done via OpenAI (history had my prompt: true).".to_owned()
+        ],
+        "{h:#?}"
+    );
+    let seen = provider.seen();
+    assert_eq!(seen.len(), 2);
+    for s in &seen {
+        assert_eq!(
+            s.headers["authorization"],
+            "Bearer sk-openai-real-0123456789"
+        );
+        assert_eq!(s.body["model"], "gpt-stub");
+        assert_eq!(s.body["stream_options"]["include_usage"], true);
+        assert!(
+            s.body["tools"][0]["function"]["name"].is_string(),
+            "{}",
+            s.body
+        );
+    }
+    let msgs = seen[1].body["messages"].as_array().unwrap();
+    assert_eq!(
+        msgs[msgs.len() - 2]["tool_calls"][0]["function"]["name"],
+        "get_history"
+    );
+    assert_eq!(msgs[msgs.len() - 1]["role"], "tool");
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let (_, v) = rig.api().get(&rig.operator, "/v1/usage?folder=oai").await;
+        if v["calls"] == 2 {
+            assert_eq!(
+                (&v["input_tokens"], &v["output_tokens"]),
+                (&json!(80), &json!(20)),
+                "{v}"
+            );
+            assert_eq!(v["rows"][0]["api"], "openai");
+            break;
+        }
+        assert!(Instant::now() < deadline, "usage: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     rig.stop().await;
 }
 
