@@ -22,7 +22,7 @@ mod tasks;
 mod tools;
 mod turns;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -107,6 +107,11 @@ pub(crate) struct Shared {
     pub tasks_changed: Notify,
     /// Turns whose agent reset the session: their `newSessionId` is not kept.
     pub session_resets: Mutex<HashSet<String>>,
+    /// Per driven turn: held while messages are steered into its run. The turn's end waits
+    /// for it, so a message handed over as the run ends is neither lost nor answered unseen.
+    pub steers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// (turn, seq) pairs runed would not take: they wait for the next turn, not another steer.
+    pub steer_refused: Mutex<HashSet<(String, i64)>>,
 }
 
 /// The current time in Unix milliseconds.
@@ -282,6 +287,8 @@ pub async fn start(
         sockets: sockets::TurnSockets::default(),
         tasks_changed: Notify::new(),
         session_resets: Mutex::new(HashSet::new()),
+        steers: Mutex::new(HashMap::new()),
+        steer_refused: Mutex::new(HashSet::new()),
     });
     shared.reload_webhooks().await?;
 
@@ -308,6 +315,14 @@ pub async fn start(
         ops,
         shared.cfg.body_limit,
     );
+    // Before any task steers: messages a stopped routd was steering wait for a turn again.
+    let released = shared.store.release_steering().await?;
+    if released > 0 {
+        tracing::info!(
+            messages = released,
+            "messages whose steer was cut short by the stop wait for the next turn"
+        );
+    }
     let tasks = vec![
         tokio::spawn(turns::scheduler(shared.clone())),
         tokio::spawn(delivery::worker(shared.clone())),

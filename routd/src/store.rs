@@ -183,6 +183,13 @@ CREATE TABLE llm_usage (
 CREATE INDEX llm_usage_day ON llm_usage (day, folder);
 "#,
     },
+    Migration {
+        version: 4,
+        name: "messages being steered into a live run: answered only once the agent took them",
+        sql: r#"
+ALTER TABLE messages ADD COLUMN steering INTEGER NOT NULL DEFAULT 0;
+"#,
+    },
 ];
 
 /// LLM usage: one group's calls of one turn, day, wire format and model.
@@ -719,8 +726,8 @@ impl Store {
                 let tx = c.transaction()?;
                 for s in seqs {
                     tx.execute(
-                        "UPDATE messages SET turn_id = NULL WHERE seq = ?1 AND turn_id = ?2 \
-                         AND state = 'pending'",
+                        "UPDATE messages SET turn_id = NULL, steering = 0 WHERE seq = ?1 \
+                         AND turn_id = ?2 AND state = 'pending'",
                         params![s, t],
                     )?;
                 }
@@ -765,23 +772,68 @@ impl Store {
             .await
     }
 
-    /// Adds pending messages to a live turn (they were steered into its run). Only messages
-    /// still uncovered move; answers how many did.
+    /// Adds pending messages to a running turn, marked as being steered into its run: its
+    /// end does not answer them until [`Store::steered`] says the agent took them. Only
+    /// messages still uncovered move, and only while the turn runs; answers how many did.
     pub async fn cover(&self, turn_id: &str, seqs: Vec<i64>) -> Result<usize, DbError> {
         let t = turn_id.to_owned();
         self.db
             .call(move |c| {
                 let tx = c.transaction()?;
+                let running: bool = tx
+                    .query_row(
+                        "SELECT 1 FROM turns WHERE turn_id = ?1 AND state = 'running'",
+                        [&t],
+                        |_| Ok(true),
+                    )
+                    .optional()?
+                    .unwrap_or(false);
+                if !running {
+                    return Ok(0);
+                }
                 let mut n = 0;
                 for s in seqs {
                     n += tx.execute(
-                        "UPDATE messages SET turn_id = ?1 WHERE seq = ?2 AND turn_id IS NULL \
-                         AND state = 'pending'",
+                        "UPDATE messages SET turn_id = ?1, steering = 1 WHERE seq = ?2 \
+                         AND turn_id IS NULL AND state = 'pending'",
                         params![t, s],
                     )?;
                 }
                 tx.commit()?;
                 Ok(n)
+            })
+            .await
+    }
+
+    /// The agent took the steered messages: they belong to the turn like its first ones.
+    pub async fn steered(&self, turn_id: &str, seqs: Vec<i64>) -> Result<(), DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                for s in seqs {
+                    tx.execute(
+                        "UPDATE messages SET steering = 0 WHERE seq = ?1 AND turn_id = ?2",
+                        params![s, t],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// At start: a steer cut short by a stop never learned whether the agent took its
+    /// messages. They wait for the next turn again (at least once beats never); answers how
+    /// many.
+    pub async fn release_steering(&self) -> Result<usize, DbError> {
+        self.db
+            .call(|c| {
+                Ok(c.execute(
+                    "UPDATE messages SET turn_id = NULL, steering = 0 \
+                     WHERE steering = 1 AND state = 'pending'",
+                    [],
+                )?)
             })
             .await
     }
@@ -928,7 +980,7 @@ impl Store {
                 }
                 let ended = tx.execute(
                     "UPDATE messages SET state = ?2 WHERE turn_id = ?1 AND direction = 'in' \
-                     AND state = 'pending'",
+                     AND state = 'pending' AND steering = 0",
                     params![t, message_state],
                 )?;
                 tx.execute(
@@ -1750,5 +1802,112 @@ impl Store {
                 Ok(chats)
             })
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inbound(id: &str, now: i64) -> NewInbound {
+        NewInbound {
+            id: id.into(),
+            chat_jid: "tg:1".into(),
+            kind: MessageKind::Message,
+            sender: "alice".into(),
+            sender_name: None,
+            content: id.into(),
+            timestamp: now,
+            reply_to: None,
+            body_hash: id.into(),
+            now,
+        }
+    }
+
+    async fn running_turn(store: &Store, seq: i64) -> String {
+        let row = TurnRow {
+            turn_id: "t-1".into(),
+            folder: "f".into(),
+            chat_jid: "tg:1".into(),
+            state: turn::STARTING.into(),
+            attempt: 1,
+            run_id: None,
+            outcome: None,
+            error: None,
+            replies: 0,
+            next_try_at: None,
+            first_in_at: 1,
+            created_at: 1,
+            ended_at: None,
+        };
+        assert!(store.create_turn(row, vec![seq]).await.unwrap());
+        assert!(
+            store
+                .update_turn(
+                    "t-1",
+                    &[turn::STARTING],
+                    turn::RUNNING,
+                    None,
+                    Some(Some("run-1".into())),
+                    None,
+                    None
+                )
+                .await
+                .unwrap()
+        );
+        "t-1".into()
+    }
+
+    async fn state_of(store: &Store, seq: i64) -> (String, Option<String>) {
+        let m = store.message(seq).await.unwrap().unwrap();
+        (m.state, m.turn_id)
+    }
+
+    /// The turn's end answers what the agent took, never a message still being steered: that
+    /// one goes back to the queue when the steer fails, or after a stop cut it short.
+    #[tokio::test]
+    async fn a_turn_never_answers_a_message_still_being_steered() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("routd.db")).await.unwrap();
+        let seq = |i: Ingested| match i {
+            Ingested::New(s) => s,
+            other => panic!("{other:?}"),
+        };
+        let first = seq(store.ingest(inbound("m-1", 1)).await.unwrap());
+        let took = seq(store.ingest(inbound("m-2", 2)).await.unwrap());
+        let late = seq(store.ingest(inbound("m-3", 3)).await.unwrap());
+        let cut = seq(store.ingest(inbound("m-4", 4)).await.unwrap());
+        let t = running_turn(&store, first).await;
+        assert_eq!(store.cover(&t, vec![took, late, cut]).await.unwrap(), 3);
+        store.steered(&t, vec![took]).await.unwrap();
+        // The run ends while `late` and `cut` are still being handed over.
+        assert!(
+            store
+                .end_turn(&t, turn::DONE, None, None, inbound::ANSWERED, 10)
+                .await
+                .unwrap()
+        );
+        assert_eq!(state_of(&store, first).await.0, "answered");
+        assert_eq!(state_of(&store, took).await.0, "answered");
+        assert_eq!(
+            state_of(&store, late).await,
+            ("pending".into(), Some(t.clone()))
+        );
+        // runed: not taken. It waits for the next turn.
+        store.uncover(&t, vec![late]).await.unwrap();
+        assert_eq!(state_of(&store, late).await, ("pending".into(), None));
+        // A stop cut the other steer short: the next start hands it back.
+        assert_eq!(store.release_steering().await.unwrap(), 1);
+        assert_eq!(state_of(&store, cut).await, ("pending".into(), None));
+        let pending: Vec<i64> = store
+            .pending_of("tg:1", 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(m, _)| m.seq)
+            .collect();
+        assert_eq!(pending, [late, cut]);
+        // A turn that no longer runs takes no steer.
+        assert_eq!(store.cover(&t, vec![late]).await.unwrap(), 0);
     }
 }

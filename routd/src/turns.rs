@@ -8,9 +8,12 @@
 //!   the turn: its id is derived from the batch, so the same batch always is the same turn,
 //!   and try `n` of a turn asks runed for the run of turn `<turn>.<n>` (runed is idempotent
 //!   on it: a restart asks again and gets the same run).
-//! - A message for a folder whose live turn is its chat's is **steered** into the run; it is
-//!   covered by the turn first, so it is never delivered twice, and uncovered again (for the
-//!   next turn) when runed says the agent did not take it.
+//! - A message for a folder whose live turn is its chat's is **steered** into the run (on a
+//!   task of its own, one per turn at a time): it is covered by the turn first, marked as
+//!   being steered, so it is never delivered twice; the agent taking it makes it the turn's,
+//!   runed saying it did not uncovers it for the next turn. The turn's end waits for a steer
+//!   under way, and answers only what the agent took: a message handed over as the run ends
+//!   is never lost. A steer cut short by a stop is uncovered at the next start.
 //! - Each turn has one **driver** task: start the run (waiting, not failing, while runed or
 //!   authd does not answer), follow its events (reconnecting; runed replays the stored blocks
 //!   and each reply has a stable id, so nothing is appended twice), then settle: `ok` and
@@ -68,28 +71,26 @@ pub(crate) fn routd_turn(id: &str) -> &str {
 
 /// The scheduler: starts turns and steers messages, whenever something changes.
 pub(crate) async fn scheduler(sh: Arc<Shared>) {
-    // (turn, seq) pairs runed would not take: they wait for the next turn, not another steer.
-    let mut refused: HashSet<(String, i64)> = HashSet::new();
     loop {
         tokio::select! {
             () = sh.wake.notified() => {}
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
             () = sh.stopping.cancelled() => return,
         }
-        if let Err(e) = schedule(&sh, &mut refused).await {
+        if let Err(e) = schedule(&sh).await {
             tracing::warn!(error = %e, "scheduling turns failed; tried again shortly");
         }
     }
 }
 
-async fn schedule(sh: &Arc<Shared>, refused: &mut HashSet<(String, i64)>) -> Result<(), DbError> {
+async fn schedule(sh: &Arc<Shared>) -> Result<(), DbError> {
     for chat in sh.store.chats_with_pending().await? {
         let Some(folder) = sh.routing.resolve(&chat) else {
             continue;
         };
         if let Some(live) = sh.store.folder_busy(&folder).await? {
             if live.chat_jid == chat && live.state == turn::RUNNING && live.run_id.is_some() {
-                steer(sh, &live, refused).await?;
+                spawn_steer(sh, live);
             }
             continue;
         }
@@ -120,32 +121,56 @@ async fn schedule(sh: &Arc<Shared>, refused: &mut HashSet<(String, i64)>) -> Res
             spawn_driver(sh, id);
         }
     }
-    refused.retain(|(t, _)| sh.driving_contains(t));
+    sh.steer_refused
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|(t, _)| sh.driving_contains(t));
+    sh.steers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|t, _| sh.driving_contains(t));
     Ok(())
 }
 
+/// Steers a chat's new messages into its live turn on a task of their own (the agent may
+/// take a while to pick them up; other folders' turns do not wait for it). One steer per
+/// turn at a time: while one is under way, what arrives meanwhile waits for the next wake.
+fn spawn_steer(sh: &Arc<Shared>, live: TurnRow) {
+    let Ok(guard) = sh.steer_lock(&live.turn_id).try_lock_owned() else {
+        return;
+    };
+    let sh = sh.clone();
+    tokio::spawn(async move {
+        if let Err(e) = steer(&sh, &live).await {
+            tracing::warn!(turn = %live.turn_id, error = %e, "steering failed; tried again shortly");
+        }
+        drop(guard);
+        sh.wake.notify_one();
+    });
+}
+
 /// Steers a chat's uncovered messages into its live turn's run.
-async fn steer(
-    sh: &Arc<Shared>,
-    live: &TurnRow,
-    refused: &mut HashSet<(String, i64)>,
-) -> Result<(), DbError> {
+async fn steer(sh: &Arc<Shared>, live: &TurnRow) -> Result<(), DbError> {
     let Some(run_id) = live.run_id.as_deref() else {
         return Ok(());
     };
-    let pending: Vec<MessageView> = sh
-        .store
-        .pending_of(&live.chat_jid, sh.cfg.batch_max)
-        .await?
-        .into_iter()
-        .map(|(m, _)| m)
-        .filter(|m| !refused.contains(&(live.turn_id.clone(), m.seq)))
-        .collect();
+    let pending: Vec<MessageView> = {
+        let all = sh
+            .store
+            .pending_of(&live.chat_jid, sh.cfg.batch_max)
+            .await?;
+        let refused = sh.steer_refused.lock().unwrap_or_else(|p| p.into_inner());
+        all.into_iter()
+            .map(|(m, _)| m)
+            .filter(|m| !refused.contains(&(live.turn_id.clone(), m.seq)))
+            .collect()
+    };
     if pending.is_empty() {
         return Ok(());
     }
     let seqs: Vec<i64> = pending.iter().map(|m| m.seq).collect();
-    // Covered before the steer: a message is never handed to the agent twice.
+    // Covered (as being steered) before the steer: a message is never handed to the agent
+    // twice, and the turn's end does not answer it before the agent took it.
     let covered = sh.store.cover(&live.turn_id, seqs.clone()).await?;
     if covered != seqs.len() {
         sh.store.uncover(&live.turn_id, seqs).await?;
@@ -163,11 +188,15 @@ async fn steer(
             false
         }
     };
-    if !delivered {
-        sh.store.uncover(&live.turn_id, seqs.clone()).await?;
-        refused.extend(seqs.into_iter().map(|s| (live.turn_id.clone(), s)));
-    } else {
+    if delivered {
+        sh.store.steered(&live.turn_id, seqs).await?;
         tracing::info!(turn = %live.turn_id, messages = pending.len(), "steered into the live run");
+    } else {
+        sh.store.uncover(&live.turn_id, seqs.clone()).await?;
+        sh.steer_refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(seqs.into_iter().map(|s| (live.turn_id.clone(), s)));
     }
     Ok(())
 }
@@ -178,6 +207,16 @@ impl Shared {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(turn)
+    }
+
+    /// The lock a turn's steers hold and its end waits for.
+    fn steer_lock(&self, turn: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.steers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(turn.to_owned())
+            .or_default()
+            .clone()
     }
 }
 
@@ -219,6 +258,10 @@ pub(crate) fn spawn_driver(sh: &Arc<Shared>, turn_id: String) {
             }
             sh.sockets.close(&turn_id);
             sh.session_resets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&turn_id);
+            sh.steers
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .remove(&turn_id);
@@ -310,9 +353,12 @@ async fn drive(sh: &Arc<Shared>, turn_id: &str) -> Result<(), DbError> {
                 match follow(sh, &t, &run_id).await {
                     Ok(status) => {
                         sh.metrics.runed_down.set(0);
+                        // A steer under way learns first whether the agent took its messages.
+                        let _steers = sh.steer_lock(turn_id).lock_owned().await;
                         settle(sh, turn_id, status).await?;
                     }
                     Err(RunedError::Refused { status: 404, .. }) => {
+                        let _steers = sh.steer_lock(turn_id).lock_owned().await;
                         // runed has no such run (its database was reset): a try without output.
                         settle_failed_try(
                             sh,

@@ -622,7 +622,7 @@ async fn the_gateway_lets_only_the_turns_token_through() {
     // could be taken by another test's server meanwhile).
     let dead_url = "http://127.0.0.1:1".to_owned();
     let rig = Rig::new(
-        &[],
+        LONG_RUNS,
         &[
             ("ANTHROPIC_API_KEY", REAL_KEY),
             ("ROUTD_ANTHROPIC_URL", url.as_str()),

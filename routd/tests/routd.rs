@@ -141,6 +141,41 @@ async fn messages_during_a_live_turn_are_all_answered_once() {
     rig.stop().await;
 }
 
+/// A message steered into a run that ends before its agent takes it: the run's end does not
+/// answer it; the next turn does (a message handed over as a run ends was once lost here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_message_steered_as_the_run_ends_is_answered_by_the_next_turn() {
+    let rig = Rig::new(&[], &[]).await;
+    let chat = "tg:210";
+    rig.group_for("ending", chat).await;
+    // A reply, then a busy agent that exits without reading its follow-ups.
+    rig.say(chat, "e-1", "/blocks 1\n/sleep 3\n/exit 0").await;
+    rig.wait_for(chat, "the first reply", |h| !replies(h).is_empty())
+        .await;
+    rig.say(chat, "e-2", "late").await;
+    let h = rig
+        .wait_for(chat, "every message answered", |h| {
+            h.iter()
+                .filter(|m| m.direction == hako_shared::chat::Direction::In)
+                .all(|m| m.state == "answered")
+                && replies(h).iter().any(|r| r.contains("late"))
+        })
+        .await;
+    let turn_of = |id: &str| {
+        h.iter()
+            .find(|m| m.id == id)
+            .and_then(|m| m.turn_id.clone())
+            .unwrap()
+    };
+    assert_ne!(turn_of("e-1"), turn_of("e-2"), "{h:?}");
+    assert_eq!(
+        replies(&h).iter().filter(|r| r.contains("late")).count(),
+        1,
+        "{h:?}"
+    );
+    rig.stop().await;
+}
+
 /// A turn whose run says `fatal` with no output is tried again, really (a new run), then its
 /// messages fail and the chat gets a notice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -333,7 +368,15 @@ async fn routd_killed_mid_turn_resumes_it() {
         replies(&h2),
         ["slept 3 s\nmcp list_tasks: {\"tasks\":[]}\nsurvivor"]
     );
-    let turn = rig.turn(&turn_id).await;
+    // The turn ends with its run (the agent exits after its reply, a moment later).
+    let deadline = Instant::now() + LIMIT;
+    let turn = loop {
+        let turn = rig.turn(&turn_id).await;
+        if turn["state"] != "running" || Instant::now() > deadline {
+            break turn;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(
         (
             turn["state"].as_str(),
@@ -691,7 +734,7 @@ async fn the_agent_uses_its_tools_on_the_turn_socket() {
 /// are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::new(LONG_RUNS, &[]).await;
     let python = tokio::task::spawn_blocking(hako_shared::testing::conformance_python)
         .await
         .unwrap();

@@ -200,19 +200,25 @@ async fn an_allowlist_run_reaches_exactly_its_list() {
         let sig = secret.rsplit('.').next().unwrap();
         assert!(!logs.contains(sig), "a token in the proxy's log");
     }
-    // The run's network went with the run.
-    let nets = rig
-        .docker
-        .list_networks(None::<bollard::query_parameters::ListNetworksOptions>)
-        .await
-        .unwrap();
-    assert!(
-        !nets.iter().any(|n| n
-            .name
-            .as_deref()
-            .is_some_and(|x| x.contains(&run.replace("run-", "")))),
-        "the run's network is left"
-    );
+    // The run's network goes with the run: removed right after the end is recorded (the
+    // record comes first, so a slow daemon gets a little while).
+    let suffix = run.replace("run-", "");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let nets = rig
+            .docker
+            .list_networks(None::<bollard::query_parameters::ListNetworksOptions>)
+            .await
+            .unwrap();
+        let left = nets
+            .iter()
+            .any(|n| n.name.as_deref().is_some_and(|x| x.contains(&suffix)));
+        if !left {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the run's network is left");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The container's network: internal, no address on the host, the agent and the proxy only;

@@ -342,11 +342,13 @@ impl Rig {
 
     /// Posts `/sleep 60` to `web:<folder>` (a group that exists) and waits until its turn
     /// runs: a live turn to call the sockets of.
+    /// Starts a turn in `folder` that stays live (a script brain asleep) until the rig stops;
+    /// give the rig [`LONG_RUNS`], or the run's ceiling ends it within a minute.
     pub async fn running_turn(&self, folder: &str) -> Value {
         self.say(
             &format!("web:{folder}"),
             &format!("{folder}-sleep"),
-            "/sleep 60",
+            "/sleep 600",
         )
         .await;
         let deadline = Instant::now() + LIMIT;
@@ -441,6 +443,10 @@ impl Rig {
         }
     }
 }
+
+/// runed settings for a rig whose test keeps a turn live for a while (a loaded machine makes
+/// a test slow; the rig's stop removes the run anyway).
+pub const LONG_RUNS: &[(&str, &str)] = &[("RUNED_RUN_TIMEOUT", "900s")];
 
 pub fn enc(s: &str) -> String {
     s.replace('%', "%25").replace('/', "%2F")
