@@ -398,7 +398,6 @@ async fn runed_down_then_back() {
     rig.group_for("outage", chat).await;
     rig.runed.take().unwrap().shutdown().await;
     rig.say(chat, "o-1", "patience").await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let r = http
         .get(format!("{}/ready", rig.base()))
@@ -408,15 +407,23 @@ async fn runed_down_then_back() {
     assert_eq!(r.status(), 503);
     let v: Value = r.json().await.unwrap();
     assert!(v["message"].as_str().unwrap().contains("runed"), "{v}");
-    let metrics = http
-        .get(format!("{}/metrics", rig.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(metrics.contains("routd_runed_unavailable 1"), "{metrics}");
+    // The turn's first try finds runed away and says so in the metric.
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let metrics = http
+            .get(format!("{}/metrics", rig.base()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metrics.contains("routd_runed_unavailable 1") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let (_, v) = rig
         .api()
         .get(&rig.operator, "/v1/turns?state=starting")
@@ -711,7 +718,7 @@ async fn the_agent_uses_its_tools_on_the_turn_socket() {
     );
     // After the turns, nobody listens in the folder's ipc/ any more.
     let sock = rig.data().join("folders/tools/ipc/mcp.sock");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while sock.exists() {
         assert!(
             Instant::now() < deadline,
@@ -870,7 +877,7 @@ async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
     .await;
     let (s, v) = send(own.clone(), "k-4", "too late").await;
     assert_eq!((s, v["error"].as_str()), (409, Some("turn_ended")), "{v}");
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while sock.exists() {
         assert!(Instant::now() < deadline, "the socket outlived its turn");
         tokio::time::sleep(Duration::from_millis(50)).await;
