@@ -121,7 +121,7 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
         ("/workspace", p("folders/acme.support/workspace"), true),
         ("/workspace/share", p("shares/acme"), true),
         ("/home/agent", p("folders/acme.support/home"), true),
-        ("/var/run/pub/arizuko", p("folders/acme.support/ipc"), true),
+        ("/var/run/pub/arizuko", p("folders/acme.support/ipc"), false),
         (
             "/workspace/ipc/input",
             p("folders/acme.support/input"),

@@ -179,6 +179,10 @@ pub struct LiveRun {
     gate: RwLock<bool>,
     ended: CancellationToken,
     closed: std::sync::atomic::AtomicBool,
+    /// The agent wrote something (stdout or stderr): it runs its own code, so it has had its
+    /// chance to handle SIGUSR1. Before that a wake-up signal could kill it (SIGUSR1's
+    /// default action), so follow-ups and the close rely on the agent's polling alone.
+    spoken: std::sync::atomic::AtomicBool,
 }
 
 impl LiveRun {
@@ -191,6 +195,7 @@ impl LiveRun {
             gate: RwLock::new(false),
             ended: CancellationToken::new(),
             closed: std::sync::atomic::AtomicBool::new(false),
+            spoken: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -211,6 +216,16 @@ impl LiveRun {
     /// reach the agent from now on.
     pub fn is_started(&self) -> bool {
         self.gate.try_read().is_ok_and(|g| *g)
+    }
+
+    /// Whether the agent has written anything yet (then a wake-up signal is safe to send).
+    pub fn has_spoken(&self) -> bool {
+        self.spoken.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn set_spoken(&self) {
+        self.spoken
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Whether the run has ended (its container gone or going).

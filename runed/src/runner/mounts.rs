@@ -7,7 +7,7 @@
 //! | `folders/<key>/workspace/` | `/workspace/` (cwd) | rw |
 //! | `shares/<world>/` | `/workspace/share/` | rw |
 //! | `folders/<key>/home/` | `/home/agent/` ($HOME, holds `.claude/`) | rw |
-//! | `folders/<key>/ipc/` | `/var/run/pub/arizuko/` | rw |
+//! | `folders/<key>/ipc/` | `/var/run/pub/arizuko/` | ro (connecting to a socket needs no write) |
 //! | `folders/<key>/input/` | `/workspace/ipc/input/` | rw |
 //! | `folders/<key>/sidecars/` | `/var/run/pub/arizuko/sidecars/` | rw |
 //! | `folders/<key>/env/` | `/workspace/env-dir/` | ro |
@@ -182,7 +182,9 @@ impl MountPlan<'_> {
                 false,
             ),
             m(l.dir(f, FolderDir::Home), HOME, false),
-            m(l.dir(f, FolderDir::Ipc), SOCKET_DIR, false),
+            // Read-only even where the agent's uid owns the directory (a daemon not run as
+            // root): it may connect to routd's sockets, never swap them or plant links.
+            m(l.dir(f, FolderDir::Ipc), SOCKET_DIR, true),
             m(l.dir(f, FolderDir::Input), INPUT_DIR, false),
             m(l.dir(f, FolderDir::Sidecars), SIDECAR_DIR, false),
             m(l.dir(f, FolderDir::Env), "/workspace/env-dir", true),
@@ -282,6 +284,7 @@ mod tests {
             Path::new("/data/folders/acme.support/input")
         );
         assert!(find(&v, "/workspace/env-dir").unwrap().readonly);
+        assert!(find(&v, "/var/run/pub/arizuko").unwrap().readonly);
         assert!(find(&v, "/skills").unwrap().readonly);
         assert!(find(&v, "/workspace/global").unwrap().readonly);
         assert!(

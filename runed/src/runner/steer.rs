@@ -48,8 +48,14 @@ impl Runner {
         input.create_new(&tmp, &body, 0o644, None)?;
         input.rename(&tmp, &name)?;
         let reason;
-        if let Err(e) = docker::signal(&self.docker, &id, "SIGUSR1", self.cfg.docker_timeout).await
-        {
+        // An agent that has not written anything yet may not handle the signal: it finds the
+        // file by polling.
+        let woken = if live.has_spoken() {
+            docker::signal(&self.docker, &id, "SIGUSR1", self.cfg.docker_timeout).await
+        } else {
+            Ok(())
+        };
+        if let Err(e) = woken {
             reason = Some(format!("could not signal the agent: {e}"));
         } else {
             let deadline = Instant::now() + self.cfg.steer_wait;
@@ -101,6 +107,7 @@ impl Runner {
         input.write_atomic(CLOSE_FILE, b"", 0o644, None)?;
         if let Some(id) = live.container_id()
             && !live.ended.is_cancelled()
+            && live.has_spoken()
         {
             match docker::signal(&self.docker, &id, "SIGUSR1", self.cfg.docker_timeout).await {
                 // It ended meanwhile: nothing left to close.

@@ -390,6 +390,7 @@ impl<'a> Supervisor<'a> {
                 return;
             }
         };
+        self.live.set_spoken();
         let t = self.runner.cfg.docker_timeout;
         for (index, block) in self.st.frame(frame) {
             // A slow consumer must not hold off the ceiling or a kill: the wait is bounded,
