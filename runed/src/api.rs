@@ -602,7 +602,7 @@ async fn kill_run(
     Ok(Json(status(&sh, row).await?))
 }
 
-/// Kill the live run of a folder.
+/// Kill a folder's live run and the runs waiting for its slot.
 #[utoipa::path(post, path = "/v1/runs/stop", tag = "runs", security(("bearer" = [])),
     request_body = StopRequest,
     responses(
@@ -619,13 +619,22 @@ async fn stop_folder(
     who.require(scopes::RUNS_KILL)?;
     let folder = body.folder.as_str().to_owned();
     who.require_folder(&folder)?;
-    let ids: Vec<String> = sh
-        .sched()
-        .live
-        .iter()
-        .filter(|(_, l)| l.folder == folder && l.kind == Kind::Run)
-        .map(|(id, _)| id.clone())
-        .collect();
+    // The live run and those still waiting for the folder's slot: a stop that left a
+    // queued run to start after it would stop nothing the user sees.
+    let ids: Vec<String> = {
+        let s = sh.sched();
+        let live = s
+            .live
+            .iter()
+            .filter(|(_, l)| l.folder == folder && l.kind == Kind::Run)
+            .map(|(id, _)| id.clone());
+        let queued = s
+            .queue
+            .waiting(&folder)
+            .filter(|e| e.kind == Kind::Run)
+            .map(|e| e.run_id.clone());
+        live.chain(queued).collect()
+    };
     let mut killed = Vec::new();
     for id in ids {
         if let Some(row) = sh.store.get(&id).await? {

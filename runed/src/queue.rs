@@ -77,6 +77,11 @@ impl FairQueue {
         self.len += 1;
     }
 
+    /// The items waiting in `folder`'s queue, oldest first.
+    pub fn waiting<'a>(&'a self, folder: &str) -> impl Iterator<Item = &'a Entry> + 'a {
+        self.queues.get(folder).into_iter().flatten()
+    }
+
     /// Removes a waiting item; `false` if it was not waiting.
     pub fn remove(&mut self, folder: &str, run_id: &str) -> bool {
         let Some(q) = self.queues.get_mut(folder) else {

@@ -1235,20 +1235,25 @@ async fn daemon_holds_and_stop() {
     );
     let v = rig.wait(&run).await;
     assert_eq!(v["outcome"], "ok", "released: {v}");
-    // POST /v1/runs/stop kills the folder's live run; another folder's run is untouched.
+    // POST /v1/runs/stop kills the folder's live run and the one waiting behind it (a stop
+    // must not let a queued run start after it); another folder's run is untouched.
     let long = rig.run("sp", "turn-sp-1", "/sleep 60").await;
     let keep = rig.run("sp2", "turn-sp-2", "/sleep 2\nkept").await;
     rig.wait_state(&long, "running").await;
+    let waiting = rig.run("sp", "turn-sp-3", "never runs").await;
     let (s, v) = rig
         .post(&rig.routd, "/v1/runs/stop", json!({"folder": "sp"}))
         .await;
     assert_eq!(s, 200, "{v}");
-    assert_eq!(v["killed"], json!([long]), "{v}");
-    let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{long}")).await;
-    assert_eq!(
-        (v["state"].as_str(), v["outcome"].as_str()),
-        (Some("killed"), Some("killed"))
-    );
+    assert_eq!(v["killed"], json!([long, waiting]), "{v}");
+    for id in [&long, &waiting] {
+        let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{id}")).await;
+        assert_eq!(
+            (v["state"].as_str(), v["outcome"].as_str()),
+            (Some("killed"), Some("killed")),
+            "{v}"
+        );
+    }
     let v = rig.wait(&keep).await;
     assert_eq!(v["outcome"], "ok", "{v}");
     // A folder-bound caller cannot stop another folder.
