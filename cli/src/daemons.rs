@@ -204,22 +204,8 @@ impl Daemons {
             encode(chat)
         );
         let deadline = Instant::now() + wait;
-        let mut resp = self
-            .http
-            .get(&url)
-            .bearer_auth(token)
-            .send()
-            .await
-            .map_err(|e| anyhow!("routd does not answer at {url} ({})", root_cause(&e)))?;
-        if !resp.status().is_success() {
-            let status = resp.status().as_u16();
-            let v: Value = resp.json().await.unwrap_or(Value::Null);
-            bail!(
-                "routd answered {status} for {url}: {}",
-                v["message"].as_str().unwrap_or("?")
-            );
-        }
-        let mut buf = String::new();
+        let mut resp = self.event_stream("routd", &url, token).await?;
+        let mut events = SseData::default();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let chunk = tokio::time::timeout(left, resp.chunk())
@@ -227,22 +213,35 @@ impl Daemons {
                 .map_err(|_| anyhow!("no answer in {chat} within {}s", wait.as_secs()))?
                 .with_context(|| format!("routd's event stream of {chat} broke off"))?
                 .ok_or_else(|| anyhow!("routd closed the event stream of {chat}"))?;
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            if buf.len() > MAX_EVENT {
-                bail!("an event of {chat} longer than {MAX_EVENT} bytes");
-            }
-            while let Some(end) = buf.find("\n\n") {
-                let ev: String = buf.drain(..end + 2).collect();
-                for line in ev.lines() {
-                    if let Some(data) = line.strip_prefix("data:")
-                        && let Ok(v) = serde_json::from_str::<Value>(data.trim())
-                        && done(&v)
-                    {
-                        return Ok(v);
-                    }
-                }
+            if let Some(v) = events.feed(&chunk, chat)?.into_iter().find(|v| done(v)) {
+                return Ok(v);
             }
         }
+    }
+
+    /// A daemon's event stream at `url`, its refusal an error naming the daemon.
+    async fn event_stream(
+        &self,
+        daemon: &str,
+        url: &str,
+        token: &str,
+    ) -> anyhow::Result<reqwest::Response> {
+        let resp = self
+            .http
+            .get(url)
+            .bearer_auth(token)
+            .send()
+            .await
+            .map_err(|e| anyhow!("{daemon} does not answer at {url} ({})", root_cause(&e)))?;
+        if !resp.status().is_success() {
+            let status = resp.status().as_u16();
+            let v: Value = resp.json().await.unwrap_or(Value::Null);
+            bail!(
+                "{daemon} answered {status} for {url}: {}",
+                v["message"].as_str().unwrap_or("?")
+            );
+        }
+        Ok(resp)
     }
 
     /// A run's events from runed (its stored blocks, then each state and block as it comes)
@@ -254,44 +253,19 @@ impl Daemons {
         mut each: impl FnMut(&Value),
     ) -> anyhow::Result<bool> {
         let url = format!("{}/v1/runs/{}/events", self.ep.runed, encode(run));
-        let mut resp = self
-            .http
-            .get(&url)
-            .bearer_auth(token)
-            .send()
-            .await
-            .map_err(|e| anyhow!("runed does not answer at {url} ({})", root_cause(&e)))?;
-        if !resp.status().is_success() {
-            let status = resp.status().as_u16();
-            let v: Value = resp.json().await.unwrap_or(Value::Null);
-            bail!(
-                "runed answered {status} for {url}: {}",
-                v["message"].as_str().unwrap_or("?")
-            );
-        }
-        let mut buf = String::new();
+        let mut resp = self.event_stream("runed", &url, token).await?;
+        let mut events = SseData::default();
         let mut last_state = String::new();
         while let Some(chunk) = resp
             .chunk()
             .await
             .with_context(|| format!("runed's event stream of {run} broke off"))?
         {
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            if buf.len() > MAX_EVENT {
-                bail!("an event of {run} longer than {MAX_EVENT} bytes");
-            }
-            while let Some(end) = buf.find("\n\n") {
-                let ev: String = buf.drain(..end + 2).collect();
-                for line in ev.lines() {
-                    if let Some(data) = line.strip_prefix("data:")
-                        && let Ok(v) = serde_json::from_str::<Value>(data.trim())
-                    {
-                        if v["type"] == "state" {
-                            last_state = v["state"].as_str().unwrap_or_default().to_owned();
-                        }
-                        each(&v);
-                    }
+            for v in events.feed(&chunk, run)? {
+                if v["type"] == "state" {
+                    last_state = v["state"].as_str().unwrap_or_default().to_owned();
                 }
+                each(&v);
             }
         }
         Ok(last_state == "exited")
@@ -324,6 +298,33 @@ pub fn encode(s: &str) -> String {
 }
 
 /// The innermost cause of an error, which says what went wrong (refused, timed out).
+/// The JSON `data:` payloads of a server-sent event stream, fed chunk by chunk; an event
+/// longer than `MAX_EVENT` is an error, not a growing buffer.
+#[derive(Default)]
+struct SseData {
+    buf: String,
+}
+
+impl SseData {
+    /// The payloads of the events `chunk` completes (`what` names the stream in errors).
+    fn feed(&mut self, chunk: &[u8], what: &str) -> anyhow::Result<Vec<Value>> {
+        self.buf.push_str(&String::from_utf8_lossy(chunk));
+        if self.buf.len() > MAX_EVENT {
+            bail!("an event of {what} longer than {MAX_EVENT} bytes");
+        }
+        let mut out = Vec::new();
+        while let Some(end) = self.buf.find("\n\n") {
+            let ev: String = self.buf.drain(..end + 2).collect();
+            out.extend(
+                ev.lines()
+                    .filter_map(|l| l.strip_prefix("data:"))
+                    .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok()),
+            );
+        }
+        Ok(out)
+    }
+}
+
 fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
     let mut cur = e;
     while let Some(s) = cur.source() {
@@ -334,6 +335,25 @@ fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_read_across_chunks_and_bounded() {
+        let mut e = SseData::default();
+        assert!(e.feed(b"id: 1\ndata: {\"a\"", "c").unwrap().is_empty());
+        let got = e
+            .feed(b": 1}\n\nevent: x\ndata: not json\n\ndata: 2\n\n", "c")
+            .unwrap();
+        assert_eq!(got, vec![serde_json::json!({"a": 1}), serde_json::json!(2)]);
+        let big = vec![b'x'; MAX_EVENT + 1];
+        assert!(
+            e.feed(&big, "c")
+                .unwrap_err()
+                .to_string()
+                .contains("longer than")
+        );
+    }
+
     #[test]
     fn encoding() {
         assert_eq!(super::encode("web:acme/support"), "web:acme%2Fsupport");

@@ -720,16 +720,28 @@ impl Store {
     /// Takes messages back from a turn (a steer runed did not deliver): they wait for the
     /// next turn.
     pub async fn uncover(&self, turn_id: &str, seqs: Vec<i64>) -> Result<(), DbError> {
+        self.per_seq(
+            "UPDATE messages SET turn_id = NULL, steering = 0 WHERE seq = ?1 \
+             AND turn_id = ?2 AND state = 'pending'",
+            turn_id,
+            seqs,
+        )
+        .await
+    }
+
+    /// Runs `sql` (`?1` a seq, `?2` the turn) for each of `seqs`, in one transaction.
+    async fn per_seq(
+        &self,
+        sql: &'static str,
+        turn_id: &str,
+        seqs: Vec<i64>,
+    ) -> Result<(), DbError> {
         let t = turn_id.to_owned();
         self.db
             .call(move |c| {
                 let tx = c.transaction()?;
                 for s in seqs {
-                    tx.execute(
-                        "UPDATE messages SET turn_id = NULL, steering = 0 WHERE seq = ?1 \
-                         AND turn_id = ?2 AND state = 'pending'",
-                        params![s, t],
-                    )?;
+                    tx.execute(sql, params![s, t])?;
                 }
                 tx.commit()?;
                 Ok(())
@@ -807,20 +819,12 @@ impl Store {
 
     /// The agent took the steered messages: they belong to the turn like its first ones.
     pub async fn steered(&self, turn_id: &str, seqs: Vec<i64>) -> Result<(), DbError> {
-        let t = turn_id.to_owned();
-        self.db
-            .call(move |c| {
-                let tx = c.transaction()?;
-                for s in seqs {
-                    tx.execute(
-                        "UPDATE messages SET steering = 0 WHERE seq = ?1 AND turn_id = ?2",
-                        params![s, t],
-                    )?;
-                }
-                tx.commit()?;
-                Ok(())
-            })
-            .await
+        self.per_seq(
+            "UPDATE messages SET steering = 0 WHERE seq = ?1 AND turn_id = ?2",
+            turn_id,
+            seqs,
+        )
+        .await
     }
 
     /// At start: a steer cut short by a stop never learned whether the agent took its
