@@ -791,7 +791,10 @@ async fn daemon_steer_delivers_a_follow_up_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn daemon_run_timeout() {
-    let rig = Rig::new(&[("RUNED_RUN_TIMEOUT", "5s")]).await;
+    // The ceiling counts from just before the launch, the agent's own deadline from its
+    // start: 16 s leaves the agent a 4 s margin, room for a container start on a loaded
+    // machine (3 s were seen in CI with a 5 s ceiling, whose 1.25 s margin was not enough).
+    let rig = Rig::new(&[("RUNED_RUN_TIMEOUT", "16s")]).await;
     let t = Instant::now();
     // A well-behaved agent answers its own deadline (30 s, here a quarter, before the
     // ceiling) with a summary: that is output, so the outcome is ok.
