@@ -499,7 +499,8 @@ async fn timeout_without_output() {
         "{r:?}"
     );
     assert!(
-        took >= Duration::from_secs(2) && took < Duration::from_secs(8),
+        // The upper bound is loose: a loaded machine's container start and removal count.
+        took >= Duration::from_secs(2) && took < Duration::from_secs(15),
         "{took:?}"
     );
     assert!(rig.gone(r.container_id.as_deref().unwrap()).await);
@@ -509,8 +510,10 @@ async fn timeout_without_output() {
 /// save it): a success, and the frozen container is still stopped, killed and removed.
 #[tokio::test]
 async fn timeout_after_output_is_a_success() {
+    // The ceiling counts from before the launch: 8 s leaves room for a slow container start
+    // before the first block.
     let rig = Rig::with(|c, _| {
-        c.run_timeout = Duration::from_secs(3);
+        c.run_timeout = Duration::from_secs(8);
         c.stop_grace = Duration::from_secs(1);
     })
     .await;
