@@ -1717,6 +1717,21 @@ async fn every_route_answers_errors_as_envelopes() {
     );
 }
 
+/// schemathesis (an independent API tester) generates requests from authd's served document,
+/// valid and invalid, and finds no answer the document does not describe: no 5xx, only
+/// documented statuses and shapes, bad input and bad tokens refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_answer_the_document_does_not_describe() {
+    let a = Authd::new().await;
+    let op = a.operator().await;
+    let url = a.url.clone();
+    tokio::task::spawn_blocking(move || {
+        hako_shared::testing::schemathesis(&url, &op, "examples,coverage,fuzzing,stateful")
+    })
+    .await
+    .expect("schemathesis");
+}
+
 /// The committed OpenAPI document passes an independent validator (openapi-spec-validator).
 #[test]
 fn the_openapi_document_validates() {

@@ -596,6 +596,21 @@ async fn ingress_is_checked_and_nothing_is_dropped() {
     rig.stop().await;
 }
 
+/// schemathesis (an independent API tester) generates requests from routd's served document,
+/// valid and invalid, and finds no answer the document does not describe: no 5xx, only
+/// documented statuses and shapes, bad input and bad tokens refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn schemathesis_finds_no_answer_the_document_does_not_describe() {
+    let rig = Rig::new(&[], &[]).await;
+    let (url, token) = (rig.base(), rig.operator.clone());
+    tokio::task::spawn_blocking(move || {
+        hako_shared::testing::schemathesis(&url, &token, "examples,coverage,fuzzing,stateful")
+    })
+    .await
+    .expect("schemathesis");
+    rig.stop().await;
+}
+
 /// The committed OpenAPI document passes an independent validator (openapi-spec-validator).
 #[test]
 fn the_openapi_document_validates() {

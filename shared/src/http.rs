@@ -497,9 +497,11 @@ where
 }
 
 /// Adds what [`document`] and [`finish`] both add once the routes are merged: the bearer
-/// security scheme (merging the routes' components drops one set earlier).
+/// security scheme (merging the routes' components drops one set earlier) and the answers
+/// every operation can give whatever its handler lists ([`common_errors`]).
 fn complete(doc: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+    common_errors(doc);
     doc.components
         .get_or_insert_with(Default::default)
         .add_security_scheme(
@@ -511,6 +513,57 @@ fn complete(doc: &mut utoipa::openapi::OpenApi) {
                     .build(),
             ),
         );
+}
+
+/// The statuses the extractors answer before a handler runs, added to each operation that
+/// does not list them: a parameter that does not parse (400), a body that is not JSON, is
+/// too large or has another content type (400, 413, 415). So the document names every
+/// status a client can see (schemathesis holds the daemons to it).
+fn common_errors(doc: &mut utoipa::openapi::OpenApi) {
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+    let error = |what: &str| {
+        ResponseBuilder::new()
+            .description(what)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("ErrorBody")))
+                    .build(),
+            )
+            .build()
+    };
+    for item in doc.paths.paths.values_mut() {
+        let ops = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for op in ops.into_iter().flatten() {
+            let params = op.parameters.as_ref().is_some_and(|p| !p.is_empty());
+            let body = op.request_body.is_some();
+            let answers = &mut op.responses.responses;
+            let mut add = |code: &str, what: &str| {
+                answers
+                    .entry(code.to_owned())
+                    .or_insert_with(|| error(what).into());
+            };
+            if params || body {
+                add(
+                    "400",
+                    "A parameter or the body is not valid (the code says which)",
+                );
+            }
+            if body {
+                add("413", "`body_too_large`: the body is over the limit");
+                add(
+                    "415",
+                    "`unsupported_media_type`: the body must be `application/json`",
+                );
+            }
+        }
+    }
 }
 
 /// A daemon's whole OpenAPI document (its routes and the ops routes), without serving it:
