@@ -557,6 +557,7 @@ async fn rotate(
 #[serde(deny_unknown_fields)]
 struct AuditQuery {
     /// Rows per page, 1-1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     limit: Option<u32>,
     /// Rows with ids below this (the previous page's `next_before`).
     before: Option<i64>,

@@ -74,6 +74,8 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
 
 /// The longest sender, display name or reply-to accepted.
 const MAX_FIELD: usize = 256;
+/// The largest route position accepted, either way (JSON-safe, and far from overflow).
+const MAX_POSITION: i64 = hako_shared::chat::MAX_ROUTE_POSITION;
 
 fn check_text(field: &str, value: &str, min: usize, max: usize) -> Result<(), ApiFailure> {
     let n = value.chars().count();
@@ -247,13 +249,13 @@ struct HistoryQuery {
     before: Option<i64>,
     /// Messages with seq above this (newer), oldest first.
     after: Option<i64>,
-    /// At most this many, 1-1000 (default 100).
+    /// At most this many, 1-1000 (default 100; others are clamped).
     limit: Option<usize>,
 }
 
 /// A chat's messages, in log order (inbound, replies and notices).
 #[utoipa::path(get, path = "/v1/chats/{jid}/messages", tag = "chats", security(("bearer" = [])),
-    params(("jid" = String, Path, description = "The chat (percent-encoded)"), HistoryQuery),
+    params(("jid" = String, Path, description = "The chat (percent-encoded; 1-256 characters, no control character)", min_length = 1, max_length = 256, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"), HistoryQuery),
     responses(
         (status = 200, description = "A page of the history", body = MessagePage),
         (status = 400, description = "`invalid_query`", body = ErrorBody),
@@ -347,7 +349,7 @@ impl ChatStream {
 /// `Last-Event-ID` gets exactly what it missed, replayed from the log.
 #[utoipa::path(get, path = "/v1/chats/{jid}/events", tag = "chats", security(("bearer" = [])),
     params(
-        ("jid" = String, Path, description = "The chat (percent-encoded)"),
+        ("jid" = String, Path, description = "The chat (percent-encoded; 1-256 characters, no control character)", min_length = 1, max_length = 256, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"),
         ("Last-Event-ID" = Option<i64>, Header, description = "The last seq the client has"),
         EventsQuery,
     ),
@@ -430,7 +432,7 @@ fn parse_folder(raw: &str) -> Result<GroupFolder, ApiFailure> {
 /// runs the group with its own authority, so grants and any container setting stay with an
 /// unbound caller).
 #[utoipa::path(put, path = "/v1/groups/{folder}", tag = "groups", security(("bearer" = [])),
-    params(("folder" = String, Path, description = "The group folder (percent-encoded)")),
+    params(("folder" = GroupFolder, Path, description = "The group folder (percent-encoded)")),
     request_body = GroupConfig,
     responses(
         (status = 201, description = "Created", body = GroupView),
@@ -502,7 +504,7 @@ async fn put_group(
 
 /// One group.
 #[utoipa::path(get, path = "/v1/groups/{folder}", tag = "groups", security(("bearer" = [])),
-    params(("folder" = String, Path, description = "The group folder (percent-encoded)")),
+    params(("folder" = GroupFolder, Path, description = "The group folder (percent-encoded)")),
     responses(
         (status = 200, description = "The group", body = GroupView),
         (status = 401, description = "No valid token", body = ErrorBody),
@@ -529,7 +531,7 @@ async fn get_group(
 
 /// Remove a group, with its routes and session (its history stays in the log).
 #[utoipa::path(delete, path = "/v1/groups/{folder}", tag = "groups", security(("bearer" = [])),
-    params(("folder" = String, Path, description = "The group folder (percent-encoded)")),
+    params(("folder" = GroupFolder, Path, description = "The group folder (percent-encoded)")),
     responses(
         (status = 204, description = "Removed"),
         (status = 401, description = "No valid token", body = ErrorBody),
@@ -603,6 +605,11 @@ async fn add_route(
         ));
     }
     check_jid("pattern", &r.pattern).map_err(ApiFailure::Invalid)?;
+    if r.position.is_some_and(|p| p.abs() > MAX_POSITION) {
+        return Err(ApiFailure::Invalid(format!(
+            "position must be between -{MAX_POSITION} and {MAX_POSITION}"
+        )));
+    }
     let row = sh
         .store
         .add_route(r.pattern, r.folder.to_string(), r.position, now_ms())
@@ -847,12 +854,13 @@ async fn get_turn(
 #[serde(deny_unknown_fields)]
 struct TurnsQuery {
     /// Only this folder (and those below it).
+    #[param(value_type = Option<GroupFolder>)]
     folder: Option<String>,
     /// Only turns in this state.
     state: Option<String>,
     /// The previous page's `next_before`.
     before: Option<i64>,
-    /// At most this many, 1-1000 (default 100).
+    /// At most this many, 1-1000 (default 100; others are clamped).
     limit: Option<usize>,
 }
 
@@ -861,7 +869,7 @@ struct TurnsQuery {
     params(TurnsQuery),
     responses(
         (status = 200, description = "A page of turns", body = TurnList),
-        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        (status = 400, description = "`invalid_query`, `invalid_request` (a folder filter that is not a folder)", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
     ))]
@@ -871,6 +879,9 @@ async fn list_turns(
     ApiQuery(q): ApiQuery<TurnsQuery>,
 ) -> Result<Json<TurnList>, ApiFailure> {
     who.require(scopes::TURNS_READ)?;
+    if let Some(f) = &q.folder {
+        parse_folder(f)?;
+    }
     let folder = match (q.folder, who.folder()) {
         (Some(f), _) if !who.covers_folder(&f) => {
             return Ok(Json(TurnList {
@@ -900,12 +911,14 @@ async fn list_turns(
 #[serde(deny_unknown_fields)]
 struct UsageQuery {
     /// Only this group.
+    #[param(value_type = Option<GroupFolder>)]
     folder: Option<String>,
     /// Only this UTC day, `YYYY-MM-DD`.
+    #[param(pattern = "^[0-9]{4}-[0-9]{2}-[0-9]{2}$")]
     day: Option<String>,
     /// Only this turn.
     turn_id: Option<String>,
-    /// At most this many rows, 1-1000 (default 100).
+    /// At most this many rows, 1-1000 (default 100; others are clamped).
     limit: Option<usize>,
 }
 
@@ -928,7 +941,7 @@ struct UsageReport {
     params(UsageQuery),
     responses(
         (status = 200, description = "Usage rows and their totals", body = UsageReport),
-        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        (status = 400, description = "`invalid_query`, `invalid_request` (the folder or the day)", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
     ))]
@@ -938,6 +951,9 @@ async fn usage(
     ApiQuery(q): ApiQuery<UsageQuery>,
 ) -> Result<Json<UsageReport>, ApiFailure> {
     who.require(scopes::TURNS_READ)?;
+    if let Some(f) = &q.folder {
+        parse_folder(f)?;
+    }
     if let Some(d) = &q.day {
         let ok = d.len() == 10
             && d.bytes().enumerate().all(|(i, b)| {
@@ -974,7 +990,7 @@ async fn usage(
 struct AuditQuery {
     /// The previous page's `next_before`.
     before: Option<i64>,
-    /// At most this many, 1-1000 (default 100).
+    /// At most this many, 1-1000 (default 100; others are clamped).
     limit: Option<usize>,
 }
 

@@ -1281,11 +1281,16 @@ impl Store {
     ) -> Result<RouteRow, DbError> {
         self.db
             .call(move |c| {
+                // The sum in Rust, saturating: SQLite turns an overflowing integer sum into a
+                // REAL, which then fails to read back.
                 let position = match position {
                     Some(p) => p,
-                    None => c.query_row("SELECT COALESCE(max(position), 0) + 10 FROM routes", [], |r| {
-                        r.get(0)
-                    })?,
+                    None => c
+                        .query_row("SELECT max(position) FROM routes", [], |r| {
+                            r.get::<_, Option<i64>>(0)
+                        })?
+                        .unwrap_or(0)
+                        .saturating_add(10),
                 };
                 c.execute(
                     "INSERT INTO routes (position, pattern, folder, created_at) VALUES (?1, ?2, ?3, ?4)",
@@ -1865,6 +1870,29 @@ mod tests {
     async fn state_of(store: &Store, seq: i64) -> (String, Option<String>) {
         let m = store.message(seq).await.unwrap().unwrap();
         (m.state, m.turn_id)
+    }
+
+    /// A route at the largest position (stored by an older routd, which took any) does not
+    /// make every later route fail: SQLite turned the overflowing `max + 10` into a REAL
+    /// (found by schemathesis as a 500 on `POST /v1/routes`).
+    #[tokio::test]
+    async fn a_route_at_the_largest_position_still_lets_the_next_one_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("routd.db")).await.unwrap();
+        let first = store
+            .add_route("a".into(), "f".into(), None, 1)
+            .await
+            .unwrap();
+        assert_eq!(first.position, 10);
+        store
+            .add_route("b".into(), "f".into(), Some(i64::MAX - 3), 2)
+            .await
+            .unwrap();
+        let next = store
+            .add_route("c".into(), "f".into(), None, 3)
+            .await
+            .unwrap();
+        assert_eq!(next.position, i64::MAX);
     }
 
     /// The turn's end answers what the agent took, never a message still being steered: that

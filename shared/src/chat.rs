@@ -67,21 +67,52 @@ pub struct PostMessage {
     /// again with the same body is answered as a duplicate, with another body refused. Made
     /// up when absent.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(pattern = "^[A-Za-z0-9._:-]{1,128}$"))]
     pub id: Option<String>,
     /// The chat, e.g. `tg:-100123` or `web:acme/support` (1-256 printable characters).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 256,
+            pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+        )
+    )]
     pub chat_jid: String,
     /// Who wrote it (1-256 printable characters).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 256,
+            pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+        )
+    )]
     pub sender: String,
     /// Their display name (at most 256 characters).
     #[serde(default)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(max_length = 256, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$")
+    )]
     pub sender_name: Option<String>,
     /// The text (at most `ROUTD_MAX_CONTENT` bytes, 64 KiB by default).
+    #[cfg_attr(feature = "openapi", schema(min_length = 1))]
     pub content: String,
     /// When it was written, Unix milliseconds (routd's clock when absent).
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = 0))]
     pub timestamp: Option<i64>,
-    /// The id of the message it answers.
+    /// The id of the message it answers (1-128 printable characters).
     #[serde(default)]
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 128,
+            pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+        )
+    )]
     pub reply_to: Option<String>,
 }
 
@@ -154,7 +185,15 @@ pub struct MessagePage {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct GroupConfig {
-    /// A display name (1-128 characters).
+    /// A display name (1-128 printable characters).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 128,
+            pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+        )
+    )]
     pub name: String,
     /// The system prompt of the group's turns.
     #[serde(default)]
@@ -195,17 +234,30 @@ pub struct GroupList {
     pub groups: Vec<GroupView>,
 }
 
+/// The largest route position, either way (JSON-safe, far from overflow).
+pub const MAX_ROUTE_POSITION: i64 = 1_000_000_000_000;
+
 /// `POST /v1/routes` body: chats whose JID matches `pattern` go to `folder`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct NewRoute {
     /// A chat JID, exactly, or a glob: `*` any run of characters, `?` one (1-256 characters).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 256,
+            pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+        )
+    )]
     pub pattern: String,
     /// The group folder.
     pub folder: GroupFolder,
-    /// Where it goes in the order (lower first); after the last rule when absent.
+    /// Where it goes in the order (lower first), at most [`MAX_ROUTE_POSITION`] either way;
+    /// after the last rule when absent.
     #[serde(default)]
+    #[cfg_attr(feature = "openapi", schema(minimum = -1_000_000_000_000_i64, maximum = 1_000_000_000_000_i64))]
     pub position: Option<i64>,
 }
 
@@ -238,10 +290,20 @@ pub struct RouteList {
 #[serde(deny_unknown_fields)]
 pub struct NewWebhook {
     /// The channel: a JID prefix such as `tg:` (1-64 characters; one webhook per prefix).
+    #[cfg_attr(
+        feature = "openapi",
+        schema(
+            min_length = 1,
+            max_length = 64,
+            pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"
+        )
+    )]
     pub prefix: String,
     /// `http://` or `https://` URL.
+    #[cfg_attr(feature = "openapi", schema(pattern = "^https?://[^/?#@\\s]+"))]
     pub url: String,
-    /// The HMAC-SHA256 key of the signatures (16-256 bytes); never shown again.
+    /// The HMAC-SHA256 key of the signatures (16-256 bytes of UTF-8: no character bound in
+    /// the schema, which counts characters); never shown again.
     pub secret: String,
 }
 

@@ -520,18 +520,6 @@ fn complete(doc: &mut utoipa::openapi::OpenApi) {
 /// too large or has another content type (400, 413, 415). So the document names every
 /// status a client can see (schemathesis holds the daemons to it).
 fn common_errors(doc: &mut utoipa::openapi::OpenApi) {
-    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
-    let error = |what: &str| {
-        ResponseBuilder::new()
-            .description(what)
-            .content(
-                "application/json",
-                ContentBuilder::new()
-                    .schema(Some(Ref::from_schema_name("ErrorBody")))
-                    .build(),
-            )
-            .build()
-    };
     for item in doc.paths.paths.values_mut() {
         let ops = [
             &mut item.get,
@@ -547,7 +535,7 @@ fn common_errors(doc: &mut utoipa::openapi::OpenApi) {
             let mut add = |code: &str, what: &str| {
                 answers
                     .entry(code.to_owned())
-                    .or_insert_with(|| error(what).into());
+                    .or_insert_with(|| crate::openapi::error_response(what).into());
             };
             if params || body {
                 add(

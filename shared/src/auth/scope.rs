@@ -8,6 +8,23 @@
 /// Longest resource or verb name accepted.
 pub const MAX_PART: usize = 32;
 
+/// The grammar as a regular expression, for API documents ([`validate`] is what decides).
+pub const PATTERN: &str = "^[a-z][a-z0-9_-]{0,31}:([a-z][a-z0-9_-]{0,31}|[*])$";
+
+/// A list of at least one scope, as API documents show it.
+#[cfg(feature = "openapi")]
+pub fn list_schema() -> utoipa::openapi::schema::Array {
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, Type};
+    ArrayBuilder::new()
+        .items(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(PATTERN)),
+        )
+        .min_items(Some(1))
+        .build()
+}
+
 /// Why a scope string was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ScopeError {

@@ -33,6 +33,7 @@ pub struct ServiceTokenResponse {
 #[serde(deny_unknown_fields)]
 pub struct MintRequest {
     /// The child's scopes; each must be covered by the parent's.
+    #[cfg_attr(feature = "openapi", schema(schema_with = crate::auth::scope::list_schema))]
     pub scope: Vec<String>,
     /// The child's folder; must equal or sit under the parent's. Defaults to the parent's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
