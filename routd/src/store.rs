@@ -425,6 +425,8 @@ pub struct AuditRow {
 
 const MSG_COLS: &str = "seq, id, chat_jid, direction, kind, sender, sender_name, content, \
                         timestamp, reply_to, turn_id, state, version";
+/// How many columns [`MSG_COLS`] names: a query selecting `{MSG_COLS}, x` reads `x` here.
+const MSG_NCOLS: usize = 13;
 
 fn message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageView> {
     let direction: String = r.get(3)?;
@@ -710,7 +712,7 @@ impl Store {
                      AND state = 'pending' AND turn_id IS NULL ORDER BY seq LIMIT ?2"
                 ))?;
                 let rows = st
-                    .query_map(params![chat, limit as i64], |r| Ok((message(r)?, r.get(12)?)))?
+                    .query_map(params![chat, limit as i64], |r| Ok((message(r)?, r.get(MSG_NCOLS)?)))?
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(rows)
             })
@@ -1420,7 +1422,7 @@ impl Store {
                 ))?;
                 let rows = st
                     .query_map(params![now, limit as i64], |r| {
-                        Ok((message(r)?, r.get(12)?))
+                        Ok((message(r)?, r.get(MSG_NCOLS)?))
                     })?
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(rows)
@@ -1870,6 +1872,58 @@ mod tests {
     async fn state_of(store: &Store, seq: i64) -> (String, Option<String>) {
         let m = store.message(seq).await.unwrap().unwrap();
         (m.state, m.turn_id)
+    }
+
+    #[test]
+    fn msg_ncols_counts_msg_cols() {
+        assert_eq!(MSG_COLS.split(',').count(), MSG_NCOLS);
+    }
+
+    /// The column after the message's own is the one asked for: a webhook delivery's
+    /// attempts grow (they were read from `version`, always 0, so a failing receiver was
+    /// retried every second for a day, never backing off, never given up on), and a pending
+    /// message's arrival time is its own (the turn latency metric read 0 and reported ~56
+    /// years).
+    #[tokio::test]
+    async fn deliveries_count_their_attempts_and_pending_messages_their_arrival() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("routd.db")).await.unwrap();
+        store.ingest(inbound("m-1", 1_000)).await.unwrap();
+        let pending = store.pending_of("tg:1", 10).await.unwrap();
+        assert_eq!(pending.len(), 1);
+        assert_eq!(pending[0].1, 1_000, "arrived at 1,000 ms");
+        store
+            .append_outbound(NewOutbound {
+                id: "out-1".into(),
+                chat_jid: "tg:1".into(),
+                kind: MessageKind::Message,
+                content: "hi".into(),
+                turn_id: None,
+                reply_to: None,
+                webhook: true,
+                now: 2_000,
+            })
+            .await
+            .unwrap();
+        for n in 1..=3 {
+            let due = store.due_deliveries(i64::MAX, 10).await.unwrap();
+            assert_eq!(due.len(), 1);
+            let (m, attempts) = &due[0];
+            assert_eq!(*attempts, n - 1, "attempts before try {n}");
+            store
+                .record_delivery(
+                    m.seq,
+                    1,
+                    n,
+                    Some(503),
+                    false,
+                    "no".into(),
+                    Some(3_000),
+                    3_000,
+                )
+                .await
+                .unwrap();
+        }
     }
 
     /// A route at the largest position (stored by an older routd, which took any) does not

@@ -478,6 +478,58 @@ async fn a_failing_webhook_is_retried_until_it_recovers() {
     rig.stop().await;
 }
 
+/// A receiver that never takes the message: it is tried exactly `ROUTD_WEBHOOK_ATTEMPTS`
+/// times, backing off, then marked undeliverable, and nobody is called again. (routd once
+/// read the attempt count from the wrong column: every try was "the first", 100 ms apart
+/// here, and a dead receiver was called for a day.) And the turn's latency metric is the
+/// time from the message to the reply, not since 1970.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_dead_webhook_is_tried_a_bounded_number_of_times() {
+    let rig = Rig::new(&[], &[("ROUTD_WEBHOOK_ATTEMPTS", "3")]).await;
+    let chat = "wa:900";
+    rig.group_for("deadhook", chat).await;
+    let (recv, url) = Receiver::start(usize::MAX).await;
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            "/v1/webhooks",
+            json!({"prefix": "wa:", "url": url, "secret": "0123456789abcdef"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let sent = Instant::now();
+    rig.say(chat, "d-1", "ring").await;
+    rig.wait_for(chat, "undeliverable", |h| {
+        h.iter().any(|m| m.state == "undeliverable")
+    })
+    .await;
+    let took = sent.elapsed();
+    // Backing off: 100 ms, then 200 ms (jitter only adds) before the third and last try.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        recv.requests().iter().map(|r| r.2).collect::<Vec<_>>(),
+        [503, 503, 503],
+        "three tries, then none"
+    );
+    let metrics = reqwest::get(format!("{}/metrics", rig.base()))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let sum: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("routd_turn_latency_seconds_sum "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no turn latency sum: {metrics}"));
+    assert!(
+        sum > 0.0 && sum <= took.as_secs_f64(),
+        "one turn's latency, at most the {took:?} the test waited: {sum}"
+    );
+    rig.stop().await;
+}
+
 /// Ingress: malformed and unknown input refused with the envelope; a chat without a route is
 /// stored and answered once a route appears; ids are idempotent; tokens are checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
