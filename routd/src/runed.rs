@@ -24,7 +24,16 @@ pub enum RunedError {
     /// runed or authd did not answer (or answered 5xx): the work waits and is tried again.
     #[error("unavailable: {0}")]
     Unavailable(String),
-    /// runed refused the request (4xx): retrying the same request cannot help.
+    /// runed is full (429: its queue, or the caller's streams): the same request is tried
+    /// again later, like an outage, but runed is up.
+    #[error("runed is busy ({code}): {message}")]
+    Busy {
+        /// The envelope's code (`queue_full`, `too_many_streams`).
+        code: String,
+        /// The envelope's message.
+        message: String,
+    },
+    /// runed refused the request (any other 4xx): retrying the same request cannot help.
     #[error("runed refused ({status} {code}): {message}")]
     Refused {
         /// HTTP status.
@@ -34,6 +43,23 @@ pub enum RunedError {
         /// The envelope's message.
         message: String,
     },
+}
+
+/// runed's 4xx answer as an error: 429 is [`RunedError::Busy`], the rest
+/// [`RunedError::Refused`].
+fn refusal(status: u16, body: &[u8]) -> RunedError {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let code = v["error"].as_str().unwrap_or("").to_owned();
+    let message = v["message"].as_str().unwrap_or("").to_owned();
+    if status == 429 {
+        RunedError::Busy { code, message }
+    } else {
+        RunedError::Refused {
+            status,
+            code,
+            message,
+        }
+    }
 }
 
 /// How routd authenticates to runed.
@@ -145,18 +171,13 @@ impl RunedClient {
             )));
         }
         if status >= 400 {
-            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             if status == 401
                 && let Auth::Service(src) = &self.auth
             {
                 // A revoked or rotated-away service token: exchange anew next time.
                 src.invalidate().await;
             }
-            return Err(RunedError::Refused {
-                status,
-                code: v["error"].as_str().unwrap_or("").to_owned(),
-                message: v["message"].as_str().unwrap_or("").to_owned(),
-            });
+            return Err(refusal(status, &bytes));
         }
         serde_json::from_slice(&bytes)
             .map_err(|e| RunedError::Unavailable(format!("runed's answer did not parse: {e}")))
@@ -190,14 +211,7 @@ impl RunedClient {
             200 => serde_json::from_slice(&bytes)
                 .map_err(|e| RunedError::Unavailable(format!("runed's answer did not parse: {e}"))),
             s if s >= 500 => Err(RunedError::Unavailable(format!("runed answered {s}"))),
-            s => {
-                let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-                Err(RunedError::Refused {
-                    status: s,
-                    code: v["error"].as_str().unwrap_or("").to_owned(),
-                    message: v["message"].as_str().unwrap_or("").to_owned(),
-                })
-            }
+            s => Err(refusal(s, &bytes)),
         }
     }
 
@@ -264,15 +278,10 @@ impl RunedClient {
         let status = resp.status().as_u16();
         if status != 200 {
             let bytes = read_bounded(resp).await.unwrap_or_default();
-            let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
             return Err(if status >= 500 {
                 RunedError::Unavailable(format!("runed answered {status}"))
             } else {
-                RunedError::Refused {
-                    status,
-                    code: v["error"].as_str().unwrap_or("").to_owned(),
-                    message: v["message"].as_str().unwrap_or("").to_owned(),
-                }
+                refusal(status, &bytes)
             });
         }
         Ok(EventStream {

@@ -328,6 +328,14 @@ async fn drive(sh: &Arc<Shared>, turn_id: &str) -> Result<(), DbError> {
                         return Ok(());
                     }
                 }
+                Err(e @ RunedError::Busy { .. }) => {
+                    // runed's queue is full: the run is asked for again, backing off, as in
+                    // an outage (failing the turn on a transient 429 lost the user's message).
+                    tracing::info!(error = %e, "runed is busy; the turn waits");
+                    if !pause(sh, outage.next()).await {
+                        return Ok(());
+                    }
+                }
                 Err(e @ RunedError::Refused { .. }) => {
                     let why = format!("could not start: {e}");
                     finish(

@@ -530,6 +530,52 @@ async fn a_dead_webhook_is_tried_a_bounded_number_of_times() {
     rig.stop().await;
 }
 
+/// runed's queue for the folder is full (429 `queue_full`, a transient answer): the turn
+/// waits and starts once there is room, and the message is answered. (It used to fail the
+/// turn for good: "The agent could not be started", the message lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_full_runed_queue_delays_the_turn_instead_of_failing_it() {
+    let rig = Rig::new(&[("RUNED_MAX_QUEUED_PER_FOLDER", "1")], &[]).await;
+    let chat = "tg:queue";
+    rig.group_for("crowded", chat).await;
+    // Two holds: one takes the folder's slot, one waits in its queue, which is then full.
+    let runed = hako_shared::testing::ApiClient::new(rig.runed_url());
+    let mut holds = Vec::new();
+    for _ in 0..2 {
+        let (s, v) = runed
+            .post(&rig.operator, "/v1/holds", json!({"folder": "crowded"}))
+            .await;
+        assert_eq!(s, 202, "{v}");
+        holds.push(v["run_id"].as_str().unwrap().to_owned());
+    }
+    let (s, v) = runed
+        .post(&rig.operator, "/v1/holds", json!({"folder": "crowded"}))
+        .await;
+    assert_eq!((s, v["error"].as_str()), (429, Some("queue_full")), "{v}");
+    rig.say(chat, "q-1", "still there?").await;
+    // The turn is asked for and refused with 429 a few times meanwhile.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let h = rig.history(chat).await;
+    assert!(
+        notices(&h).is_empty(),
+        "no failure notice: {:?}",
+        notices(&h)
+    );
+    assert_eq!(h[0].state, "pending", "{h:?}");
+    for id in &holds {
+        let (s, v) = runed.delete(&rig.operator, &format!("/v1/runs/{id}")).await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let h = rig
+        .wait_for(chat, "the reply", |h| {
+            !replies(h).is_empty() && h[0].state == "answered"
+        })
+        .await;
+    assert_eq!(replies(&h), ["still there?"]);
+    assert!(notices(&h).is_empty(), "{:?}", notices(&h));
+    rig.stop().await;
+}
+
 /// Ingress: malformed and unknown input refused with the envelope; a chat without a route is
 /// stored and answered once a route appears; ids are idempotent; tokens are checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
