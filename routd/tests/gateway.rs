@@ -442,12 +442,7 @@ async fn the_llm_brain_uses_tools_through_the_gateway() {
     );
     assert_eq!(usage["rows"][0]["model"], "claude-stub-1");
     assert_eq!(usage["rows"][0]["api"], "anthropic");
-    let metrics = reqwest::get(format!("{}/metrics", rig.base()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = rig.metrics().await;
     assert!(
         metrics.contains("routd_llm_tokens_total{api=\"anthropic\",kind=\"input\"} 360"),
         "{metrics}"
@@ -598,12 +593,7 @@ async fn a_spent_budget_reaches_the_chat_as_an_error() {
         1,
         "the provider was not called again"
     );
-    let metrics = reqwest::get(format!("{}/metrics", rig.base()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = rig.metrics().await;
     assert!(
         metrics
             .contains("routd_llm_requests_total{api=\"anthropic\",result=\"budget_exhausted\"} 1"),

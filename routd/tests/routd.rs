@@ -410,14 +410,7 @@ async fn runed_down_then_back() {
     // The turn's first try finds runed away and says so in the metric.
     let deadline = Instant::now() + LIMIT;
     loop {
-        let metrics = http
-            .get(format!("{}/metrics", rig.base()))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = rig.metrics().await;
         if metrics.contains("routd_runed_unavailable 1") {
             break;
         }
@@ -512,12 +505,7 @@ async fn a_dead_webhook_is_tried_a_bounded_number_of_times() {
         [503, 503, 503],
         "three tries, then none"
     );
-    let metrics = reqwest::get(format!("{}/metrics", rig.base()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = rig.metrics().await;
     let sum: f64 = metrics
         .lines()
         .find_map(|l| l.strip_prefix("routd_turn_latency_seconds_sum "))

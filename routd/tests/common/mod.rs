@@ -248,6 +248,16 @@ impl Rig {
         ApiClient::new(self.base())
     }
 
+    /// routd's `/metrics`, as text.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.base()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn mint(&self, scope: &[&str], folder: Option<&str>, ttl: u64) -> String {
         AuthdClient::new(&self.authd_url())
             .unwrap()
