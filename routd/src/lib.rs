@@ -13,6 +13,7 @@ pub mod config;
 mod delivery;
 mod error;
 mod gateway;
+pub mod live;
 pub mod metrics;
 pub mod routing;
 pub mod runed;
@@ -22,9 +23,8 @@ mod tasks;
 mod tools;
 mod turns;
 
-use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hako_shared::auth::Verifier;
@@ -88,8 +88,8 @@ pub(crate) struct Shared {
     pub deliver: Notify,
     /// A message was appended to a chat.
     pub appended: broadcast::Sender<Appended>,
-    /// Turns a task is driving now (one driver per turn).
-    pub driving: Mutex<HashSet<String>>,
+    /// Turns a task is driving now (one driver per turn), with their memory.
+    pub live: Arc<live::LiveTurns>,
     /// The webhooks, cached (the delivery decision is made for every outbound message).
     pub webhooks: std::sync::RwLock<Vec<WebhookRow>>,
     /// Open chat streams, bounded.
@@ -105,13 +105,6 @@ pub(crate) struct Shared {
     pub sockets: sockets::TurnSockets,
     /// Wakes the task loop (a task was scheduled or cancelled).
     pub tasks_changed: Notify,
-    /// Turns whose agent reset the session: their `newSessionId` is not kept.
-    pub session_resets: Mutex<HashSet<String>>,
-    /// Per driven turn: held while messages are steered into its run. The turn's end waits
-    /// for it, so a message handed over as the run ends is neither lost nor answered unseen.
-    pub steers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// (turn, seq) pairs runed would not take: they wait for the next turn, not another steer.
-    pub steer_refused: Mutex<HashSet<(String, i64)>>,
 }
 
 /// The current time in Unix milliseconds.
@@ -279,16 +272,13 @@ pub async fn start(
         wake: Notify::new(),
         deliver: Notify::new(),
         appended,
-        driving: Mutex::new(HashSet::new()),
+        live: Arc::default(),
         webhooks: std::sync::RwLock::new(Vec::new()),
         stopping: CancellationToken::new(),
         webhook_http,
         llm_http,
         sockets: sockets::TurnSockets::default(),
         tasks_changed: Notify::new(),
-        session_resets: Mutex::new(HashSet::new()),
-        steers: Mutex::new(HashMap::new()),
-        steer_refused: Mutex::new(HashSet::new()),
     });
     shared.reload_webhooks().await?;
 
@@ -315,12 +305,13 @@ pub async fn start(
         ops,
         shared.cfg.body_limit,
     );
-    // Before any task steers: messages a stopped routd was steering wait for a turn again.
+    // Before any task steers: messages left steering by a turn that is over wait for a turn
+    // again (a live turn's follow-ups are settled by its run's end).
     let released = shared.store.release_steering().await?;
     if released > 0 {
         tracing::info!(
             messages = released,
-            "messages whose steer was cut short by the stop wait for the next turn"
+            "messages left steering by an ended turn wait for the next turn"
         );
     }
     let tasks = vec![

@@ -219,9 +219,11 @@ impl RunedClient {
     pub async fn steer(
         &self,
         run_id: &str,
+        steer_id: &str,
         messages: Vec<String>,
     ) -> Result<SteerReply, RunedError> {
         let body = SteerRequest {
+            steer_id: Some(steer_id.to_owned()),
             messages: messages.into_iter().map(SteerMessage::Text).collect(),
         };
         self.send(

@@ -190,6 +190,15 @@ CREATE INDEX llm_usage_day ON llm_usage (day, folder);
 ALTER TABLE messages ADD COLUMN steering INTEGER NOT NULL DEFAULT 0;
 "#,
     },
+    // `steering`: 0 no, 1 handed to runed without an answer yet, 2 placed in the run.
+    // `steer_id` names the follow-up at runed, which answers a repeat with the same one.
+    Migration {
+        version: 5,
+        name: "the follow-up a steered message went out in",
+        sql: r#"
+ALTER TABLE messages ADD COLUMN steer_id TEXT;
+"#,
+    },
 ];
 
 /// LLM usage: one group's calls of one turn, day, wire format and model.
@@ -723,7 +732,7 @@ impl Store {
     /// next turn.
     pub async fn uncover(&self, turn_id: &str, seqs: Vec<i64>) -> Result<(), DbError> {
         self.per_seq(
-            "UPDATE messages SET turn_id = NULL, steering = 0 WHERE seq = ?1 \
+            "UPDATE messages SET turn_id = NULL, steering = 0, steer_id = NULL WHERE seq = ?1 \
              AND turn_id = ?2 AND state = 'pending'",
             turn_id,
             seqs,
@@ -789,8 +798,14 @@ impl Store {
     /// Adds pending messages to a running turn, marked as being steered into its run: its
     /// end does not answer them until [`Store::steered`] says the agent took them. Only
     /// messages still uncovered move, and only while the turn runs; answers how many did.
-    pub async fn cover(&self, turn_id: &str, seqs: Vec<i64>) -> Result<usize, DbError> {
+    pub async fn cover(
+        &self,
+        turn_id: &str,
+        steer_id: &str,
+        seqs: Vec<i64>,
+    ) -> Result<usize, DbError> {
         let t = turn_id.to_owned();
+        let sid = steer_id.to_owned();
         self.db
             .call(move |c| {
                 let tx = c.transaction()?;
@@ -808,9 +823,9 @@ impl Store {
                 let mut n = 0;
                 for s in seqs {
                     n += tx.execute(
-                        "UPDATE messages SET turn_id = ?1, steering = 1 WHERE seq = ?2 \
+                        "UPDATE messages SET turn_id = ?1, steering = 1, steer_id = ?3 WHERE seq = ?2 \
                          AND turn_id IS NULL AND state = 'pending'",
-                        params![t, s],
+                        params![t, s, sid],
                     )?;
                 }
                 tx.commit()?;
@@ -819,25 +834,94 @@ impl Store {
             .await
     }
 
-    /// The agent took the steered messages: they belong to the turn like its first ones.
-    pub async fn steered(&self, turn_id: &str, seqs: Vec<i64>) -> Result<(), DbError> {
-        self.per_seq(
-            "UPDATE messages SET steering = 0 WHERE seq = ?1 AND turn_id = ?2",
-            turn_id,
-            seqs,
-        )
-        .await
+    /// runed placed a follow-up in the run: its messages wait there for the run's end to
+    /// say whether the agent took them.
+    pub async fn steer_placed(&self, turn_id: &str, steer_id: &str) -> Result<(), DbError> {
+        let (t, s) = (turn_id.to_owned(), steer_id.to_owned());
+        self.db
+            .call(move |c| {
+                c.execute(
+                    "UPDATE messages SET steering = 2 WHERE turn_id = ?1 AND steer_id = ?2 \
+                     AND steering = 1",
+                    params![t, s],
+                )?;
+                Ok(())
+            })
+            .await
     }
 
-    /// At start: a steer cut short by a stop never learned whether the agent took its
-    /// messages. They wait for the next turn again (at least once beats never); answers how
-    /// many.
+    /// A turn's follow-ups handed to runed without an answer (the call failed, or routd
+    /// stopped): each steer id with its messages, oldest first. Asking runed again with the
+    /// same id is safe: it never places one twice.
+    pub async fn steers_unanswered(
+        &self,
+        turn_id: &str,
+    ) -> Result<Vec<(String, Vec<MessageView>)>, DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(&format!(
+                    "SELECT {MSG_COLS}, steer_id FROM messages WHERE turn_id = ?1 \
+                     AND direction = 'in' AND state = 'pending' AND steering = 1 ORDER BY seq"
+                ))?;
+                let mut out: Vec<(String, Vec<MessageView>)> = Vec::new();
+                let rows = st.query_map([&t], |r| {
+                    Ok((r.get::<_, Option<String>>(MSG_NCOLS)?, message(r)?))
+                })?;
+                for row in rows {
+                    let (sid, m) = row?;
+                    let sid = sid.unwrap_or_default();
+                    match out.iter_mut().find(|(s, _)| *s == sid) {
+                        Some((_, ms)) => ms.push(m),
+                        None => out.push((sid, vec![m])),
+                    }
+                }
+                Ok(out)
+            })
+            .await
+    }
+
+    /// The run ended: its follow-ups' fates are final. The messages of the steers the agent
+    /// took belong to the turn like its first ones; the rest (returned, or never placed)
+    /// wait for the next turn. One transaction; answers (taken, returned) message counts.
+    pub async fn resolve_steers(
+        &self,
+        turn_id: &str,
+        taken: Vec<String>,
+    ) -> Result<(usize, usize), DbError> {
+        let t = turn_id.to_owned();
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let mut took = 0;
+                for sid in &taken {
+                    took += tx.execute(
+                        "UPDATE messages SET steering = 0 WHERE turn_id = ?1 AND steer_id = ?2 \
+                         AND steering != 0",
+                        params![t, sid],
+                    )?;
+                }
+                let back = tx.execute(
+                    "UPDATE messages SET turn_id = NULL, steering = 0, steer_id = NULL \
+                     WHERE turn_id = ?1 AND steering != 0 AND state = 'pending'",
+                    [&t],
+                )?;
+                tx.commit()?;
+                Ok((took, back))
+            })
+            .await
+    }
+
+    /// At start: messages left steering by a turn that is over wait for a turn again (a
+    /// live turn's are settled by its run's end). Answers how many.
     pub async fn release_steering(&self) -> Result<usize, DbError> {
         self.db
             .call(|c| {
                 Ok(c.execute(
-                    "UPDATE messages SET turn_id = NULL, steering = 0 \
-                     WHERE steering = 1 AND state = 'pending'",
+                    "UPDATE messages SET turn_id = NULL, steering = 0, steer_id = NULL \
+                     WHERE steering != 0 AND state = 'pending' AND NOT EXISTS ( \
+                       SELECT 1 FROM turns t WHERE t.turn_id = messages.turn_id \
+                       AND t.state IN ('starting', 'running', 'waiting'))",
                     [],
                 )?)
             })
@@ -1949,10 +2033,12 @@ mod tests {
         assert_eq!(next.position, i64::MAX);
     }
 
-    /// The turn's end answers what the agent took, never a message still being steered: that
-    /// one goes back to the queue when the steer fails, or after a stop cut it short.
+    /// The turn's end answers what the agent took, never a follow-up the agent did not take:
+    /// those wait for the next turn. Follow-ups whose answer from runed was lost are asked
+    /// again by their id; a restart keeps a live turn's follow-ups for its run's end to
+    /// decide, and hands back only those of a turn that is over.
     #[tokio::test]
-    async fn a_turn_never_answers_a_message_still_being_steered() {
+    async fn a_turn_answers_exactly_the_follow_ups_its_agent_took() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("routd.db")).await.unwrap();
         let seq = |i: Ingested| match i {
@@ -1961,12 +2047,27 @@ mod tests {
         };
         let first = seq(store.ingest(inbound("m-1", 1)).await.unwrap());
         let took = seq(store.ingest(inbound("m-2", 2)).await.unwrap());
-        let late = seq(store.ingest(inbound("m-3", 3)).await.unwrap());
-        let cut = seq(store.ingest(inbound("m-4", 4)).await.unwrap());
+        let back = seq(store.ingest(inbound("m-3", 3)).await.unwrap());
+        let lost = seq(store.ingest(inbound("m-4", 4)).await.unwrap());
         let t = running_turn(&store, first).await;
-        assert_eq!(store.cover(&t, vec![took, late, cut]).await.unwrap(), 3);
-        store.steered(&t, vec![took]).await.unwrap();
-        // The run ends while `late` and `cut` are still being handed over.
+        assert_eq!(store.cover(&t, "s-1", vec![took]).await.unwrap(), 1);
+        store.steer_placed(&t, "s-1").await.unwrap();
+        assert_eq!(store.cover(&t, "s-2", vec![back]).await.unwrap(), 1);
+        store.steer_placed(&t, "s-2").await.unwrap();
+        // runed's answer to this one was lost: it is asked for again, by the same id.
+        assert_eq!(store.cover(&t, "s-3", vec![lost]).await.unwrap(), 1);
+        let unanswered = store.steers_unanswered(&t).await.unwrap();
+        assert_eq!(unanswered.len(), 1);
+        assert_eq!(unanswered[0].0, "s-3");
+        assert_eq!(unanswered[0].1[0].seq, lost);
+        // A restart now keeps them all: the turn is live, its run's end decides.
+        assert_eq!(store.release_steering().await.unwrap(), 0);
+        // The run ends: the agent took s-1 (and s-3, placed by a repeat); s-2 came back.
+        let (took_n, back_n) = store
+            .resolve_steers(&t, vec!["s-1".into(), "s-3".into()])
+            .await
+            .unwrap();
+        assert_eq!((took_n, back_n), (2, 1));
         assert!(
             store
                 .end_turn(&t, turn::DONE, None, None, inbound::ANSWERED, 10)
@@ -1975,16 +2076,8 @@ mod tests {
         );
         assert_eq!(state_of(&store, first).await.0, "answered");
         assert_eq!(state_of(&store, took).await.0, "answered");
-        assert_eq!(
-            state_of(&store, late).await,
-            ("pending".into(), Some(t.clone()))
-        );
-        // runed: not taken. It waits for the next turn.
-        store.uncover(&t, vec![late]).await.unwrap();
-        assert_eq!(state_of(&store, late).await, ("pending".into(), None));
-        // A stop cut the other steer short: the next start hands it back.
-        assert_eq!(store.release_steering().await.unwrap(), 1);
-        assert_eq!(state_of(&store, cut).await, ("pending".into(), None));
+        assert_eq!(state_of(&store, lost).await.0, "answered");
+        assert_eq!(state_of(&store, back).await, ("pending".into(), None));
         let pending: Vec<i64> = store
             .pending_of("tg:1", 10)
             .await
@@ -1992,8 +2085,32 @@ mod tests {
             .into_iter()
             .map(|(m, _)| m.seq)
             .collect();
-        assert_eq!(pending, [late, cut]);
+        assert_eq!(pending, [back]);
         // A turn that no longer runs takes no steer.
-        assert_eq!(store.cover(&t, vec![late]).await.unwrap(), 0);
+        assert_eq!(store.cover(&t, "s-4", vec![back]).await.unwrap(), 0);
+    }
+
+    /// A message left steering by a turn that is over (an older routd) waits for a turn again.
+    #[tokio::test]
+    async fn a_restart_hands_back_what_an_ended_turn_left_steering() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(&dir.path().join("routd.db")).await.unwrap();
+        let seq = |i: Ingested| match i {
+            Ingested::New(s) => s,
+            other => panic!("{other:?}"),
+        };
+        let first = seq(store.ingest(inbound("m-1", 1)).await.unwrap());
+        let cut = seq(store.ingest(inbound("m-2", 2)).await.unwrap());
+        let t = running_turn(&store, first).await;
+        assert_eq!(store.cover(&t, "s-1", vec![cut]).await.unwrap(), 1);
+        assert!(
+            store
+                .end_turn(&t, turn::DONE, None, None, inbound::ANSWERED, 10)
+                .await
+                .unwrap()
+        );
+        assert_eq!(state_of(&store, cut).await, ("pending".into(), Some(t)));
+        assert_eq!(store.release_steering().await.unwrap(), 1);
+        assert_eq!(state_of(&store, cut).await, ("pending".into(), None));
     }
 }

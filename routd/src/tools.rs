@@ -312,11 +312,9 @@ impl RoutdTools {
             .await
             .map_err(internal)?;
         // This turn's own `newSessionId` must not bring the session back at its end.
-        self.sh
-            .session_resets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(scope.turn_id.clone());
+        if let Some(live) = self.sh.live.get(&scope.turn_id) {
+            live.reset_session();
+        }
         self.audit(scope, "session.reset", String::new()).await;
         Ok(json!({"reset": true, "from": "the next turn"}))
     }

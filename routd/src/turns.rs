@@ -32,9 +32,12 @@ use hako_shared::chat::{MessageKind, MessageView};
 use hako_shared::contract::{BlockStatus, Message, OutputBlock};
 use hako_shared::db::DbError;
 use hako_shared::ids::TurnId;
-use hako_shared::runs::{GroupSpec, Outcome, RunRequest, RunStatus, RunStreamEvent};
+use hako_shared::runs::{
+    GroupSpec, Outcome, RunRequest, RunState, RunStatus, RunStreamEvent, SteerState,
+};
 use sha2::{Digest, Sha256};
 
+use crate::live::LiveTurn;
 use crate::runed::RunedError;
 use crate::store::{TurnRow, inbound, turn};
 use crate::{Shared, now_ms};
@@ -121,14 +124,6 @@ async fn schedule(sh: &Arc<Shared>) -> Result<(), DbError> {
             spawn_driver(sh, id);
         }
     }
-    sh.steer_refused
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|(t, _)| sh.driving_contains(t));
-    sh.steers
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .retain(|t, _| sh.driving_contains(t));
     Ok(())
 }
 
@@ -136,12 +131,17 @@ async fn schedule(sh: &Arc<Shared>) -> Result<(), DbError> {
 /// take a while to pick them up; other folders' turns do not wait for it). One steer per
 /// turn at a time: while one is under way, what arrives meanwhile waits for the next wake.
 fn spawn_steer(sh: &Arc<Shared>, live: TurnRow) {
-    let Ok(guard) = sh.steer_lock(&live.turn_id).try_lock_owned() else {
+    // Only into a run whose container started (runed refuses before): until then the
+    // messages wait, and the run's start wakes the scheduler.
+    let Some(mem) = sh.live.get(&live.turn_id).filter(|m| m.run_started()) else {
+        return;
+    };
+    let Ok(guard) = mem.steer.clone().try_lock_owned() else {
         return;
     };
     let sh = sh.clone();
     tokio::spawn(async move {
-        if let Err(e) = steer(&sh, &live).await {
+        if let Err(e) = steer(&sh, &mem, &live).await {
             tracing::warn!(turn = %live.turn_id, error = %e, "steering failed; tried again shortly");
         }
         drop(guard);
@@ -149,75 +149,114 @@ fn spawn_steer(sh: &Arc<Shared>, live: TurnRow) {
     });
 }
 
-/// Steers a chat's uncovered messages into its live turn's run.
-async fn steer(sh: &Arc<Shared>, live: &TurnRow) -> Result<(), DbError> {
+/// Steers a chat's uncovered messages into its live turn's run, and asks runed again about
+/// follow-ups whose answer was lost (the same id never places twice).
+///
+/// A follow-up's fate is runed's to decide, once, when the run ends: the messages stay
+/// covered (`steering`) until then, and the turn's end ([`resolve_steers`]) makes those the
+/// agent took the turn's and hands the rest back. Nothing here guesses: a call that fails or
+/// times out leaves its messages waiting for the next ask or the run's end.
+async fn steer(sh: &Arc<Shared>, mem: &LiveTurn, live: &TurnRow) -> Result<(), DbError> {
     let Some(run_id) = live.run_id.as_deref() else {
         return Ok(());
     };
-    let pending: Vec<MessageView> = {
-        let all = sh
-            .store
-            .pending_of(&live.chat_jid, sh.cfg.batch_max)
-            .await?;
-        let refused = sh.steer_refused.lock().unwrap_or_else(|p| p.into_inner());
-        all.into_iter()
-            .map(|(m, _)| m)
-            .filter(|m| !refused.contains(&(live.turn_id.clone(), m.seq)))
-            .collect()
-    };
-    if pending.is_empty() {
-        return Ok(());
+    for (steer_id, msgs) in sh.store.steers_unanswered(&live.turn_id).await? {
+        let texts = msgs.iter().map(|m| m.content.clone()).collect();
+        if !hand_over(sh, mem, live, run_id, &steer_id, texts).await? {
+            return Ok(());
+        }
     }
+    let pending: Vec<MessageView> = sh
+        .store
+        .pending_of(&live.chat_jid, sh.cfg.batch_max)
+        .await?
+        .into_iter()
+        .map(|(m, _)| m)
+        .filter(|m| !mem.refused(m.seq))
+        .collect();
+    let Some(first) = pending.first() else {
+        return Ok(());
+    };
+    let steer_id = format!("{}.s{}", live.turn_id, first.seq);
     let seqs: Vec<i64> = pending.iter().map(|m| m.seq).collect();
     // Covered (as being steered) before the steer: a message is never handed to the agent
     // twice, and the turn's end does not answer it before the agent took it.
-    let covered = sh.store.cover(&live.turn_id, seqs.clone()).await?;
+    let covered = sh
+        .store
+        .cover(&live.turn_id, &steer_id, seqs.clone())
+        .await?;
     if covered != seqs.len() {
         sh.store.uncover(&live.turn_id, seqs).await?;
         return Ok(());
     }
     let texts = pending.iter().map(|m| m.content.clone()).collect();
-    let delivered = match sh.runed.steer(run_id, texts).await {
-        Ok(r) if r.delivered => true,
-        Ok(r) => {
-            tracing::info!(turn = %live.turn_id, reason = ?r.reason, "steer not taken; the messages wait for the next turn");
-            false
-        }
-        Err(e) => {
-            tracing::info!(turn = %live.turn_id, error = %e, "steer failed; the messages wait for the next turn");
-            false
-        }
-    };
-    if delivered {
-        sh.store.steered(&live.turn_id, seqs).await?;
-        tracing::info!(turn = %live.turn_id, messages = pending.len(), "steered into the live run");
-    } else {
-        sh.store.uncover(&live.turn_id, seqs.clone()).await?;
-        sh.steer_refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(seqs.into_iter().map(|s| (live.turn_id.clone(), s)));
-    }
+    hand_over(sh, mem, live, run_id, &steer_id, texts).await?;
     Ok(())
 }
 
-impl Shared {
-    fn driving_contains(&self, turn: &str) -> bool {
-        self.driving
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(turn)
+/// One follow-up to runed. Answers whether runed answered (`false`: try later).
+async fn hand_over(
+    sh: &Arc<Shared>,
+    mem: &LiveTurn,
+    live: &TurnRow,
+    run_id: &str,
+    steer_id: &str,
+    texts: Vec<String>,
+) -> Result<bool, DbError> {
+    match sh.runed.steer(run_id, steer_id, texts).await {
+        Ok(r) => {
+            sh.store.steer_placed(&live.turn_id, steer_id).await?;
+            tracing::info!(turn = %live.turn_id, steer = steer_id, state = r.state.as_str(), "follow-up placed in the live run");
+            Ok(true)
+        }
+        Err(RunedError::Refused { status: 409, .. }) => {
+            // The run is over (nothing was placed): the messages wait for the next turn.
+            let seqs = sh
+                .store
+                .steers_unanswered(&live.turn_id)
+                .await?
+                .into_iter()
+                .filter(|(s, _)| s == steer_id)
+                .flat_map(|(_, ms)| ms.into_iter().map(|m| m.seq))
+                .collect::<Vec<_>>();
+            sh.store.uncover(&live.turn_id, seqs.clone()).await?;
+            tracing::info!(turn = %live.turn_id, steer = steer_id, "the run is over; the follow-up waits for the next turn");
+            mem.refuse(seqs);
+            Ok(true)
+        }
+        Err(e) => {
+            tracing::info!(turn = %live.turn_id, steer = steer_id, error = %e, "no answer to a follow-up; asked again by its id");
+            Ok(false)
+        }
     }
+}
 
-    /// The lock a turn's steers hold and its end waits for.
-    fn steer_lock(&self, turn: &str) -> Arc<tokio::sync::Mutex<()>> {
-        self.steers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(turn.to_owned())
-            .or_default()
-            .clone()
+/// The run ended: what its agent took of the follow-ups is the turn's, the rest waits for
+/// the next turn. `status` is `None` when runed no longer knows the run: nothing can be
+/// known, so everything goes back (answered again rather than never).
+async fn resolve_steers(
+    sh: &Shared,
+    turn_id: &str,
+    status: Option<&RunStatus>,
+) -> Result<(), DbError> {
+    let taken = status
+        .map(|s| {
+            s.steers
+                .iter()
+                .filter(|f| f.state == SteerState::Taken)
+                .map(|f| f.steer_id.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    let (took, back) = sh.store.resolve_steers(turn_id, taken).await?;
+    if took + back > 0 {
+        tracing::info!(
+            taken = took,
+            returned = back,
+            "follow-ups settled with the run"
+        );
     }
+    Ok(())
 }
 
 /// Drives the turns that were live when routd stopped.
@@ -236,43 +275,40 @@ pub(crate) async fn resume(sh: &Arc<Shared>) {
 
 /// Starts the one driver of a turn (a second call for the same turn does nothing).
 pub(crate) fn spawn_driver(sh: &Arc<Shared>, turn_id: String) {
-    if !sh
-        .driving
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(turn_id.clone())
-    {
+    let Some(driving) = sh.live.claim(&turn_id) else {
         return;
-    }
+    };
     let sh = sh.clone();
     let span = tracing::info_span!("turn", turn = %turn_id);
     tokio::spawn(tracing::Instrument::instrument(
         async move {
             // The turn's sockets exist before its run starts and go with the driver: a
             // restarted routd binds them again when it resumes the turn.
-            if let Err(e) = sh.sockets.open(&sh, &turn_id).await {
-                tracing::error!(error = %e, "the turn's sockets could not be bound; its tools are unavailable");
-            }
-            if let Err(e) = drive(&sh, &turn_id).await {
+            let _sockets = match sh.sockets.open(&sh, &turn_id).await {
+                Ok(()) => Some(SocketsGuard(&sh, &turn_id)),
+                Err(e) => {
+                    tracing::error!(error = %e, "the turn's sockets could not be bound; its tools are unavailable");
+                    None
+                }
+            };
+            if let Err(e) = drive(&sh, driving.live(), &turn_id).await {
                 tracing::warn!(error = %e, "driving the turn failed; resumed at the next start or wake");
             }
-            sh.sockets.close(&turn_id);
-            sh.session_resets
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&turn_id);
-            sh.steers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&turn_id);
-            sh.driving
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&turn_id);
+            drop(_sockets);
+            drop(driving);
             sh.wake.notify_one();
         },
         span,
     ));
+}
+
+/// Closes a turn's sockets when its driver ends, however it ends.
+struct SocketsGuard<'a>(&'a Shared, &'a str);
+
+impl Drop for SocketsGuard<'_> {
+    fn drop(&mut self) {
+        self.0.sockets.close(self.1);
+    }
 }
 
 /// Backoff for outages: 0.5 s doubling to 30 s.
@@ -294,7 +330,7 @@ async fn pause(sh: &Shared, d: Duration) -> bool {
     }
 }
 
-async fn drive(sh: &Arc<Shared>, turn_id: &str) -> Result<(), DbError> {
+async fn drive(sh: &Arc<Shared>, mem: &LiveTurn, turn_id: &str) -> Result<(), DbError> {
     let mut outage = Outage(Duration::from_millis(500));
     loop {
         if sh.stopping.is_cancelled() {
@@ -358,15 +394,20 @@ async fn drive(sh: &Arc<Shared>, turn_id: &str) -> Result<(), DbError> {
             },
             turn::RUNNING => {
                 let run_id = t.run_id.clone().unwrap_or_default();
-                match follow(sh, &t, &run_id).await {
+                match follow(sh, mem, &t, &run_id).await {
                     Ok(status) => {
                         sh.metrics.runed_down.set(0);
-                        // A steer under way learns first whether the agent took its messages.
-                        let _steers = sh.steer_lock(turn_id).lock_owned().await;
-                        settle(sh, turn_id, status).await?;
+                        // A steer under way finishes first; then the run's own record says
+                        // which follow-ups its agent took.
+                        let _steers = mem.steer.lock().await;
+                        mem.set_run_started(false);
+                        resolve_steers(sh, turn_id, Some(&status)).await?;
+                        settle(sh, mem, turn_id, status).await?;
                     }
                     Err(RunedError::Refused { status: 404, .. }) => {
-                        let _steers = sh.steer_lock(turn_id).lock_owned().await;
+                        let _steers = mem.steer.lock().await;
+                        mem.set_run_started(false);
+                        resolve_steers(sh, turn_id, None).await?;
                         // runed has no such run (its database was reset): a try without output.
                         settle_failed_try(
                             sh,
@@ -464,7 +505,12 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<String, RunedError
 
 /// Follows a run to its end: every block becomes what it means for the chat as it arrives.
 /// Returns the run's final status.
-async fn follow(sh: &Shared, t: &TurnRow, run_id: &str) -> Result<RunStatus, RunedError> {
+async fn follow(
+    sh: &Shared,
+    mem: &LiveTurn,
+    t: &TurnRow,
+    run_id: &str,
+) -> Result<RunStatus, RunedError> {
     let mut events = sh.runed.events(run_id).await?;
     loop {
         let next = tokio::select! {
@@ -477,9 +523,17 @@ async fn follow(sh: &Shared, t: &TurnRow, run_id: &str) -> Result<RunStatus, Run
                 block: Some(block),
                 ..
             }) => {
-                on_block(sh, t, index, &block)
+                on_block(sh, mem, t, index, &block)
                     .await
                     .map_err(|e| RunedError::Unavailable(format!("routd.db: {e}")))?;
+            }
+            Some(RunStreamEvent::State {
+                state: RunState::Running,
+                ..
+            }) => {
+                // Follow-ups that waited for the container go in now.
+                mem.set_run_started(true);
+                sh.wake.notify_one();
             }
             Some(RunStreamEvent::State { state, .. }) if state.is_terminal() => break,
             Some(_) => {}
@@ -494,7 +548,7 @@ async fn follow(sh: &Shared, t: &TurnRow, run_id: &str) -> Result<RunStatus, Run
     }
     // Whatever the stream may have missed: replies have stable ids, nothing goes out twice.
     for (index, block) in status.outputs.iter().enumerate() {
-        on_block(sh, t, index, block)
+        on_block(sh, mem, t, index, block)
             .await
             .map_err(|e| RunedError::Unavailable(format!("routd.db: {e}")))?;
     }
@@ -502,12 +556,14 @@ async fn follow(sh: &Shared, t: &TurnRow, run_id: &str) -> Result<RunStatus, Run
 }
 
 /// One output block: a reply for the chat (`ok` and `error` with text), and the session.
-async fn on_block(sh: &Shared, t: &TurnRow, index: usize, b: &OutputBlock) -> Result<(), DbError> {
-    let reset = sh
-        .session_resets
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .contains(&t.turn_id);
+async fn on_block(
+    sh: &Shared,
+    mem: &LiveTurn,
+    t: &TurnRow,
+    index: usize,
+    b: &OutputBlock,
+) -> Result<(), DbError> {
+    let reset = mem.session_reset();
     // A turn whose agent called `reset_session` does not bring its session back.
     if let Some(sid) = b
         .new_session_id
@@ -557,7 +613,12 @@ async fn on_block(sh: &Shared, t: &TurnRow, index: usize, b: &OutputBlock) -> Re
 }
 
 /// What the run's end does to the turn and its chat.
-async fn settle(sh: &Shared, turn_id: &str, status: RunStatus) -> Result<(), DbError> {
+async fn settle(
+    sh: &Shared,
+    _mem: &LiveTurn,
+    turn_id: &str,
+    status: RunStatus,
+) -> Result<(), DbError> {
     let Some(t) = sh.store.turn(turn_id).await? else {
         return Ok(());
     };

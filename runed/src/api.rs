@@ -18,7 +18,7 @@ use hako_shared::http::{ApiInfo, ApiJson, ApiQuery, api_router};
 use hako_shared::ids::is_valid_id;
 use hako_shared::runs::{
     CreatedRun, HoldRequest, RunRequest, RunState, RunStatus, SessionPage, SteerReply,
-    SteerRequest, StopReply, StopRequest,
+    SteerRequest, SteerState, SteerStatus, StopReply, StopRequest,
 };
 use hako_shared::time::{from_unix_millis, rfc3339, unix_millis};
 use serde::{Deserialize, Serialize};
@@ -109,6 +109,16 @@ async fn visible(sh: &Shared, who: &Principal, run_id: &str) -> Result<SpawnRow,
 
 async fn status(sh: &Shared, r: SpawnRow) -> Result<RunStatus, ApiFailure> {
     let outputs = sh.store.outputs(&r.run_id).await?;
+    let steers = sh
+        .store
+        .steers(&r.run_id)
+        .await?
+        .into_iter()
+        .map(|s| SteerStatus {
+            steer_id: s.steer_id,
+            state: s.state,
+        })
+        .collect();
     let t = |ms: i64| rfc3339(from_unix_millis(ms));
     Ok(RunStatus {
         run_id: r.run_id,
@@ -123,6 +133,7 @@ async fn status(sh: &Shared, r: SpawnRow) -> Result<RunStatus, ApiFailure> {
         created_at: t(r.created_at),
         started_at: r.started_at.map(t),
         ended_at: r.ended_at.map(t),
+        steers,
     })
 }
 
@@ -488,17 +499,21 @@ async fn events(
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-/// Drop follow-up messages into a live run, exactly once.
+/// Place follow-up messages into a live run, exactly once. The answer comes as soon as the
+/// follow-up is in the run's drop (`placed`); its fate (`taken` by the agent or `returned`
+/// when the run ended first) is final in the run's status once the run is terminal. The work
+/// runs on a task of its own: a caller that hangs up changes nothing, and asking again with
+/// the same `steer_id` answers the same follow-up.
 #[utoipa::path(post, path = "/v1/runs/{run_id}/steer", tag = "runs", security(("bearer" = [])),
     params(("run_id" = String, Path, description = "The run")),
     request_body = SteerRequest,
     responses(
-        (status = 200, description = "Delivered, or taken back (`delivered: false` and why)", body = SteerReply),
-        (status = 400, description = "`invalid_json`, `invalid_request` (no messages)", body = ErrorBody),
+        (status = 200, description = "The follow-up and where it is (`placed`, or a repeat's `taken`/`returned`)", body = SteerReply),
+        (status = 400, description = "`invalid_json`, `invalid_request` (no messages, a bad `steer_id`)", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "`insufficient_scope` (`runs:run`)", body = ErrorBody),
         (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
-        (status = 409, description = "`not_live`: the run is not running", body = ErrorBody),
+        (status = 409, description = "`not_live`: the run is not running (nothing was placed)", body = ErrorBody),
     ))]
 async fn steer(
     State(AppState(sh)): State<AppState>,
@@ -511,37 +526,91 @@ async fn steer(
     if body.messages.is_empty() {
         return Err(ApiFailure::EmptyMessages);
     }
+    let steer_id = match body.steer_id {
+        Some(id) if is_valid_id(&id) => id,
+        Some(_) => return Err(ApiFailure::InvalidSteerId),
+        None => format!("s-{}", new_run_id().trim_start_matches("run-")),
+    };
     let msgs: Vec<String> = body.messages.into_iter().map(|m| m.into_text()).collect();
+    let reply = |state| SteerReply {
+        run_id: run_id.clone(),
+        steer_id: steer_id.clone(),
+        state,
+    };
+    if let Some(existing) = sh.store.steer(&run_id, &steer_id).await? {
+        return Ok(Json(reply(existing.state)));
+    }
     let live = sh.sched().live.get(&run_id).map(|l| l.run.clone());
     let not_live = || ApiFailure::NotLive(run_id.clone());
     let Some(live) = live else {
         return Err(not_live());
     };
     let runner = sh.runner().map_err(|_| not_live())?;
-    let report = match runner.steer(&live, &msgs).await {
-        Ok(r) => r,
-        Err(crate::runner::RunError::NotLive(_)) => return Err(not_live()),
-        Err(e) => return Err(ApiFailure::internal(e)),
+    let n = msgs.len();
+    let task = {
+        let (sh, run_id, steer_id) = (sh.clone(), run_id.clone(), steer_id.clone());
+        tokio::spawn(async move { place(&sh, &runner, &live, &run_id, &steer_id, &msgs).await })
     };
+    let placed = task.await.map_err(ApiFailure::internal)?;
     audit_row(
         &sh,
         &who,
         "run.steer",
         Some(&run_id),
         Some(&row.folder),
-        if report.delivered {
-            "ok"
-        } else {
-            "not_delivered"
+        match &placed {
+            Ok(s) => s.as_str(),
+            Err(e) => e.code(),
         },
-        format!("{} message(s)", msgs.len()),
+        format!("{steer_id}: {n} message(s)"),
     )
     .await;
-    Ok(Json(SteerReply {
-        run_id,
-        delivered: report.delivered,
-        reason: report.reason,
-    }))
+    Ok(Json(reply(placed?)))
+}
+
+/// Places one follow-up: staged under a temp name, recorded, then shown to the agent, with
+/// the run's gate held throughout so that its end settles what was recorded. Whoever records
+/// an id first places it; a concurrent repeat discards its copy.
+async fn place(
+    sh: &Shared,
+    runner: &crate::runner::Runner,
+    live: &crate::runner::LiveRun,
+    run_id: &str,
+    steer_id: &str,
+    msgs: &[String],
+) -> Result<SteerState, ApiFailure> {
+    let staged = match runner.stage_followup(live, msgs).await {
+        Ok(s) => s,
+        Err(crate::runner::RunError::NotLive(_)) => {
+            return Err(ApiFailure::NotLive(run_id.to_owned()));
+        }
+        Err(e) => return Err(ApiFailure::internal(e)),
+    };
+    let now = hako_shared::time::unix_millis(std::time::SystemTime::now());
+    match sh
+        .store
+        .add_steer(run_id, steer_id, staged.name(), now)
+        .await
+    {
+        Ok(true) => {}
+        Ok(false) => {
+            staged.discard();
+            return Ok(sh
+                .store
+                .steer(run_id, steer_id)
+                .await?
+                .map_or(SteerState::Placed, |r| r.state));
+        }
+        Err(e) => {
+            staged.discard();
+            return Err(e.into());
+        }
+    }
+    if let Err(e) = staged.publish(runner).await {
+        // Recorded but never shown: the run's end settles it as returned.
+        tracing::warn!(run = run_id, steer = steer_id, error = %e, "placing a follow-up failed");
+    }
+    Ok(SteerState::Placed)
 }
 
 async fn kill_and_wait(sh: &Arc<Shared>, row: &SpawnRow) -> Result<SpawnRow, ApiFailure> {

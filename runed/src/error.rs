@@ -50,6 +50,9 @@ pub enum ApiFailure {
     /// A steer without messages.
     #[error("messages is empty")]
     EmptyMessages,
+    /// A steer id outside the id grammar.
+    #[error("steer_id must be 1-128 of [A-Za-z0-9._:-]")]
+    InvalidSteerId,
     /// The audit log is for unbound callers.
     #[error("the audit log spans every folder; a folder-bound token cannot read it")]
     AuditNeedsUnbound,
@@ -77,7 +80,8 @@ impl ApiFailure {
             ApiFailure::InvalidWait(_)
             | ApiFailure::InvalidGroup(_)
             | ApiFailure::SecretsTooLarge(_)
-            | ApiFailure::EmptyMessages => StatusCode::BAD_REQUEST,
+            | ApiFailure::EmptyMessages
+            | ApiFailure::InvalidSteerId => StatusCode::BAD_REQUEST,
             ApiFailure::ForbiddenGroupSetting(_) | ApiFailure::AuditNeedsUnbound => {
                 StatusCode::FORBIDDEN
             }
@@ -104,7 +108,7 @@ impl ApiFailure {
             ApiFailure::QueueFull(_) => "queue_full",
             ApiFailure::TooManyStreams(_) => "too_many_streams",
             ApiFailure::NotLive(_) => "not_live",
-            ApiFailure::EmptyMessages => "invalid_request",
+            ApiFailure::EmptyMessages | ApiFailure::InvalidSteerId => "invalid_request",
             ApiFailure::AuditNeedsUnbound => "folder_forbidden",
             ApiFailure::Db(DbError::Closed | DbError::Timeout(_)) => "unavailable",
             ApiFailure::Db(_) | ApiFailure::Internal(_) => "internal",

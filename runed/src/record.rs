@@ -6,12 +6,13 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use hako_shared::GroupFolder;
 use hako_shared::auth::now_secs;
-use hako_shared::runs::{Outcome, RunState, SessionEntry};
+use hako_shared::runs::{Outcome, RunState, SessionEntry, SteerState};
 use hako_shared::time::unix_millis;
 use tokio::sync::mpsc;
 
-use crate::runner::{RunEvent, RunReport};
+use crate::runner::{FollowUpFate, RunEvent, RunReport};
 use crate::state::{Event, INLINE_BLOCK, Shared};
 use crate::store::Finish;
 
@@ -95,6 +96,7 @@ pub(crate) async fn finalize(
         outcome: r.outcome.as_str().to_owned(),
         at: ended,
     };
+    settle_steers(sh, run_id, folder).await;
     let from = [RunState::Starting, RunState::Running];
     match sh
         .store
@@ -141,6 +143,9 @@ pub(crate) async fn end_without_container(
         started_at: None,
         ended_at: unix_millis(SystemTime::now()),
     };
+    if let Ok(Some(row)) = sh.store.get(run_id).await {
+        settle_steers(sh, run_id, &row.folder).await;
+    }
     let from = [RunState::Queued, RunState::Starting, RunState::Running];
     match sh.store.finish(run_id, &from, f).await {
         Ok(true) => {
@@ -154,6 +159,65 @@ pub(crate) async fn end_without_container(
         Err(e) => tracing::error!(run = run_id, error = %e, "recording the end of a run failed"),
     }
     revoke_tokens(sh, run_id).await;
+}
+
+/// Decides the fate of a run's follow-ups still placed, before its end is recorded: the run's
+/// status never shows a terminal state with a follow-up undecided. Its agent is gone (or its
+/// gate is shut), so what it has not taken by now is taken back. Idempotent (the files
+/// decide), so a runed killed half-way settles the same way when it ends the run again.
+pub(crate) async fn settle_steers(sh: &Shared, run_id: &str, folder: &str) {
+    let placed: Vec<_> = match sh.store.steers(run_id).await {
+        Ok(rows) => rows
+            .into_iter()
+            .filter(|r| r.state == SteerState::Placed)
+            .collect(),
+        Err(e) => {
+            tracing::error!(run = run_id, error = %e, "reading the run's follow-ups failed");
+            return;
+        }
+    };
+    if placed.is_empty() {
+        return;
+    }
+    let (Ok(runner), Ok(folder)) = (sh.runner(), GroupFolder::new(folder)) else {
+        tracing::error!(
+            run = run_id,
+            "the run's follow-ups cannot be settled now (no runner); they are at the next start"
+        );
+        return;
+    };
+    let mut fates = Vec::with_capacity(placed.len());
+    for r in placed {
+        match runner.settle_followup(&folder, &r.file) {
+            Ok(f) => fates.push((
+                r.steer_id,
+                match f {
+                    FollowUpFate::Taken => SteerState::Taken,
+                    FollowUpFate::Returned => SteerState::Returned,
+                },
+            )),
+            Err(e) => {
+                tracing::error!(run = run_id, steer = r.steer_id, error = %e, "settling a follow-up failed")
+            }
+        }
+    }
+    let taken = fates
+        .iter()
+        .filter(|(_, s)| *s == SteerState::Taken)
+        .count();
+    tracing::info!(
+        run = run_id,
+        taken,
+        returned = fates.len() - taken,
+        "follow-ups settled"
+    );
+    if let Err(e) = sh
+        .store
+        .decide_steers(run_id, fates, unix_millis(SystemTime::now()))
+        .await
+    {
+        tracing::error!(run = run_id, error = %e, "recording the follow-ups' fates failed");
+    }
 }
 
 /// Revokes a run's spawn tokens; one that fails is retried by [`retry_revocations`].

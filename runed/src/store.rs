@@ -8,7 +8,7 @@ use std::path::Path;
 
 use hako_shared::contract::OutputBlock;
 use hako_shared::db::{Db, DbError, Migration};
-use hako_shared::runs::{Outcome, RunState, SessionEntry};
+use hako_shared::runs::{Outcome, RunState, SessionEntry, SteerState};
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
@@ -92,7 +92,51 @@ DROP INDEX spawns_turn;
 CREATE UNIQUE INDEX spawns_turn ON spawns (folder, turn_id) WHERE kind = 'run';
 "#,
     },
+    // A follow-up's fate outlives the call that placed it: the caller asks again by its id,
+    // and a restarted runed settles what a dead one placed.
+    Migration {
+        version: 3,
+        name: "follow-ups placed into runs",
+        sql: r#"
+CREATE TABLE steers (
+    run_id     TEXT NOT NULL REFERENCES spawns (run_id) ON DELETE CASCADE,
+    steer_id   TEXT NOT NULL,
+    file       TEXT NOT NULL,
+    state      TEXT NOT NULL CHECK (state IN ('placed', 'taken', 'returned')),
+    created_at INTEGER NOT NULL,
+    decided_at INTEGER,
+    PRIMARY KEY (run_id, steer_id)
+);
+CREATE INDEX steers_placed ON steers (run_id) WHERE state = 'placed';
+"#,
+    },
 ];
+
+/// One row of `steers`: a follow-up placed into a run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SteerRow {
+    /// The caller's id.
+    pub steer_id: String,
+    /// Its file name in the folder's follow-up drop.
+    pub file: String,
+    /// Where it is.
+    pub state: SteerState,
+}
+
+fn steer_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SteerRow> {
+    let state: String = r.get("state")?;
+    Ok(SteerRow {
+        steer_id: r.get("steer_id")?,
+        file: r.get("file")?,
+        state: SteerState::parse(&state).ok_or_else(|| {
+            rusqlite::Error::FromSqlConversionFailure(
+                0,
+                rusqlite::types::Type::Text,
+                format!("unknown steer state {state:?}").into(),
+            )
+        })?,
+    })
+}
 
 /// One row of `spawns`.
 #[derive(Debug, Clone, PartialEq)]
@@ -499,6 +543,85 @@ impl Store {
                 }
                 tx.commit()?;
                 Ok(ended)
+            })
+            .await
+    }
+
+    // ---- follow-ups ----
+
+    /// Records a follow-up placed (about to be shown) in a run: `false` when the run already
+    /// has one of that id (a repeat of the same call).
+    pub async fn add_steer(
+        &self,
+        run_id: &str,
+        steer_id: &str,
+        file: &str,
+        at: i64,
+    ) -> Result<bool, DbError> {
+        let (r, s, f) = (run_id.to_owned(), steer_id.to_owned(), file.to_owned());
+        self.db
+            .call(move |c| {
+                Ok(c.execute(
+                    "INSERT OR IGNORE INTO steers (run_id, steer_id, file, state, created_at) \
+                     VALUES (?1, ?2, ?3, 'placed', ?4)",
+                    params![r, s, f, at],
+                )? == 1)
+            })
+            .await
+    }
+
+    /// One follow-up of a run.
+    pub async fn steer(&self, run_id: &str, steer_id: &str) -> Result<Option<SteerRow>, DbError> {
+        let (r, s) = (run_id.to_owned(), steer_id.to_owned());
+        self.db
+            .call(move |c| {
+                Ok(c.query_row(
+                    "SELECT steer_id, file, state FROM steers WHERE run_id = ?1 AND steer_id = ?2",
+                    [&r, &s],
+                    steer_row,
+                )
+                .optional()?)
+            })
+            .await
+    }
+
+    /// A run's follow-ups, oldest first.
+    pub async fn steers(&self, run_id: &str) -> Result<Vec<SteerRow>, DbError> {
+        let r = run_id.to_owned();
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT steer_id, file, state FROM steers WHERE run_id = ?1 \
+                     ORDER BY created_at, rowid",
+                )?;
+                let rows = st
+                    .query_map([&r], steer_row)?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Records what became of a run's placed follow-ups (each moves once).
+    pub async fn decide_steers(
+        &self,
+        run_id: &str,
+        fates: Vec<(String, SteerState)>,
+        at: i64,
+    ) -> Result<(), DbError> {
+        let r = run_id.to_owned();
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                for (id, state) in fates {
+                    tx.execute(
+                        "UPDATE steers SET state = ?3, decided_at = ?4 \
+                         WHERE run_id = ?1 AND steer_id = ?2 AND state = 'placed'",
+                        params![r, id, state.as_str(), at],
+                    )?;
+                }
+                tx.commit()?;
+                Ok(())
             })
             .await
     }

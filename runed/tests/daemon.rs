@@ -747,17 +747,42 @@ async fn daemon_steer_delivers_a_follow_up_exactly_once() {
     let rig = Rig::new(&[("RUNED_IDLE_TIMEOUT", "8s")]).await;
     let run = rig.run("st", "turn-steer-1", "first answer").await;
     rig.wait_outputs(&run, 1).await;
+    let body =
+        json!({"steer_id": "f-1", "messages": [{"role": "user", "content": "steered line"}]});
+    let (s, v) = rig
+        .post(&rig.routd, &format!("/v1/runs/{run}/steer"), body.clone())
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["steer_id"].as_str(), v["state"].as_str()),
+        (Some("f-1"), Some("placed")),
+        "{v}"
+    );
+    // A repeat (a caller that lost the answer) places nothing new.
+    let (s, v) = rig
+        .post(&rig.routd, &format!("/v1/runs/{run}/steer"), body)
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["steer_id"], "f-1", "{v}");
     let (s, v) = rig
         .post(
             &rig.routd,
             &format!("/v1/runs/{run}/steer"),
-            json!({"messages": [{"role": "user", "content": "steered line"}]}),
+            json!({"steer_id": "../x", "messages": ["bad id"]}),
         )
         .await;
-    assert_eq!(s, 200, "{v}");
-    assert_eq!(v["delivered"], true, "{v}");
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (400, Some("invalid_request")),
+        "{v}"
+    );
     let v = rig.wait(&run).await;
     assert_eq!(v["outcome"], "ok", "{v}");
+    assert_eq!(
+        v["steers"],
+        json!([{"steer_id": "f-1", "state": "taken"}]),
+        "the run's record says the agent took it"
+    );
     let out = results(&v);
     assert!(out[0].contains("first answer"), "{out:?}");
     assert_eq!(

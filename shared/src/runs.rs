@@ -635,6 +635,9 @@ pub struct RunStatus {
     pub started_at: Option<String>,
     /// When the run ended.
     pub ended_at: Option<String>,
+    /// Its follow-ups, oldest first; each final once the run is terminal.
+    #[serde(default)]
+    pub steers: Vec<SteerStatus>,
 }
 
 /// One event of `GET /v1/runs/{run_id}/events` (the `data` of each server-sent event; the
@@ -702,8 +705,58 @@ impl SteerMessage {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct SteerRequest {
+    /// The caller's id for this follow-up (1-128 of `[A-Za-z0-9._:-]`): a repeat with the same
+    /// id places nothing new and answers the first one's state, so a caller that lost an
+    /// answer asks again instead of guessing. Made up when absent.
+    #[serde(default)]
+    pub steer_id: Option<String>,
     /// The follow-up messages (at least one), delivered together.
     pub messages: Vec<SteerMessage>,
+}
+
+/// Where a follow-up is. It moves `placed` → `taken` or `returned` once, decided by one
+/// atomic file operation: the agent's unlink or runed's rename when the run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum SteerState {
+    /// In the run's follow-up drop, for the agent to take while the run lives.
+    Placed,
+    /// The agent took it (exactly once).
+    Taken,
+    /// The run ended before the agent took it: runed took it back, the agent never saw it.
+    Returned,
+}
+
+impl SteerState {
+    /// The name stored and shown.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SteerState::Placed => "placed",
+            SteerState::Taken => "taken",
+            SteerState::Returned => "returned",
+        }
+    }
+
+    /// The state a stored name stands for.
+    pub fn parse(s: &str) -> Option<SteerState> {
+        match s {
+            "placed" => Some(SteerState::Placed),
+            "taken" => Some(SteerState::Taken),
+            "returned" => Some(SteerState::Returned),
+            _ => None,
+        }
+    }
+}
+
+/// One follow-up of a run, as `GET /v1/runs/{run_id}` lists them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SteerStatus {
+    /// The caller's id of the follow-up.
+    pub steer_id: String,
+    /// Where it is; final once the run is terminal.
+    pub state: SteerState,
 }
 
 /// `POST /v1/runs/{run_id}/steer` answer.
@@ -712,10 +765,11 @@ pub struct SteerRequest {
 pub struct SteerReply {
     /// The run.
     pub run_id: String,
-    /// Whether the agent took the follow-up (exactly once); when `false`, nothing was left.
-    pub delivered: bool,
-    /// Why not, when not.
-    pub reason: Option<String>,
+    /// The follow-up's id (the caller's, or the one made up).
+    pub steer_id: String,
+    /// Where it is now: `placed` until the agent takes it or the run ends (then the run's
+    /// status says `taken` or `returned`).
+    pub state: SteerState,
 }
 
 /// `POST /v1/runs/stop` body.

@@ -30,6 +30,8 @@ pub struct Rig {
     pub routd: Option<hako_routd::Running>,
     /// The `routd` binary (tests that kill it), and its base URL.
     pub child: Option<(std::process::Child, String)>,
+    /// runed in a process of its own (tests that kill it): see [`run_runed_child`].
+    pub runed_child: Option<std::process::Child>,
     pub routd_port: u16,
     pub runed_env: Vec<(String, String)>,
     pub routd_env: Vec<(String, String)>,
@@ -44,6 +46,10 @@ impl Drop for Rig {
     /// container of this rig's install.
     fn drop(&mut self) {
         if let Some((mut c, _)) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(mut c) = self.runed_child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -136,6 +142,7 @@ impl Rig {
             runed_addr: None,
             routd: None,
             child: None,
+            runed_child: None,
             routd_port,
             runed_env,
             routd_env: own(routd_env),
@@ -162,6 +169,57 @@ impl Rig {
     }
 
     pub async fn start_runed(&mut self) {
+        let cfg = hako_runed::Config::from_env(&Env::from_pairs(self.runed_pairs())).unwrap();
+        // The same port on a restart, so routd finds runed where it was.
+        let addr = self
+            .runed_addr
+            .unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
+        let l = tokio::net::TcpListener::bind(addr).await.unwrap();
+        self.runed_addr = Some(l.local_addr().unwrap());
+        self.runed = Some(hako_runed::start(cfg, l).await.unwrap());
+    }
+
+    /// Moves runed into a process of its own on the same port (this test binary again, in
+    /// [`run_runed_child`]), so that a test can SIGKILL it; waits until it answers.
+    pub async fn spawn_runed_process(&mut self) {
+        if let Some(r) = self.runed.take() {
+            r.shutdown().await;
+        }
+        let addr = self.runed_addr.unwrap();
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args([RUNED_CHILD, "--exact", "--ignored", "--nocapture"])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env(RUNED_CHILD_ENV, "1")
+            .env("RUNED_LISTEN", addr.to_string())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit());
+        for (k, v) in self.runed_pairs() {
+            cmd.env(k, v);
+        }
+        self.runed_child = Some(cmd.spawn().expect("runed's process starts"));
+        let http = reqwest::Client::builder().no_proxy().build().unwrap();
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            if let Ok(r) = http.get(format!("{}/ready", self.runed_url())).send().await
+                && r.status().is_success()
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "runed's process never got ready");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// SIGKILLs runed's process: its containers keep running, nothing is detached cleanly.
+    pub fn kill_runed_process(&mut self) {
+        let mut c = self.runed_child.take().expect("runed runs in a process");
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+
+    /// runed's environment in this rig.
+    pub fn runed_pairs(&self) -> Vec<(String, String)> {
         let mut pairs: Vec<(String, String)> = vec![
             ("DATA_DIR".into(), self.data().display().to_string()),
             ("AUTHD_URL".into(), self.authd_url()),
@@ -173,14 +231,7 @@ impl Rig {
             ("RUNED_STOP_GRACE".into(), "1s".into()),
         ];
         pairs.extend(self.runed_env.iter().cloned());
-        let cfg = hako_runed::Config::from_env(&Env::from_pairs(pairs)).unwrap();
-        // The same port on a restart, so routd finds runed where it was.
-        let addr = self
-            .runed_addr
-            .unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
-        let l = tokio::net::TcpListener::bind(addr).await.unwrap();
-        self.runed_addr = Some(l.local_addr().unwrap());
-        self.runed = Some(hako_runed::start(cfg, l).await.unwrap());
+        pairs
     }
 
     pub fn routd_pairs(&self) -> Vec<(String, String)> {
@@ -438,6 +489,10 @@ impl Rig {
             let _ = c.kill();
             let _ = c.wait();
         }
+        if let Some(mut c) = self.runed_child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
         if let Some(r) = self.routd.take() {
             r.shutdown().await;
         }
@@ -452,6 +507,33 @@ impl Rig {
             let _ = a.shutdown().await;
         }
     }
+}
+
+/// The name of the test function that is runed's process in a test that kills it; a test
+/// file using [`Rig::spawn_runed_process`] defines it as
+/// `#[test] #[ignore] fn runed_child_process() { common::run_runed_child() }`.
+pub const RUNED_CHILD: &str = "runed_child_process";
+const RUNED_CHILD_ENV: &str = "HAKO_TEST_RUNED_CHILD";
+
+/// runed's process: when this test binary was started by [`Rig::spawn_runed_process`], runs
+/// runed from the environment until killed. Run any other way (`--ignored` by hand), it
+/// returns at once: it is a program, not a test.
+pub fn run_runed_child() {
+    if std::env::var(RUNED_CHILD_ENV).as_deref() != Ok("1") {
+        return;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let cfg = hako_runed::Config::from_env(&Env::from_process()).unwrap();
+        let l = tokio::net::TcpListener::bind(cfg.listen_addr)
+            .await
+            .unwrap();
+        let _running = hako_runed::start(cfg, l).await.unwrap();
+        std::future::pending::<()>().await;
+    });
 }
 
 /// runed settings for a rig whose test keeps a turn live for a while (a loaded machine makes

@@ -32,6 +32,7 @@ pub mod safefs;
 pub mod seed;
 pub mod sentinel;
 mod steer;
+pub use steer::{FollowUpFate, StagedFollowUp};
 pub mod storage;
 mod supervise;
 mod supervision;

@@ -1,0 +1,134 @@
+//! What routd holds in memory for a turn while its driver runs: one [`LiveTurn`] per turn,
+//! in one map, put there when the driver starts and taken out when it ends (by a guard, on
+//! every way out). Everything else about a turn is in `routd.db`.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// One live turn's memory.
+#[derive(Debug, Default)]
+pub struct LiveTurn {
+    /// Held while follow-ups are handed to runed; the turn's end waits for it, so that a
+    /// follow-up handed over as the run ends is settled with the run, never beside it.
+    pub steer: Arc<tokio::sync::Mutex<()>>,
+    /// The current run's container has started: follow-ups can be placed. Before that they
+    /// wait in the log (runed would refuse them) and go in once it starts.
+    run_started: AtomicBool,
+    /// The agent reset its session: this turn's own `newSessionId` is not kept.
+    session_reset: AtomicBool,
+    /// Messages runed would not take (the run was over): they wait for the next turn, not
+    /// another steer.
+    steer_refused: Mutex<HashSet<i64>>,
+}
+
+impl LiveTurn {
+    /// Whether follow-ups can be placed in the current run.
+    pub fn run_started(&self) -> bool {
+        self.run_started.load(Ordering::Acquire)
+    }
+
+    /// The current run's container started (or not yet, for a new try).
+    pub fn set_run_started(&self, started: bool) {
+        self.run_started.store(started, Ordering::Release);
+    }
+
+    /// Whether the agent reset its session.
+    pub fn session_reset(&self) -> bool {
+        self.session_reset.load(Ordering::Acquire)
+    }
+
+    /// The agent reset its session.
+    pub fn reset_session(&self) {
+        self.session_reset.store(true, Ordering::Release);
+    }
+
+    /// Whether runed refused to take message `seq` into this turn.
+    pub fn refused(&self, seq: i64) -> bool {
+        lock(&self.steer_refused).contains(&seq)
+    }
+
+    /// runed refused to take these messages into this turn.
+    pub fn refuse(&self, seqs: impl IntoIterator<Item = i64>) {
+        lock(&self.steer_refused).extend(seqs);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The live turns: those a driver task runs now (one driver per turn).
+#[derive(Debug, Default)]
+pub struct LiveTurns(Mutex<HashMap<String, Arc<LiveTurn>>>);
+
+impl LiveTurns {
+    /// Claims a turn for a new driver: `None` when one already drives it.
+    pub fn claim(self: &Arc<Self>, turn: &str) -> Option<Driving> {
+        let mut m = lock(&self.0);
+        if m.contains_key(turn) {
+            return None;
+        }
+        let live = Arc::new(LiveTurn::default());
+        m.insert(turn.to_owned(), live.clone());
+        Some(Driving {
+            turns: self.clone(),
+            turn: turn.to_owned(),
+            live,
+        })
+    }
+
+    /// A live turn's memory.
+    pub fn get(&self, turn: &str) -> Option<Arc<LiveTurn>> {
+        lock(&self.0).get(turn).cloned()
+    }
+
+    /// How many turns are driven now.
+    pub fn len(&self) -> usize {
+        lock(&self.0).len()
+    }
+
+    /// Whether no turn is driven.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A driver's hold on its turn: the turn leaves the live map when this is dropped.
+#[derive(Debug)]
+pub struct Driving {
+    turns: Arc<LiveTurns>,
+    turn: String,
+    live: Arc<LiveTurn>,
+}
+
+impl Driving {
+    /// The turn's memory.
+    pub fn live(&self) -> &Arc<LiveTurn> {
+        &self.live
+    }
+}
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        lock(&self.turns.0).remove(&self.turn);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_driver_per_turn_and_gone_with_it() {
+        let turns = Arc::new(LiveTurns::default());
+        let d = turns.claim("t-1").unwrap();
+        assert!(turns.claim("t-1").is_none(), "a second driver");
+        d.live().refuse([4]);
+        assert!(turns.get("t-1").unwrap().refused(4));
+        drop(d);
+        assert!(turns.get("t-1").is_none());
+        let again = turns.claim("t-1").unwrap();
+        assert!(!again.live().refused(4), "a new driver starts afresh");
+    }
+}
