@@ -20,6 +20,22 @@ pub struct LiveTurn {
     /// Messages runed would not take (the run was over): they wait for the next turn, not
     /// another steer.
     steer_refused: Mutex<HashSet<i64>>,
+    /// Why the turn cannot reach its model at all (the provider refused routd's key, no key,
+    /// the day's budget spent), from the gateway's first such refusal: later calls get the
+    /// same answer without reaching the provider, and the turn ends with a notice naming the
+    /// cause instead of being tried again.
+    cut_off: Mutex<Option<CutOff>>,
+}
+
+/// A refusal of the turn's model calls that no retry can fix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CutOff {
+    /// The HTTP status the gateway answered.
+    pub status: u16,
+    /// Its error code.
+    pub code: &'static str,
+    /// What the operator (or the group's owner) must do, in words.
+    pub message: String,
 }
 
 impl LiveTurn {
@@ -46,6 +62,16 @@ impl LiveTurn {
     /// Whether runed refused to take message `seq` into this turn.
     pub fn refused(&self, seq: i64) -> bool {
         lock(&self.steer_refused).contains(&seq)
+    }
+
+    /// The first refusal no retry can fix (later ones do not replace it).
+    pub fn cut_off(&self, c: CutOff) {
+        lock(&self.cut_off).get_or_insert(c);
+    }
+
+    /// Why the turn cannot reach its model, if it cannot.
+    pub fn cut_off_reason(&self) -> Option<CutOff> {
+        lock(&self.cut_off).clone()
     }
 
     /// runed refused to take these messages into this turn.

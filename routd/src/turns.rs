@@ -615,7 +615,7 @@ async fn on_block(
 /// What the run's end does to the turn and its chat.
 async fn settle(
     sh: &Shared,
-    _mem: &LiveTurn,
+    mem: &LiveTurn,
     turn_id: &str,
     status: RunStatus,
 ) -> Result<(), DbError> {
@@ -624,6 +624,27 @@ async fn settle(
     };
     let answered = t.replies > 0;
     let outcome = status.outcome.map(|o| o.as_str().to_owned());
+    // The model refused in a way no retry can fix (its key, no key, the budget): the turn
+    // ends now, once, and the chat is told what the operator must do. Another try would only
+    // ask the provider again and wait out the backoffs.
+    if let Some(cut) = mem.cut_off_reason()
+        && status.outcome != Some(Outcome::Killed)
+    {
+        let (state, messages) = if answered {
+            (turn::DONE, inbound::ANSWERED)
+        } else {
+            (turn::FAILED, inbound::FAILED)
+        };
+        finish(sh, &t, state, outcome, Some(cut.message.clone()), messages).await?;
+        notice(
+            sh,
+            &t,
+            "model",
+            format!("The agent could not reach its model: {}", cut.message),
+        )
+        .await?;
+        return Ok(());
+    }
     match status.outcome {
         Some(Outcome::Ok) => {
             finish(sh, &t, turn::DONE, outcome, None, inbound::ANSWERED).await?;

@@ -127,6 +127,16 @@ impl Provider {
                         headers: headers.clone(),
                         body: body.clone(),
                     });
+                    // A provider that does not take routd's key (revoked, mistyped).
+                    if body["model"] == "refuse-key" {
+                        return axum::response::Response::builder()
+                            .status(401)
+                            .header("content-type", "application/json")
+                            .body(axum::body::Body::from(
+                                r#"{"type":"error","error":{"type":"authentication_error","message":"invalid x-api-key ...6789"}}"#,
+                            ))
+                            .unwrap();
+                    }
                     // A provider having a bad day, on request.
                     if body["model"] == "overloaded" {
                         return axum::response::Response::builder()
@@ -599,6 +609,77 @@ async fn a_spent_budget_reaches_the_chat_as_an_error() {
             .contains("routd_llm_requests_total{api=\"anthropic\",result=\"budget_exhausted\"} 1"),
         "{metrics}"
     );
+    rig.stop().await;
+}
+
+/// A provider that refuses routd's key: no retry can fix that, so the turn ends at once, after
+/// one provider call (it took 12 calls and 43 s of retries by the agent and by routd), and
+/// the chat's notice and the turn's error name the variable the operator must fix. The next
+/// message is a new turn that asks the provider once again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_refused_provider_key_ends_the_turn_at_once_naming_the_variable() {
+    let (provider, url) = Provider::start().await;
+    let rig = Rig::new(
+        &[],
+        &[
+            ("ANTHROPIC_API_KEY", REAL_KEY),
+            ("ROUTD_ANTHROPIC_URL", url.as_str()),
+        ],
+    )
+    .await;
+    let chat = "tg:badkey";
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            "/v1/groups/badkey",
+            json!({"name": "badkey", "group": {"llm": {"model": "refuse-key"}}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            "/v1/routes",
+            json!({"pattern": chat, "folder": "badkey"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    rig.say(chat, "k-1", "hello").await;
+    let h = rig
+        .wait_for(chat, "the notice", |h| !notices(h).is_empty())
+        .await;
+    let n = notices(&h);
+    assert_eq!(n.len(), 1, "{n:?}");
+    assert!(
+        n[0].contains("ANTHROPIC_API_KEY") && n[0].contains("refused"),
+        "{n:?}"
+    );
+    assert!(!n[0].contains("6789"), "never the provider's words: {n:?}");
+    assert_eq!(provider.seen().len(), 1, "one provider call");
+    let turn = rig.turn(h[0].turn_id.as_deref().unwrap()).await;
+    // Over after its first try (`done` when the agent's error reached the chat as a reply).
+    assert!(
+        matches!(turn["state"].as_str(), Some("done" | "failed")) && turn["attempt"] == 1,
+        "ended at once, never tried again: {turn}"
+    );
+    assert!(
+        turn["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("ANTHROPIC_API_KEY")),
+        "{turn}"
+    );
+    // One run on runed.
+    let runed = hako_shared::testing::ApiClient::new(rig.runed_url());
+    let (_, v) = runed.get(&rig.operator, "/v1/sessions?folder=badkey").await;
+    assert_eq!(v["sessions"].as_array().unwrap().len(), 1, "{v}");
+    // The cut-off is the turn's: the next message asks again (the operator may have fixed it).
+    rig.wait_idle("badkey").await;
+    rig.say(chat, "k-2", "again").await;
+    rig.wait_for(chat, "the second notice", |h| notices(h).len() == 2)
+        .await;
+    assert_eq!(provider.seen().len(), 2, "one call per turn");
     rig.stop().await;
 }
 

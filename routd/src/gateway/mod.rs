@@ -31,6 +31,7 @@ use hako_shared::runs::{GroupSpec, LlmApi};
 use serde_json::Value;
 
 use crate::Shared;
+use crate::live::CutOff;
 use crate::store::UsageRow;
 use crate::turns::routd_turn;
 use usage::{Meter, Usage};
@@ -143,6 +144,10 @@ pub(crate) enum GatewayError {
         /// The start of its answer.
         detail: String,
     },
+    /// An earlier call of this turn met a refusal no retry can fix: the same answer again,
+    /// without calling the provider.
+    #[error("{}", .0.message)]
+    CutOff(CutOff),
     /// routd's database.
     #[error(transparent)]
     Db(#[from] DbError),
@@ -170,17 +175,30 @@ impl GatewayError {
             GatewayError::ProviderKey { .. } => "provider_error",
             GatewayError::Unreachable { .. } => "unreachable",
             GatewayError::Provider { .. } => "provider_error",
+            GatewayError::CutOff(_) => "cut_off",
             GatewayError::Db(_) => "internal",
         }
     }
+
+    /// Whether no retry within the turn can fix it (the provider refused routd's key, no key,
+    /// the day's budget): the turn is cut off from its model.
+    fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            GatewayError::ProviderKey { .. }
+                | GatewayError::NotConfigured(_)
+                | GatewayError::Budget { .. }
+                | GatewayError::CutOff(_)
+        )
+    }
 }
 
-impl From<GatewayError> for ApiError {
-    fn from(e: GatewayError) -> Self {
-        let msg = e.to_string();
-        let (status, code) = match e {
-            GatewayError::Auth(a) => return ApiError::from(a),
-            GatewayError::Db(d) => return ApiError::from(d),
+impl GatewayError {
+    /// The status and code the agent gets (`None`: the shared envelope of a token or
+    /// database error).
+    fn status_code(&self) -> Option<(StatusCode, &'static str)> {
+        Some(match self {
+            GatewayError::Auth(_) | GatewayError::Db(_) => return None,
             GatewayError::WrongTurn(_) => (StatusCode::UNAUTHORIZED, "wrong_turn"),
             GatewayError::NotConfigured(_) => {
                 (StatusCode::SERVICE_UNAVAILABLE, "provider_not_configured")
@@ -201,8 +219,22 @@ impl From<GatewayError> for ApiError {
             GatewayError::ProviderKey { .. } => (StatusCode::BAD_GATEWAY, "provider_key_refused"),
             GatewayError::Unreachable { .. } => (StatusCode::BAD_GATEWAY, "provider_unreachable"),
             GatewayError::Provider { .. } => (StatusCode::BAD_GATEWAY, "provider_error"),
-        };
-        ApiError::new(status, code, msg)
+            GatewayError::CutOff(c) => (
+                StatusCode::from_u16(c.status).unwrap_or(StatusCode::BAD_GATEWAY),
+                c.code,
+            ),
+        })
+    }
+}
+
+impl From<GatewayError> for ApiError {
+    fn from(e: GatewayError) -> Self {
+        match (e.status_code(), e) {
+            (_, GatewayError::Auth(a)) => ApiError::from(a),
+            (_, GatewayError::Db(d)) => ApiError::from(d),
+            (Some((status, code)), e) => ApiError::new(status, code, e.to_string()),
+            (None, e) => ApiError::internal(e.to_string()),
+        }
     }
 }
 
@@ -214,10 +246,17 @@ impl IntoResponse for GatewayError {
             }
             _ => None,
         };
+        let permanent = self.is_permanent();
         let mut r = ApiError::from(self).into_response();
         if let Some(s) = provider_status {
             r.headers_mut()
                 .insert("x-hako-provider-status", HeaderValue::from(s));
+        }
+        if permanent {
+            // Anthropic's and OpenAI's SDKs (and Claude Code) retry 429 and 5xx unless told
+            // not to; these cannot be fixed by retrying.
+            r.headers_mut()
+                .insert("x-should-retry", HeaderValue::from_static("false"));
         }
         r
     }
@@ -260,6 +299,16 @@ async fn call(
         Ok(r) => r,
         Err(e) => {
             t.sh.metrics.llm_request(api.as_str(), e.result());
+            if e.is_permanent()
+                && let Some((status, code)) = e.status_code()
+                && let Some(live) = t.sh.live.get(&t.turn_id)
+            {
+                live.cut_off(CutOff {
+                    status: status.as_u16(),
+                    code,
+                    message: e.to_string(),
+                });
+            }
             if matches!(
                 e,
                 GatewayError::Budget { .. }
@@ -336,6 +385,9 @@ async fn forward(
 ) -> Result<Response, GatewayError> {
     // Everything that costs routd memory comes after the token and the call slot.
     t.authenticate(headers).await?;
+    if let Some(c) = t.sh.live.get(&t.turn_id).and_then(|l| l.cut_off_reason()) {
+        return Err(GatewayError::CutOff(c));
+    }
     let cfg = &t.sh.cfg.llm;
     let provider = cfg.provider(api).ok_or(GatewayError::NotConfigured(api))?;
     let permit = t

@@ -43,6 +43,9 @@ pub struct Answer {
     pub status: u16,
     /// `Content-Type`.
     pub content_type: String,
+    /// `x-should-retry` (the header Anthropic's and OpenAI's SDKs obey): `Some(false)` when
+    /// the gateway says no retry can help.
+    pub should_retry: Option<bool>,
     body: Incoming,
     idle: Duration,
 }
@@ -123,9 +126,15 @@ pub async fn post_json(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
+    let should_retry = match resp.headers().get("x-should-retry").map(|v| v.as_bytes()) {
+        Some(b"true") => Some(true),
+        Some(b"false") => Some(false),
+        _ => None,
+    };
     Ok(Answer {
         status: resp.status().as_u16(),
         content_type,
+        should_retry,
         body: resp.into_body(),
         idle,
     })

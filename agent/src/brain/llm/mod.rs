@@ -201,11 +201,14 @@ impl LlmBrain {
             .map_err(|e| StepError::Unavailable(e.to_string()))?;
         if answer.status != 200 {
             let status = answer.status;
+            let should_retry = answer.should_retry;
             let text = answer.text(MAX_ERROR_BODY).await.unwrap_or_default();
             let (code, why) = error_message(&text);
             let msg = format!("the model gateway answered {status}: {why}");
-            // A missing provider key will not fix itself by waiting: the chat should see it.
+            // A refusal no retry can fix (the provider refusing routd's key, no key, a spent
+            // budget) says so (`x-should-retry: false`): the chat should see it at once.
             let transient = matches!(status, 500 | 502 | 503 | 504 | 529)
+                && should_retry != Some(false)
                 && code.as_deref() != Some("provider_not_configured");
             return Err(if transient {
                 StepError::Unavailable(msg)
