@@ -295,6 +295,123 @@ print(json.dumps({"prompt": ok_prompt, "reply": ok_reply, "status": status,
     );
 }
 
+/// A closed terminal (the pty's master closed: the kernel sends SIGHUP) ends the chat as
+/// SIGTERM does: its container is removed, nothing is left polling the folder's follow-ups.
+#[tokio::test]
+async fn a_closed_terminal_stops_the_chat_and_its_container() {
+    const DRIVER: &str = r#"
+import json, os, pty, select, sys, time
+i = json.load(sys.stdin)
+pid, fd = pty.fork()
+if pid == 0:
+    os.environ.update(i["env"])
+    os.execv(i["hako"], [i["hako"], "chat", "team/hup"])
+out = b""
+def read_until(needle, limit):
+    global out
+    end = time.time() + limit
+    while needle not in out and time.time() < end:
+        r, _, _ = select.select([fd], [], [], 0.2)
+        if r:
+            try:
+                out += os.read(fd, 65536)
+            except OSError:
+                break
+    return needle in out
+ok_prompt = read_until(b"you> ", 60)
+os.write(fd, b"hello\r")
+ok_reply = read_until(b"agent> hello", 60)
+os.write(fd, b"/sleep 60\r")
+time.sleep(2)
+os.close(fd)
+end = time.time() + 60
+status = None
+while time.time() < end:
+    p, s = os.waitpid(pid, os.WNOHANG)
+    if p:
+        status = os.waitstatus_to_exitcode(s)
+        break
+    time.sleep(0.1)
+print(json.dumps({"prompt": ok_prompt, "reply": ok_reply, "status": status,
+                  "out": out.decode("utf-8", "replace")}))
+"#;
+    let image = hako_deploy::ensure_agent_image().await.expect("image");
+    let install = unique("cli-hup");
+    let python = tokio::task::spawn_blocking(hako_shared::testing::conformance_python)
+        .await
+        .unwrap();
+    let home = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let input = json!({
+        "hako": env!("CARGO_BIN_EXE_hako"),
+        "env": {"CONTAINER_IMAGE": image, "HAKO_INSTALL_ID": install,
+                "DATA_DIR": data.path().display().to_string(),
+                "HOME": home.path().display().to_string(), "TERM": "xterm"},
+    });
+    let seen = tokio::task::spawn_blocking(move || {
+        hako_shared::testing::run_python(&python, DRIVER, &input)
+    })
+    .await
+    .unwrap();
+    let out = seen["out"].as_str().unwrap_or_default();
+    assert_eq!(seen["reply"], true, "{out}");
+    assert!(
+        seen["status"].is_i64(),
+        "hako chat exits when its terminal closes: {seen}"
+    );
+    assert!(
+        containers(&install).await.is_empty(),
+        "its container is gone with it"
+    );
+}
+
+/// A chat killed outright (SIGKILL) cannot clean up: its container stays, polling the
+/// folder's follow-ups. The next chat of the folder removes it before it starts, so it
+/// answers every line (7 of 12 vanished into the orphan before); while a chat of the folder
+/// lives, a second one is refused, naming it.
+#[tokio::test]
+async fn a_killed_chats_container_never_eats_the_next_chats_lines() {
+    let image = hako_deploy::ensure_agent_image().await.expect("image");
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut dead = Session::start(data.path(), &image, &["chat", "team/kill"]);
+    dead.say("hello");
+    assert_eq!(dead.next(), "hello");
+    assert_eq!(containers(&dead.install).await.len(), 1);
+    // (Any chat starting from now on may remove the orphan: other tests' chats too.)
+    dead.child.kill().unwrap();
+    dead.child.wait().unwrap();
+
+    let mut s = Session::start(data.path(), &image, &["chat", "team/kill"]);
+    // A second chat beside a live one is refused, and says why.
+    let second = Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args(["chat", "team/kill", "-m", "hi"])
+        .env("DATA_DIR", data.path())
+        .env("CONTAINER_IMAGE", &image)
+        .env("HAKO_INSTALL_ID", unique("cli-test"))
+        .output()
+        .unwrap();
+    let why = String::from_utf8_lossy(&second.stderr);
+    assert_eq!(second.status.code(), Some(1), "{why}");
+    assert!(
+        why.contains("another hako chat of this folder is live"),
+        "{why}"
+    );
+    for i in 0..12 {
+        s.say(&format!("line {i}"));
+    }
+    let got: Vec<String> = (0..12).map(|_| s.next()).collect();
+    let want: Vec<String> = (0..12).map(|i| format!("line {i}")).collect();
+    assert_eq!(got, want, "every line answered, in order");
+    assert!(
+        containers(&dead.install).await.is_empty(),
+        "the dead chat's container was removed"
+    );
+    let install = s.install.clone();
+    assert_eq!(s.end().0, 0);
+    assert!(containers(&install).await.is_empty());
+    drop(dead);
+}
+
 /// `--message`: one turn, the reply, and the container told to finish at once (not after the
 /// idle timeout), even though the end of input comes before the container exists.
 #[tokio::test]

@@ -60,7 +60,11 @@ impl Screen {
             Some(p) => {
                 let _ = lock(p).print(format!("\x1b[2m{text}\x1b[0m\n"));
             }
-            None => eprintln!("{text}"),
+            // Never `eprintln!`: it panics when stderr is a terminal that hung up, and the
+            // chat must still stop its container then.
+            None => {
+                let _ = writeln!(std::io::stderr().lock(), "{text}");
+            }
         }
     }
 

@@ -11,11 +11,13 @@
 //!   continues where this one stopped. Without one: a temporary directory, gone at exit.
 //! - The turn's MCP tools are served in-process on the folder's `ipc/mcp.sock`, with the CLI's
 //!   backend ([`tools`]).
-//! - End of input, Ctrl-C and SIGTERM stop and remove the container (and the temporary
-//!   directory) before exit. Exit code: 0 when every turn succeeded, 1 otherwise, 130 when
+//! - End of input, Ctrl-C, SIGTERM and SIGHUP (a closed terminal) stop and remove the
+//!   container (and the temporary directory) before exit. One chat of a folder lives at a
+//!   time, and what a chat that died anyway left running is removed by the next ([`owner`]). Exit code: 0 when every turn succeeded, 1 otherwise, 130 when
 //!   interrupted, 2 for bad arguments.
 
 pub mod input;
+pub mod owner;
 pub mod tools;
 
 use std::path::{Path, PathBuf};
@@ -152,13 +154,33 @@ pub async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
             }
         }
     };
+    // One live chat per folder: a second one would split its follow-ups.
+    let _lock = match &place.temp {
+        Some(_) => None,
+        None => match owner::lock_folder(&place.session_file().with_file_name("chat.lock")) {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("hako chat: {}: {e}", place.folder);
+                return Ok(ExitCode::FAILURE);
+            }
+        },
+    };
     // The runner reads its settings from the environment; the data root is the chat's.
     let mut vars: Vec<(String, String)> = std::env::vars().collect();
     vars.retain(|(k, _)| k != "DATA_DIR");
     vars.push(("DATA_DIR".into(), place.data.display().to_string()));
-    let cfg = hako_runed::runner::RunnerConfig::from_env(&Env::from_pairs(vars))?;
+    let mut cfg = hako_runed::runner::RunnerConfig::from_env(&Env::from_pairs(vars))?;
+    cfg.owner = Some(owner::me());
+    let limit = cfg.docker_timeout;
     let runner = Arc::new(Runner::new(docker::connect()?, cfg)?);
     runner.ensure_running().await?;
+    // What chats that died without cleaning up left running (a closed terminal's, a
+    // SIGKILLed one's): gone before this chat starts its own.
+    match owner::reap_dead(limit).await {
+        Ok(0) => {}
+        Ok(n) => eprintln!("hako chat: removed {n} container(s) left by a chat that died"),
+        Err(e) => eprintln!("hako chat: could not look for containers of dead chats: {e}"),
+    }
 
     let (events_tx, events_rx) = mpsc::channel(16);
     let tools = CliTools::new(events_tx);
@@ -241,7 +263,10 @@ impl Chat {
             }
             None => input::start(history),
         };
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        // A closed terminal or a dropped ssh session: the same as SIGTERM.
+        let mut hup = signal(SignalKind::hangup())?;
         let (block_tx, mut blocks) = mpsc::channel::<RunEvent>(64);
         let mut ending = false;
         loop {
@@ -283,6 +308,7 @@ impl Chat {
                 }
                 _ = tokio::signal::ctrl_c() => return self.interrupt(&screen).await,
                 _ = term.recv() => return self.interrupt(&screen).await,
+                _ = hup.recv() => return self.interrupt(&screen).await,
             }
         }
     }

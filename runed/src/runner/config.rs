@@ -73,6 +73,10 @@ pub struct RunnerConfig {
     pub steer_wait: Duration,
     /// Network used for `network: open`.
     pub open_network: String,
+    /// The process that owns the containers when it is not runed (`hako chat`): put on
+    /// each container as `io.hako.owner`, so that a later chat can tell a dead owner's
+    /// containers from a live one's. `None` for runed (its runs outlive it by design).
+    pub owner: Option<String>,
     /// The egress proxy for `network: allowlist` (`RUNED_EGRESS_IMAGE`); `None`: refused.
     pub egress: Option<super::egress::EgressConfig>,
     /// The Docker socket the client talks to (named in errors).
@@ -133,6 +137,7 @@ impl RunnerConfig {
             idle_timeout: Some(Duration::ZERO),
             steer_wait: Duration::from_secs(10),
             open_network: "bridge".into(),
+            owner: None,
             egress: None,
             docker_socket: super::docker::socket_path(),
         }

@@ -31,6 +31,8 @@ pub mod labels {
     pub const TURN: &str = "io.hako.turn";
     /// `agent` or `sidecar`.
     pub const ROLE: &str = "io.hako.role";
+    /// The process that owns the container when it is not runed (`hako chat`).
+    pub const OWNER: &str = "io.hako.owner";
 }
 
 /// Docker API failures, classified.
@@ -387,6 +389,32 @@ pub async fn list_install(
             let labels = c.labels.unwrap_or_default();
             // Belt and braces: the filter is the daemon's; re-check it here.
             (labels.get(labels::INSTALL).map(String::as_str) == Some(install)).then(|| Listed {
+                id: c.id.unwrap_or_default(),
+                state: c.state.map(|s| s.to_string()).unwrap_or_default(),
+                labels,
+            })
+        })
+        .filter(|c| !c.id.is_empty())
+        .collect())
+}
+
+/// Every container (any install) that carries `label`, whatever its value.
+pub async fn list_labelled(
+    docker: &Docker,
+    label: &str,
+    limit: Duration,
+) -> Result<Vec<Listed>, DockerError> {
+    let filters = HashMap::from([("label".to_owned(), vec![label.to_owned()])]);
+    let opts = ListContainersOptionsBuilder::new()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let list = bounded("list", limit, label, docker.list_containers(Some(opts))).await?;
+    Ok(list
+        .into_iter()
+        .filter_map(|c| {
+            let labels = c.labels.unwrap_or_default();
+            labels.contains_key(label).then(|| Listed {
                 id: c.id.unwrap_or_default(),
                 state: c.state.map(|s| s.to_string()).unwrap_or_default(),
                 labels,

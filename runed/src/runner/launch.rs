@@ -75,12 +75,16 @@ impl Runner {
         folder: &GroupFolder,
         role: &str,
     ) -> HashMap<String, String> {
-        HashMap::from([
+        let mut l = HashMap::from([
             (labels::INSTALL.to_owned(), self.cfg.install_id.clone()),
             (labels::FOLDER.to_owned(), folder.to_string()),
             (labels::RUN.to_owned(), run_id.to_owned()),
             (labels::ROLE.to_owned(), role.to_owned()),
-        ])
+        ]);
+        if let Some(owner) = &self.cfg.owner {
+            l.insert(labels::OWNER.to_owned(), owner.clone());
+        }
+        l
     }
 
     fn container_name(&self, run_id: &str, suffix: &str) -> String {
