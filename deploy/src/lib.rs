@@ -125,7 +125,7 @@ pub const EGRESS: ImageSpec = ImageSpec {
 pub const IMAGES: &[ImageSpec] = &[AGENT, AUTHD, RUNED, ROUTD, EGRESS];
 
 /// Test-only: the egress tests' and bench's targets, client and minimal agent. Built by
-/// the tests that need it, never by `hako-images build`.
+/// `hako-images build --tests` (CI, before the tests) or by the first test that needs it.
 pub const TESTKIT: ImageSpec = ImageSpec {
     name: "hako-testkit",
     package: "hako-testkit",
@@ -222,16 +222,22 @@ impl Pipeline {
         }
     }
 
-    /// Looks an image up by name.
+    /// Looks an image up by name (the install's and the tests' own).
     pub fn spec(name: &str) -> Result<ImageSpec, DeployError> {
         IMAGES
             .iter()
+            .chain(TEST_IMAGES)
             .copied()
             .find(|s| s.name == name)
             .ok_or_else(|| {
                 DeployError::UnknownImage(
                     name.to_owned(),
-                    IMAGES.iter().map(|s| s.name).collect::<Vec<_>>().join(", "),
+                    IMAGES
+                        .iter()
+                        .chain(TEST_IMAGES)
+                        .map(|s| s.name)
+                        .collect::<Vec<_>>()
+                        .join(", "),
                 )
             })
     }

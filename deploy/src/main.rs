@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use hako_deploy::progress::Progress;
-use hako_deploy::{IMAGES, Pipeline, connect_docker};
+use hako_deploy::{IMAGES, Pipeline, TEST_IMAGES, connect_docker};
 
 #[derive(Parser)]
 #[command(name = "hako-images", version, about = "Build hako's container images")]
@@ -22,6 +22,10 @@ enum Command {
         /// Rebuild even if an image with the same content hash exists.
         #[arg(long)]
         force: bool,
+        /// Also the images only the tests use (CI builds everything before the tests, so
+        /// that no test's time bound is spent compiling).
+        #[arg(long)]
+        tests: bool,
     },
     /// Print each image's hashed tag, without building.
     Tags,
@@ -35,9 +39,17 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let pipeline = Pipeline::new(connect_docker()?);
     match cli.command {
-        Command::Build { names, force } => {
+        Command::Build {
+            names,
+            force,
+            tests,
+        } => {
             let specs = if names.is_empty() {
-                IMAGES.to_vec()
+                let mut all = IMAGES.to_vec();
+                if tests {
+                    all.extend_from_slice(TEST_IMAGES);
+                }
+                all
             } else {
                 names
                     .iter()
