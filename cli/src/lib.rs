@@ -49,6 +49,8 @@ pub enum Command {
     Groups(ops::GroupsArgs),
     /// Routes on routd: list, add, rm.
     Routes(ops::RoutesArgs),
+    /// Scheduled tasks on routd: list, cancel.
+    Tasks(ops::TasksArgs),
     /// Tokens from authd: service, mint.
     Token(ops::TokenArgs),
     /// Talk to a group's agent: one line of stdin is one turn in a fresh container.
@@ -72,6 +74,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Runs(args) => ops::runs(args).await.map(ok),
         Command::Groups(args) => ops::groups(args).await.map(ok),
         Command::Routes(args) => ops::routes(args).await.map(ok),
+        Command::Tasks(args) => ops::tasks(args).await.map(ok),
         Command::Token(args) => ops::token(args).await.map(ok),
         Command::Chat(args) => chat::chat(args).await,
     }

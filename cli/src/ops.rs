@@ -544,14 +544,14 @@ pub async fn groups(args: GroupsArgs) -> anyhow::Result<bool> {
                 .routd_json(reqwest::Method::GET, "/v1/groups", &token, None)
                 .await?;
             emit(json, &v, |v| {
-                println!("{:<24} {:<24} {:<10} session", "folder", "name", "trust");
+                println!("{:<24} {:<24} {:<10} sessions", "folder", "name", "trust");
                 for g in v["groups"].as_array().into_iter().flatten() {
                     println!(
                         "{:<24} {:<24} {:<10} {}",
                         s(g, "folder"),
                         s(g, "name"),
                         g["group"]["trust"].as_str().unwrap_or("untrusted"),
-                        s(g, "session_id")
+                        g["sessions"].as_array().map_or(0, Vec::len)
                     );
                 }
             });
@@ -732,6 +732,84 @@ pub async fn routes(args: RoutesArgs) -> anyhow::Result<bool> {
                 )
                 .await?;
             emit(json, &v, |_| println!("route {id} removed"));
+        }
+    }
+    Ok(true)
+}
+
+/// `hako tasks …`.
+#[derive(Debug, clap::Args)]
+pub struct TasksArgs {
+    #[command(subcommand)]
+    pub command: TasksCommand,
+    #[command(flatten)]
+    pub ops: OpsArgs,
+}
+
+/// What to do with scheduled tasks (routd).
+#[derive(Debug, clap::Subcommand)]
+pub enum TasksCommand {
+    /// The active tasks, soonest first.
+    #[command(
+        after_help = "Examples:\n  hako tasks list\n  hako tasks list --folder team/dev --all"
+    )]
+    List {
+        /// Only this group and the groups below it.
+        #[arg(long)]
+        folder: Option<String>,
+        /// Also the tasks that are done or cancelled.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Cancel a task by id.
+    Cancel {
+        /// The task's id (`hako tasks list`).
+        id: String,
+    },
+}
+
+/// `hako tasks`.
+pub async fn tasks(args: TasksArgs) -> anyhow::Result<bool> {
+    let d = args.ops.daemons()?;
+    let token = d.operator_token().await?;
+    let json = args.ops.json;
+    match args.command {
+        TasksCommand::List { folder, all } => {
+            let mut path = format!("/v1/tasks?all={all}");
+            if let Some(f) = folder {
+                path.push_str(&format!("&folder={}", encode(&f)));
+            }
+            let v = d
+                .routd_json(reqwest::Method::GET, &path, &token, None)
+                .await?;
+            emit(json, &v, |v| {
+                println!(
+                    "{:<22} {:<16} {:<22} {:<10} {:<21} prompt",
+                    "id", "folder", "chat", "state", "next"
+                );
+                for t in v["tasks"].as_array().into_iter().flatten() {
+                    println!(
+                        "{:<22} {:<16} {:<22} {:<10} {:<21} {}",
+                        s(t, "id"),
+                        s(t, "folder"),
+                        s(t, "chat_jid"),
+                        s(t, "state"),
+                        t["next_at"].as_str().unwrap_or("-"),
+                        s(t, "prompt").chars().take(60).collect::<String>()
+                    );
+                }
+            });
+        }
+        TasksCommand::Cancel { id } => {
+            let v = d
+                .routd_json(
+                    reqwest::Method::DELETE,
+                    &format!("/v1/tasks/{}", encode(&id)),
+                    &token,
+                    None,
+                )
+                .await?;
+            emit(json, &v, |v| println!("task {id}: {}", s(v, "state")));
         }
     }
     Ok(true)

@@ -207,10 +207,35 @@ async fn every_operator_command_against_real_daemons() {
             .is_empty()
     );
 
+    // Tasks: one the agent scheduled, listed, then cancelled.
+    let (code, _, err) = d.hako(&[
+        "send",
+        "web:team/dev",
+        r#"/mcp schedule_task {"prompt":"a weekly report","cron":"0 9 * * 1"}"#,
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let tasks = d.json(&["tasks", "list", "--folder", "team/dev"]);
+    assert_eq!(tasks["tasks"][0]["prompt"], "a weekly report", "{tasks}");
+    let task = tasks["tasks"][0]["id"].as_str().unwrap().to_owned();
+    let (code, out, _) = d.hako(&["tasks", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains(&task) && out.contains("a weekly report"),
+        "{out}"
+    );
+    assert_eq!(d.json(&["tasks", "cancel", &task])["state"], "cancelled");
+    assert!(
+        d.json(&["tasks", "list"])["tasks"]
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+
     // Send: the reply as it arrives; then the run it took.
     let (code, out, err) = d.hako(&["send", "web:team/dev", "hello from ops"]);
     assert_eq!(code, 0, "{err}");
     assert_eq!(out.trim(), "agent> hello from ops");
+
     let runs = d.json(&["runs", "list", "--folder", "team"]);
     let run = runs["runs"][0].clone();
     assert_eq!(

@@ -40,6 +40,14 @@ pub struct ToolError {
 }
 
 impl ToolError {
+    /// Over a bound on what a turn or group may write (HTTP 429).
+    pub fn rate_limited(message: impl Into<String>) -> Self {
+        ToolError {
+            code: "rate_limited",
+            message: message.into(),
+        }
+    }
+
     /// Bad arguments.
     pub fn invalid(message: impl Into<String>) -> Self {
         ToolError {
@@ -243,6 +251,16 @@ impl Call {
         }
     }
 
+    /// The chat the call acts on when it is not the turn's own.
+    pub fn other_chat<'a>(&'a self, scope: &Scope) -> Option<&'a str> {
+        let named = match self {
+            Call::SendMessage(c) => c.chat_jid.as_deref(),
+            Call::ScheduleTask(c) => c.chat_jid.as_deref(),
+            _ => None,
+        };
+        named.filter(|c| *c != scope.chat_jid)
+    }
+
     fn check_sizes(&self) -> Result<(), ToolError> {
         let text = |what: &str, t: &str| {
             if t.trim().is_empty() {
@@ -307,7 +325,11 @@ pub async fn dispatch<B: Backend>(
 ) -> Result<Value, ToolError> {
     let outcome = async {
         let call = Call::parse(tool, args)?;
-        scope.grants.check(tool, call.target(scope))?;
+        match call.other_chat(scope) {
+            // Past the turn's own chat: only a grant that names the chat.
+            Some(chat) => scope.grants.check_beyond(tool, chat)?,
+            None => scope.grants.check(tool, call.target(scope))?,
+        }
         if !backend.is_live(scope).await {
             return Err(ToolError::turn_ended(&scope.turn_id));
         }
@@ -351,7 +373,7 @@ pub fn definition(tool: Tool) -> ToolDef {
             schema(
                 json!({
                     "text": text("The message."),
-                    "chat_jid": {"type": "string", "description": "Another chat of this group, by JID; default: the turn's chat."},
+                    "chat_jid": {"type": "string", "description": "Another chat of this group, by JID, when a grant names it; default: the turn's chat."},
                     "idempotency_key": {"type": "string", "maxLength": 128, "description": "Optional key of yours: a retry with the same key sends nothing twice."}
                 }),
                 &["text"],
@@ -376,7 +398,7 @@ pub fn definition(tool: Tool) -> ToolDef {
                     "at": {"type": "string", "description": "RFC 3339 instant, e.g. 2026-12-01T09:00:00Z."},
                     "after": {"type": "string", "description": "A delay: 90s, 10m, 2h, 1h30m."},
                     "cron": {"type": "string", "description": "Five fields in UTC: minute hour day-of-month month day-of-week, e.g. \"0 9 * * 1-5\"."},
-                    "chat_jid": {"type": "string", "description": "The chat it arrives in; default: the turn's chat."}
+                    "chat_jid": {"type": "string", "description": "The chat it arrives in (another chat only when a grant names it); default: the turn's chat."}
                 }),
                 &["prompt"],
             ),

@@ -69,6 +69,8 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(turn_tool))
         .routes(routes!(turn_send))
         .routes(routes!(usage))
+        .routes(routes!(list_tasks))
+        .routes(routes!(cancel_task))
         .routes(routes!(audit))
 }
 
@@ -300,12 +302,31 @@ struct ChatStream {
     chat: String,
     last: i64,
     pending: VecDeque<MessageView>,
+    /// The token the stream was opened with: it ends when that expires or is revoked.
+    claims: Option<Arc<hako_shared::auth::Claims>>,
     _pass: hako_shared::watchers::Pass,
 }
 
+/// How often an open stream looks at its token again (revocations arrive every
+/// `AUTHD_REVOKED_POLL`).
+const STREAM_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl ChatStream {
+    /// Whether the stream's token still holds (not expired, not revoked).
+    fn token_holds(&self) -> bool {
+        let Some(c) = &self.claims else {
+            return true;
+        };
+        let now = hako_shared::auth::now_secs();
+        c.exp > now && !self.sh.verifier.is_revoked(&c.jti)
+    }
+
     async fn next(&mut self) -> Option<MessageView> {
         loop {
+            if !self.token_holds() {
+                tracing::info!(chat = %self.chat, "a chat stream's token expired or was revoked: the stream ends");
+                return None;
+            }
             if let Some(m) = self.pending.pop_front() {
                 self.last = m.seq;
                 return Some(m);
@@ -329,8 +350,13 @@ impl ChatStream {
                 }
             }
             loop {
+                if !self.token_holds() {
+                    tracing::info!(chat = %self.chat, "a chat stream's token expired or was revoked: the stream ends");
+                    return None;
+                }
                 let got = tokio::select! {
                     r = self.rx.recv() => r,
+                    () = tokio::time::sleep(STREAM_RECHECK) => continue,
                     () = self.sh.stopping.cancelled() => return None,
                 };
                 match got {
@@ -380,7 +406,7 @@ async fn chat_events(
         ),
         None => None,
     };
-    let pass = sh.watchers.enter(who.subject())?;
+    let pass = sh.watchers.enter(&who.bound_key())?;
     // Subscribed before the first read, so nothing appended in between is missed.
     let rx = sh.appended.subscribe();
     let last = match from_header.or(q.after) {
@@ -398,6 +424,7 @@ async fn chat_events(
         chat: jid,
         last,
         pending: VecDeque::new(),
+        claims: who.claims().cloned().map(Arc::new),
         _pass: pass,
     };
     let stream = futures_util::stream::unfold(st, |mut st| async move {
@@ -411,14 +438,18 @@ async fn chat_events(
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
-fn group_view(g: GroupRow, session_id: Option<String>) -> Result<GroupView, ApiFailure> {
+/// The most chat sessions a group's view lists.
+const VIEW_SESSIONS: usize = 20;
+
+async fn group_view(sh: &Shared, g: GroupRow) -> Result<GroupView, ApiFailure> {
+    let sessions = sh.store.sessions_of(&g.folder, VIEW_SESSIONS).await?;
     Ok(GroupView {
         folder: GroupFolder::new(&g.folder).map_err(ApiFailure::internal)?,
         name: g.name,
         system_prompt: g.system_prompt,
         grants: serde_json::from_str(&g.grants).unwrap_or_default(),
         group: serde_json::from_str(&g.spec).unwrap_or_default(),
-        session_id,
+        sessions,
         updated_at: g.updated_at,
     })
 }
@@ -471,15 +502,20 @@ async fn put_group(
         .await;
         return Err(ApiFailure::FolderForbidden(refused.into()));
     }
-    let row = GroupRow {
-        folder: folder.to_string(),
-        name: cfg.name,
-        system_prompt: cfg.system_prompt,
-        grants: serde_json::to_string(&cfg.grants).map_err(ApiFailure::internal)?,
-        spec: serde_json::to_string(&cfg.group).map_err(ApiFailure::internal)?,
-        updated_at: now_ms(),
+    let (row, created) = if who.is_unbound() {
+        let row = GroupRow {
+            folder: folder.to_string(),
+            name: cfg.name,
+            system_prompt: cfg.system_prompt,
+            grants: serde_json::to_string(&cfg.grants).map_err(ApiFailure::internal)?,
+            spec: serde_json::to_string(&cfg.group).map_err(ApiFailure::internal)?,
+            updated_at: now_ms(),
+        };
+        let created = sh.store.put_group(row.clone()).await?;
+        (row, created)
+    } else {
+        tenant_put(&sh, &who, &folder, cfg.name, cfg.system_prompt).await?
     };
-    let created = sh.store.put_group(row.clone()).await?;
     sh.routing.reload(&sh.store).await?;
     sh.wake.notify_one();
     audit_row(
@@ -491,15 +527,80 @@ async fn put_group(
         String::new(),
     )
     .await;
-    let session = sh.store.session(folder.as_str()).await?;
     Ok((
         if created {
             StatusCode::CREATED
         } else {
             StatusCode::OK
         },
-        Json(group_view(row, session)?),
+        Json(group_view(&sh, row).await?),
     ))
+}
+
+/// A folder-bound caller's `PUT`: the name and the prompt of a group it covers, and nothing
+/// else. An existing group keeps what the operator set (grants, model, budget, limits); a new
+/// one starts from its nearest ancestor group's settings (never main, never wider), counts
+/// against that ancestor's budget (the gateway meters subtrees) and against
+/// `ROUTD_MAX_TENANT_GROUPS` under the caller's folder.
+async fn tenant_put(
+    sh: &Shared,
+    who: &Principal,
+    folder: &GroupFolder,
+    name: String,
+    system_prompt: String,
+) -> Result<(GroupRow, bool), ApiFailure> {
+    let now = now_ms();
+    if sh
+        .store
+        .rename_group(folder.as_str(), name.clone(), system_prompt.clone(), now)
+        .await?
+    {
+        let row = sh
+            .store
+            .group(folder.as_str())
+            .await?
+            .ok_or_else(|| ApiFailure::NotFound(format!("no group {folder}")))?;
+        return Ok((row, false));
+    }
+    let root = who.folder().unwrap_or(folder.as_str());
+    let max = sh.cfg.max_tenant_groups;
+    if sh.store.groups_under(root).await? >= max {
+        return Err(ApiFailure::TooManyGroups(format!(
+            "{root} has {max} groups, the most a tenant may make (ROUTD_MAX_TENANT_GROUPS)"
+        )));
+    }
+    let segments: Vec<&str> = folder.segments().collect();
+    let mut parent = None;
+    for n in (1..segments.len()).rev() {
+        if let Some(g) = sh.store.group(&segments[..n].join("/")).await? {
+            parent = Some(g);
+            break;
+        }
+    }
+    let (grants, spec) = match parent {
+        Some(p) => {
+            let mut spec: GroupSpec =
+                serde_json::from_str(&p.spec).map_err(ApiFailure::internal)?;
+            if spec.trust == hako_shared::runs::Trust::Main {
+                spec.trust = hako_shared::runs::Trust::Untrusted;
+            }
+            (
+                p.grants,
+                serde_json::to_string(&spec).map_err(ApiFailure::internal)?,
+            )
+        }
+        None => ("[]".to_owned(), "{}".to_owned()),
+    };
+    let row = GroupRow {
+        folder: folder.to_string(),
+        name,
+        system_prompt,
+        grants,
+        spec,
+        updated_at: now,
+    };
+    let created = sh.store.put_group(row.clone()).await?;
+    Ok((row, created))
 }
 
 /// One group.
@@ -525,8 +626,7 @@ async fn get_group(
         return Err(missing());
     }
     let g = sh.store.group(f.as_str()).await?.ok_or_else(missing)?;
-    let session = sh.store.session(f.as_str()).await?;
-    Ok(Json(group_view(g, session)?))
+    Ok(Json(group_view(&sh, g).await?))
 }
 
 /// Remove a group, with its routes and session (its history stays in the log).
@@ -577,8 +677,7 @@ async fn list_groups(
     let mut groups = Vec::new();
     for g in sh.store.groups().await? {
         if who.covers_folder(&g.folder) {
-            let session = sh.store.session(&g.folder).await?;
-            groups.push(group_view(g, session)?);
+            groups.push(group_view(&sh, g).await?);
         }
     }
     Ok(Json(GroupList { groups }))
@@ -981,6 +1080,120 @@ async fn usage(
         output_tokens: sum(|r| r.output_tokens),
         rows,
     }))
+}
+
+/// Task filters.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+struct TaskQuery {
+    /// Only this group and the groups below it.
+    #[param(value_type = Option<GroupFolder>)]
+    folder: Option<String>,
+    /// Also the tasks that are done or cancelled.
+    all: Option<bool>,
+}
+
+/// A scheduled task as the API shows it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+struct TaskView {
+    /// `task-<hex>`.
+    id: String,
+    /// The group it belongs to.
+    folder: String,
+    /// The chat its prompt arrives in.
+    chat_jid: String,
+    /// The prompt.
+    prompt: String,
+    /// Its cron schedule (UTC), for a repeating task.
+    cron: Option<String>,
+    /// Its next firing (RFC 3339), while active.
+    next_at: Option<String>,
+    /// `active`, `done` or `cancelled`.
+    state: String,
+    /// How many times it fired.
+    fired: i64,
+    /// The turn that scheduled it.
+    created_by: String,
+}
+
+/// `GET /v1/tasks` answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+struct TaskList {
+    /// Soonest first (at most 1000).
+    tasks: Vec<TaskView>,
+}
+
+fn task_view(t: crate::store::TaskRow) -> TaskView {
+    let at = |ms: i64| hako_shared::time::rfc3339(hako_shared::time::from_unix_millis(ms));
+    TaskView {
+        id: t.id,
+        folder: t.folder,
+        chat_jid: t.chat_jid,
+        prompt: t.prompt,
+        cron: t.cron,
+        next_at: t.next_at.map(at),
+        state: t.state,
+        fired: t.fired,
+        created_by: t.created_by,
+    }
+}
+
+/// The scheduled tasks the caller's groups have (a folder-bound caller sees its folders').
+#[utoipa::path(get, path = "/v1/tasks", tag = "groups", security(("bearer" = [])),
+    params(TaskQuery),
+    responses(
+        (status = 200, description = "The tasks, soonest first", body = TaskList),
+        (status = 400, description = "`invalid_query`, `invalid_request` (the folder)", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`groups:read`)", body = ErrorBody),
+    ))]
+async fn list_tasks(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    ApiQuery(q): ApiQuery<TaskQuery>,
+) -> Result<Json<TaskList>, ApiFailure> {
+    who.require(scopes::GROUPS_READ)?;
+    let folder = match q.folder {
+        Some(f) => Some(parse_folder(&f)?.to_string()),
+        None => who.folder().map(str::to_owned),
+    };
+    let mut rows = sh.store.tasks_under(folder, q.all.unwrap_or(false)).await?;
+    rows.retain(|t| who.covers_folder(&t.folder));
+    Ok(Json(TaskList {
+        tasks: rows.into_iter().map(task_view).collect(),
+    }))
+}
+
+/// Cancel a scheduled task (the operator, or a tenant whose folder covers the task's group).
+#[utoipa::path(delete, path = "/v1/tasks/{id}", tag = "groups", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The task")),
+    responses(
+        (status = 200, description = "Cancelled (or already over: its state says which)", body = TaskView),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`groups:write`)", body = ErrorBody),
+        (status = 404, description = "No such task, or not the caller's", body = ErrorBody),
+    ))]
+async fn cancel_task(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<TaskView>, ApiFailure> {
+    who.require(scopes::GROUPS_WRITE)?;
+    let missing = || ApiFailure::NotFound(format!("no task {id}"));
+    if !is_valid_id(&id) {
+        return Err(missing());
+    }
+    let t = sh.store.task(&id).await?.ok_or_else(missing)?;
+    if !who.covers_folder(&t.folder) {
+        return Err(missing());
+    }
+    if sh.store.cancel_task(&t.folder, &id, now_ms()).await? {
+        sh.tasks_changed.notify_one();
+        audit_row(&sh, &who, "task.cancel", Some(&t.folder), "ok", id.clone()).await;
+    }
+    let t = sh.store.task(&id).await?.ok_or_else(missing)?;
+    Ok(Json(task_view(t)))
 }
 
 /// Audit paging.

@@ -53,7 +53,7 @@ pub(crate) async fn handle(
             "This chat routes to no group: there is nothing to reset or stop.".to_owned()
         }
         (Command::New, Some(f)) => {
-            sh.store.set_session(f, None, crate::now_ms()).await?;
+            sh.store.set_session(f, chat, None, crate::now_ms()).await?;
             "New session: the next message starts a fresh conversation.".to_owned()
         }
         (Command::Stop, Some(f)) => match GroupFolder::new(f) {

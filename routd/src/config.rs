@@ -58,8 +58,29 @@ pub struct Config {
     pub layout: DataLayout,
     /// `ROUTD_MAX_TASKS`, default 100: active scheduled tasks per group.
     pub max_tasks: usize,
+    /// `ROUTD_MAX_TENANT_GROUPS`, default 100: the groups at or below a folder-bound
+    /// caller's folder (its own `PUT`s and its main group's `register_group` both count).
+    pub max_tenant_groups: usize,
+    /// What one turn's tools may write: `ROUTD_TURN_MAX_MESSAGES` (100) `send_message`
+    /// calls, `ROUTD_TURN_MAX_BYTES` (1 MiB) of their text, `ROUTD_TURN_MAX_STATUS` (100)
+    /// `set_status` edits.
+    pub turn_writes: TurnWrites,
+    /// `ROUTD_GROUP_MAX_BYTES_PER_DAY`, default 64 MiB: what a group's turns may write into
+    /// the log per UTC day, all its turns together.
+    pub group_bytes_per_day: u64,
     /// The LLM gateway: providers, budget, bounds.
     pub llm: LlmConfig,
+}
+
+/// Bounds on what one turn's tools write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TurnWrites {
+    /// `send_message` calls.
+    pub messages: u64,
+    /// Bytes of their text.
+    pub bytes: u64,
+    /// `set_status` edits.
+    pub status: u64,
 }
 
 /// A model provider the gateway forwards to, with the key the agents never see.
@@ -221,6 +242,13 @@ impl Config {
             serve: ServeLimits::default(),
             layout: DataLayout::new(data_dir),
             max_tasks: 100,
+            max_tenant_groups: 100,
+            turn_writes: TurnWrites {
+                messages: 100,
+                bytes: 1 << 20,
+                status: 100,
+            },
+            group_bytes_per_day: 64 << 20,
             llm: LlmConfig::default(),
         }
     }
@@ -279,8 +307,19 @@ impl Config {
         c.max_streams_per_caller =
             env.parse_or("ROUTD_MAX_STREAMS_PER_CALLER", c.max_streams_per_caller)?;
         c.max_tasks = env.parse_or("ROUTD_MAX_TASKS", c.max_tasks)?;
+        c.max_tenant_groups = env.parse_or("ROUTD_MAX_TENANT_GROUPS", c.max_tenant_groups)?;
+        c.turn_writes.messages = env.parse_or("ROUTD_TURN_MAX_MESSAGES", c.turn_writes.messages)?;
+        c.turn_writes.bytes = env.size_or("ROUTD_TURN_MAX_BYTES", c.turn_writes.bytes)?;
+        c.turn_writes.status = env.parse_or("ROUTD_TURN_MAX_STATUS", c.turn_writes.status)?;
+        c.group_bytes_per_day =
+            env.size_or("ROUTD_GROUP_MAX_BYTES_PER_DAY", c.group_bytes_per_day)?;
         for (var, zero) in [
             ("ROUTD_MAX_TASKS", c.max_tasks == 0),
+            ("ROUTD_MAX_TENANT_GROUPS", c.max_tenant_groups == 0),
+            ("ROUTD_TURN_MAX_MESSAGES", c.turn_writes.messages == 0),
+            ("ROUTD_TURN_MAX_BYTES", c.turn_writes.bytes == 0),
+            ("ROUTD_TURN_MAX_STATUS", c.turn_writes.status == 0),
+            ("ROUTD_GROUP_MAX_BYTES_PER_DAY", c.group_bytes_per_day == 0),
             ("ROUTD_BATCH_MAX", c.batch_max == 0),
             ("ROUTD_WEBHOOK_ATTEMPTS", c.webhook_attempts == 0),
             ("ROUTD_RETRY_BASE", c.retry_base.is_zero()),

@@ -33,6 +33,9 @@ pub enum ApiFailure {
     /// Too many streams.
     #[error(transparent)]
     TooManyStreams(#[from] Full),
+    /// A tenant has made as many groups as it may.
+    #[error("{0}")]
+    TooManyGroups(String),
     /// The database failed (503 when it does not answer, else 500).
     #[error(transparent)]
     Db(#[from] DbError),
@@ -60,7 +63,9 @@ impl ApiFailure {
             ApiFailure::IdConflict(_) | ApiFailure::WebhookExists(_) => StatusCode::CONFLICT,
             ApiFailure::NotFound(_) => StatusCode::NOT_FOUND,
             ApiFailure::FolderForbidden(_) => StatusCode::FORBIDDEN,
-            ApiFailure::TooManyStreams(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiFailure::TooManyStreams(_) | ApiFailure::TooManyGroups(_) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
             ApiFailure::Db(DbError::Closed | DbError::Timeout(_)) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -71,6 +76,7 @@ impl ApiFailure {
                 "not_granted" => StatusCode::FORBIDDEN,
                 "not_found" => StatusCode::NOT_FOUND,
                 "turn_ended" | "conflict" => StatusCode::CONFLICT,
+                "rate_limited" => StatusCode::TOO_MANY_REQUESTS,
                 "not_available" => StatusCode::NOT_IMPLEMENTED,
                 "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
@@ -88,6 +94,7 @@ impl ApiFailure {
             ApiFailure::NotFound(_) => "not_found",
             ApiFailure::FolderForbidden(_) => "folder_forbidden",
             ApiFailure::TooManyStreams(_) => "too_many_streams",
+            ApiFailure::TooManyGroups(_) => "too_many_groups",
             ApiFailure::Db(DbError::Closed | DbError::Timeout(_)) => "unavailable",
             ApiFailure::Db(_) | ApiFailure::Internal(_) => "internal",
             ApiFailure::Api(e) => &e.body.error,

@@ -25,6 +25,19 @@ pub struct LiveTurn {
     /// same answer without reaching the provider, and the turn ends with a notice naming the
     /// cause instead of being tried again.
     cut_off: Mutex<Option<CutOff>>,
+    /// What the turn's tools wrote so far (`ROUTD_TURN_MAX_*`).
+    writes: Mutex<Writes>,
+}
+
+/// What a turn's tools wrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Writes {
+    /// `send_message` calls.
+    pub messages: u64,
+    /// Bytes of their text.
+    pub bytes: u64,
+    /// `set_status` edits.
+    pub status: u64,
 }
 
 /// A refusal of the turn's model calls that no retry can fix.
@@ -62,6 +75,21 @@ impl LiveTurn {
     /// Whether runed refused to take message `seq` into this turn.
     pub fn refused(&self, seq: i64) -> bool {
         lock(&self.steer_refused).contains(&seq)
+    }
+
+    /// Counts a write if `fits` the turn's writes with it added; answers whether it did.
+    pub fn write(&self, add: Writes, fits: impl FnOnce(&Writes) -> bool) -> bool {
+        let mut w = lock(&self.writes);
+        let next = Writes {
+            messages: w.messages + add.messages,
+            bytes: w.bytes + add.bytes,
+            status: w.status + add.status,
+        };
+        if !fits(&next) {
+            return false;
+        }
+        *w = next;
+        true
     }
 
     /// The first refusal no retry can fix (later ones do not replace it).

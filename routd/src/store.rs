@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use hako_shared::chat::{Direction, MessageKind, MessageView, TurnView};
+use hako_shared::chat::{ChatSession, Direction, MessageKind, MessageView, TurnView};
 use hako_shared::db::{Db, DbError, Migration};
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
@@ -197,6 +197,36 @@ ALTER TABLE messages ADD COLUMN steering INTEGER NOT NULL DEFAULT 0;
         name: "the follow-up a steered message went out in",
         sql: r#"
 ALTER TABLE messages ADD COLUMN steer_id TEXT;
+"#,
+    },
+    // The agent's session is per chat: a group serving many chats (a glob route) kept one
+    // session for all, so one customer's words were in another's model context. The old
+    // per-folder sessions mixed chats and are not carried over: each chat starts afresh.
+    Migration {
+        version: 6,
+        name: "agent sessions per group and chat",
+        sql: r#"
+CREATE TABLE chat_sessions (
+    folder     TEXT NOT NULL,
+    chat_jid   TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (folder, chat_jid)
+);
+DROP TABLE sessions;
+"#,
+    },
+    Migration {
+        version: 7,
+        name: "what each group's turns wrote per UTC day (bounded)",
+        sql: r#"
+CREATE TABLE group_writes (
+    folder   TEXT NOT NULL,
+    day      TEXT NOT NULL,
+    messages INTEGER NOT NULL DEFAULT 0,
+    bytes    INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (folder, day)
+);
 "#,
     },
 ];
@@ -1309,7 +1339,14 @@ impl Store {
             .call(move |c| {
                 let tx = c.transaction()?;
                 let n = tx.execute("DELETE FROM groups WHERE folder = ?1", [&f])?;
-                tx.execute("DELETE FROM sessions WHERE folder = ?1", [&f])?;
+                tx.execute("DELETE FROM chat_sessions WHERE folder = ?1", [&f])?;
+                // A group's tasks go with it: they must never fire into whoever owns the
+                // folder or the chat next.
+                tx.execute(
+                    "UPDATE tasks SET state = 'cancelled', next_at = NULL \
+                     WHERE folder = ?1 AND state = 'active'",
+                    [&f],
+                )?;
                 tx.execute("DELETE FROM routes WHERE folder = ?1", [&f])?;
                 tx.commit()?;
                 Ok(n == 1)
@@ -1317,14 +1354,14 @@ impl Store {
             .await
     }
 
-    /// The agent session of a folder.
-    pub async fn session(&self, folder: &str) -> Result<Option<String>, DbError> {
-        let f = folder.to_owned();
+    /// The agent session of a chat in a folder (sessions are never shared between chats).
+    pub async fn session(&self, folder: &str, chat: &str) -> Result<Option<String>, DbError> {
+        let (f, ch) = (folder.to_owned(), chat.to_owned());
         self.db
             .call(move |c| {
                 Ok(c.query_row(
-                    "SELECT session_id FROM sessions WHERE folder = ?1",
-                    [&f],
+                    "SELECT session_id FROM chat_sessions WHERE folder = ?1 AND chat_jid = ?2",
+                    [&f, &ch],
                     |r| r.get(0),
                 )
                 .optional()?)
@@ -1332,25 +1369,57 @@ impl Store {
             .await
     }
 
-    /// Sets (`Some`) or clears (`None`, `/new`) a folder's agent session.
+    /// Sets (`Some`) or clears (`None`, `/new`) a chat's agent session in a folder.
     pub async fn set_session(
         &self,
         folder: &str,
+        chat: &str,
         session: Option<String>,
         now: i64,
     ) -> Result<(), DbError> {
-        let f = folder.to_owned();
+        let (f, ch) = (folder.to_owned(), chat.to_owned());
         self.db
             .call(move |c| {
                 match session {
                     Some(s) => c.execute(
-                        "INSERT INTO sessions (folder, session_id, updated_at) VALUES (?1, ?2, ?3) \
-                         ON CONFLICT (folder) DO UPDATE SET session_id = ?2, updated_at = ?3",
-                        params![f, s, now],
+                        "INSERT INTO chat_sessions (folder, chat_jid, session_id, updated_at) \
+                         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (folder, chat_jid) \
+                         DO UPDATE SET session_id = ?3, updated_at = ?4",
+                        params![f, ch, s, now],
                     )?,
-                    None => c.execute("DELETE FROM sessions WHERE folder = ?1", [&f])?,
+                    None => c.execute(
+                        "DELETE FROM chat_sessions WHERE folder = ?1 AND chat_jid = ?2",
+                        [&f, &ch],
+                    )?,
                 };
                 Ok(())
+            })
+            .await
+    }
+
+    /// A folder's chat sessions, the most recently used first, at most `limit`.
+    pub async fn sessions_of(
+        &self,
+        folder: &str,
+        limit: usize,
+    ) -> Result<Vec<ChatSession>, DbError> {
+        let f = folder.to_owned();
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT chat_jid, session_id, updated_at FROM chat_sessions \
+                     WHERE folder = ?1 ORDER BY updated_at DESC, chat_jid LIMIT ?2",
+                )?;
+                let rows = st
+                    .query_map(params![f, limit as i64], |r| {
+                        Ok(ChatSession {
+                            chat_jid: r.get("chat_jid")?,
+                            session_id: r.get("session_id")?,
+                            updated_at: r.get("updated_at")?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
             })
             .await
     }
@@ -1639,13 +1708,89 @@ impl Store {
         let (f, d) = (folder.to_owned(), day.to_owned());
         self.db
             .call(move |c| {
+                // The folder and every folder below it (`a` covers `a/b`, never `ab`; no
+                // LIKE: `_` is a wildcard there and a letter of folder names).
                 let n: i64 = c
                     .prepare_cached(
                         "SELECT COALESCE(SUM(input_tokens + output_tokens), 0) FROM llm_usage \
-                         WHERE folder = ?1 AND day = ?2",
+                         WHERE day = ?2 AND (folder = ?1 \
+                           OR substr(folder, 1, length(?1) + 1) = ?1 || '/')",
                     )?
                     .query_row(params![f, d], |r| r.get(0))?;
                 Ok(n.max(0) as u64)
+            })
+            .await
+    }
+
+    /// Counts `bytes` more written by a group's turns on `day` if that stays within `limit`;
+    /// answers whether it did (one transaction: concurrent turns cannot both slip under).
+    pub async fn add_group_write(
+        &self,
+        folder: &str,
+        day: &str,
+        bytes: u64,
+        limit: u64,
+    ) -> Result<bool, DbError> {
+        let (f, d) = (folder.to_owned(), day.to_owned());
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let used: i64 = tx
+                    .query_row(
+                        "SELECT bytes FROM group_writes WHERE folder = ?1 AND day = ?2",
+                        [&f, &d],
+                        |r| r.get(0),
+                    )
+                    .optional()?
+                    .unwrap_or(0);
+                if (used.max(0) as u64).saturating_add(bytes) > limit {
+                    return Ok(false);
+                }
+                tx.execute(
+                    "INSERT INTO group_writes (folder, day, messages, bytes) VALUES (?1, ?2, 1, ?3) \
+                     ON CONFLICT (folder, day) DO UPDATE SET messages = messages + 1, \
+                     bytes = bytes + ?3",
+                    params![f, d, bytes as i64],
+                )?;
+                tx.commit()?;
+                Ok(true)
+            })
+            .await
+    }
+
+    /// How many groups are at or below `folder`.
+    pub async fn groups_under(&self, folder: &str) -> Result<usize, DbError> {
+        let f = folder.to_owned();
+        self.db
+            .call(move |c| {
+                let n: i64 = c.query_row(
+                    "SELECT count(*) FROM groups WHERE folder = ?1 \
+                     OR substr(folder, 1, length(?1) + 1) = ?1 || '/'",
+                    [&f],
+                    |r| r.get(0),
+                )?;
+                Ok(n.max(0) as usize)
+            })
+            .await
+    }
+
+    /// Changes only a group's name and system prompt (what a folder-bound caller may set):
+    /// its grants and settings stay as the operator left them. `false` without the group.
+    pub async fn rename_group(
+        &self,
+        folder: &str,
+        name: String,
+        system_prompt: String,
+        now: i64,
+    ) -> Result<bool, DbError> {
+        let f = folder.to_owned();
+        self.db
+            .call(move |c| {
+                Ok(c.execute(
+                    "UPDATE groups SET name = ?2, system_prompt = ?3, updated_at = ?4 \
+                     WHERE folder = ?1",
+                    params![f, name, system_prompt, now],
+                )? == 1)
             })
             .await
     }
@@ -1846,55 +1991,97 @@ impl Store {
             .await
     }
 
-    /// Fires every task due at `now`, each in one transaction with its prompt's arrival: the
-    /// prompt becomes an inbound `task` message (id `task:<id>:<due>`, so a firing is never
-    /// appended twice), then a one-off is done and a cron task moves to its next firing after
-    /// `now` (firings missed while routd was down fire once, not once each). Returns the
-    /// chats that got a prompt.
-    pub async fn fire_due_tasks(&self, now: i64) -> Result<Vec<String>, DbError> {
+    /// Active tasks due at `now`, soonest first, at most 100.
+    pub async fn due_tasks(&self, now: i64) -> Result<Vec<TaskRow>, DbError> {
         self.db
             .call(move |c| {
-                let due: Vec<TaskRow> = {
-                    let mut st = c.prepare_cached(&format!(
-                        "SELECT {TASK_COLS} FROM tasks WHERE state = 'active' AND next_at <= ?1 \
-                         ORDER BY next_at LIMIT 100"
-                    ))?;
-                    st.query_map([now], task_row)?
-                        .collect::<Result<Vec<_>, _>>()?
-                };
-                let mut chats = Vec::new();
-                for t in due {
-                    let tx = c.transaction()?;
-                    let due_at = t.next_at.unwrap_or(now);
-                    let id = format!("task:{}:{due_at}", t.id);
-                    let added = tx.execute(
-                        "INSERT OR IGNORE INTO messages (id, chat_jid, direction, kind, sender, \
-                         sender_name, content, timestamp, state, created_at) \
-                         VALUES (?1, ?2, 'in', 'task', ?3, 'scheduled task', ?4, ?5, 'pending', ?5)",
-                        params![id, t.chat_jid, format!("task:{}", t.id), t.prompt, now],
-                    )?;
-                    if added == 1 {
-                        tx.execute(
-                            "INSERT INTO chats (jid, cursor, pending, updated_at) VALUES (?1, 0, 1, ?2) \
-                             ON CONFLICT (jid) DO UPDATE SET updated_at = ?2, pending = pending + 1",
-                            params![t.chat_jid, now],
-                        )?;
-                        chats.push(t.chat_jid.clone());
-                    }
-                    let next = t
-                        .cron
-                        .as_deref()
-                        .and_then(|expr| hako_shared::cron::Cron::parse(expr).ok())
-                        .and_then(|cron| cron.next_after(now.max(due_at)));
-                    let state = if next.is_some() { task::ACTIVE } else { task::DONE };
+                let mut st = c.prepare_cached(&format!(
+                    "SELECT {TASK_COLS} FROM tasks WHERE state = 'active' AND next_at <= ?1 \
+                     ORDER BY next_at LIMIT 100"
+                ))?;
+                let rows = st
+                    .query_map([now], task_row)?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Fires one due task in one transaction with its prompt's arrival: the prompt becomes an
+    /// inbound `task` message (id `task:<id>:<due>`, so a firing is never appended twice),
+    /// then a one-off is done and a cron task moves to its next firing after `now` (firings
+    /// missed while routd was down fire once, not once each). Answers whether a prompt
+    /// arrived.
+    pub async fn fire_task(&self, t: TaskRow, now: i64) -> Result<bool, DbError> {
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let due_at = t.next_at.unwrap_or(now);
+                let id = format!("task:{}:{due_at}", t.id);
+                let added = tx.execute(
+                    "INSERT OR IGNORE INTO messages (id, chat_jid, direction, kind, sender, \
+                     sender_name, content, timestamp, state, created_at) \
+                     VALUES (?1, ?2, 'in', 'task', ?3, 'scheduled task', ?4, ?5, 'pending', ?5)",
+                    params![id, t.chat_jid, format!("task:{}", t.id), t.prompt, now],
+                )?;
+                if added == 1 {
                     tx.execute(
-                        "UPDATE tasks SET next_at = ?2, state = ?3, fired = fired + ?4, \
-                         last_fired_at = ?5, updated_at = ?5 WHERE id = ?1",
-                        params![t.id, next, state, added as i64, now],
+                        "INSERT INTO chats (jid, cursor, pending, updated_at) VALUES (?1, 0, 1, ?2) \
+                         ON CONFLICT (jid) DO UPDATE SET updated_at = ?2, pending = pending + 1",
+                        params![t.chat_jid, now],
                     )?;
-                    tx.commit()?;
                 }
-                Ok(chats)
+                let next = t
+                    .cron
+                    .as_deref()
+                    .and_then(|expr| hako_shared::cron::Cron::parse(expr).ok())
+                    .and_then(|cron| cron.next_after(now.max(due_at)));
+                let state = if next.is_some() { task::ACTIVE } else { task::DONE };
+                tx.execute(
+                    "UPDATE tasks SET next_at = ?2, state = ?3, fired = fired + ?4, \
+                     last_fired_at = ?5, updated_at = ?5 WHERE id = ?1 AND state = 'active'",
+                    params![t.id, next, state, added as i64, now],
+                )?;
+                tx.commit()?;
+                Ok(added == 1)
+            })
+            .await
+    }
+
+    /// One task by id.
+    pub async fn task(&self, id: &str) -> Result<Option<TaskRow>, DbError> {
+        let id = id.to_owned();
+        self.db
+            .call(move |c| {
+                Ok(c.query_row(
+                    &format!("SELECT {TASK_COLS} FROM tasks WHERE id = ?1"),
+                    [&id],
+                    task_row,
+                )
+                .optional()?)
+            })
+            .await
+    }
+
+    /// Tasks at or below `folder` (every folder when `None`), active ones only unless `all`,
+    /// soonest first, at most 1000.
+    pub async fn tasks_under(
+        &self,
+        folder: Option<String>,
+        all: bool,
+    ) -> Result<Vec<TaskRow>, DbError> {
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(&format!(
+                    "SELECT {TASK_COLS} FROM tasks WHERE (?1 IS NULL OR folder = ?1 \
+                       OR substr(folder, 1, length(?1) + 1) = ?1 || '/') \
+                     AND (?2 OR state = 'active') \
+                     ORDER BY next_at IS NULL, next_at, id LIMIT 1000"
+                ))?;
+                let rows = st
+                    .query_map(params![folder, all], task_row)?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
             })
             .await
     }

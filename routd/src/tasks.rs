@@ -12,24 +12,48 @@ use crate::{Appended, Shared, now_ms};
 /// The longest sleep without looking at the tasks (a clock jump is caught within it).
 const MAX_SLEEP: Duration = Duration::from_secs(60);
 
+/// Fires the tasks due now; answers whether there were any. A task fires only while its
+/// group exists and its chat still routes to that group: one that outlived either is
+/// cancelled, never delivered to whoever owns the folder or the chat next.
+async fn fire_due(sh: &Shared) -> Result<bool, hako_shared::db::DbError> {
+    let now = now_ms();
+    let due = sh.store.due_tasks(now).await?;
+    let any = !due.is_empty();
+    for t in due {
+        let owned = sh.store.group(&t.folder).await?.is_some()
+            && sh.routing.resolve(&t.chat_jid).as_deref() == Some(t.folder.as_str());
+        if !owned {
+            tracing::warn!(
+                task = t.id,
+                folder = t.folder,
+                chat = t.chat_jid,
+                "a task whose group or chat is no longer its own: cancelled"
+            );
+            sh.store.cancel_task(&t.folder, &t.id, now).await?;
+            continue;
+        }
+        let chat = t.chat_jid.clone();
+        if sh.store.fire_task(t, now).await? {
+            tracing::info!(%chat, "a scheduled task fired");
+            sh.metrics.task_fired();
+            let _ = sh.appended.send(Appended {
+                chat: chat.as_str().into(),
+            });
+        }
+    }
+    if any {
+        sh.wake.notify_one();
+    }
+    Ok(any)
+}
+
 /// Fires due tasks until routd stops.
 pub(crate) async fn run(sh: Arc<Shared>) {
     loop {
-        match sh.store.fire_due_tasks(now_ms()).await {
-            Ok(chats) => {
-                for chat in &chats {
-                    tracing::info!(%chat, "a scheduled task fired");
-                    sh.metrics.task_fired();
-                    let _ = sh.appended.send(Appended {
-                        chat: chat.as_str().into(),
-                    });
-                }
-                if !chats.is_empty() {
-                    sh.wake.notify_one();
-                    // More may be due (a batch is at most 100).
-                    continue;
-                }
-            }
+        match fire_due(&sh).await {
+            // More may be due (a batch is at most 100).
+            Ok(true) => continue,
+            Ok(false) => {}
             Err(e) => tracing::warn!(error = %e, "firing scheduled tasks failed; trying again"),
         }
         let wait = match sh.store.next_task_at().await {

@@ -17,6 +17,7 @@ use hako_shared::runs::Trust;
 use hako_shared::time::{from_unix_millis, parse_rfc3339, rfc3339};
 use serde_json::{Value, json};
 
+use crate::live::Writes;
 use crate::store::{AuditRow, GroupRow, NewInbound, TaskRow, turn};
 use crate::{Appended, Shared, now_ms};
 
@@ -116,6 +117,44 @@ impl RoutdTools {
         Ok(f)
     }
 
+    /// Counts what a call writes into the log against the turn's bounds and its group's
+    /// bytes of the day: over either, the call is refused (`rate_limited`, 429 over HTTP)
+    /// and nothing is written. A turn could fill the disk otherwise (6,151 messages, 407 MB
+    /// of routd.db in 8 s).
+    async fn count_write(&self, scope: &Scope, add: Writes) -> Result<(), ToolError> {
+        let bounds = self.sh.cfg.turn_writes;
+        if let Some(live) = self.sh.live.get(&scope.turn_id)
+            && !live.write(add, |w| {
+                w.messages <= bounds.messages
+                    && w.bytes <= bounds.bytes
+                    && w.status <= bounds.status
+            })
+        {
+            return Err(ToolError::rate_limited(format!(
+                "this turn has written as much as a turn may ({} messages, {} bytes of text, {} \
+                 status edits: ROUTD_TURN_MAX_MESSAGES, _BYTES, _STATUS); say the rest in the \
+                 turn's answer",
+                bounds.messages, bounds.bytes, bounds.status
+            )));
+        }
+        let day = crate::gateway::utc_day(now_ms());
+        let limit = self.sh.cfg.group_bytes_per_day;
+        if !self
+            .sh
+            .store
+            .add_group_write(scope.folder.as_str(), &day, add.bytes, limit)
+            .await
+            .map_err(internal)?
+        {
+            return Err(ToolError::rate_limited(format!(
+                "the group {} has written {limit} bytes today (UTC), its bound \
+                 (ROUTD_GROUP_MAX_BYTES_PER_DAY)",
+                scope.folder
+            )));
+        }
+        Ok(())
+    }
+
     async fn audit(&self, scope: &Scope, action: &str, detail: String) {
         let row = AuditRow {
             id: 0,
@@ -140,6 +179,15 @@ impl RoutdTools {
                 self.sh.cfg.max_content
             )));
         }
+        self.count_write(
+            scope,
+            Writes {
+                messages: 1,
+                bytes: c.text.len() as u64,
+                status: 0,
+            },
+        )
+        .await?;
         // A caller's key makes the id stable: a retry appends nothing.
         let id = match &c.idempotency_key {
             Some(k) => format!("{}.send.{k}", scope.turn_id),
@@ -189,6 +237,15 @@ impl RoutdTools {
     }
 
     async fn set_status(&self, scope: &Scope, text: String) -> Result<Value, ToolError> {
+        self.count_write(
+            scope,
+            Writes {
+                messages: 0,
+                bytes: text.len() as u64,
+                status: 1,
+            },
+        )
+        .await?;
         let sh = &self.sh;
         let webhook = sh.webhook_for(&scope.chat_jid).is_some();
         let seq = sh
@@ -308,7 +365,7 @@ impl RoutdTools {
     async fn reset_session(&self, scope: &Scope) -> Result<Value, ToolError> {
         self.sh
             .store
-            .set_session(scope.folder.as_str(), None, now_ms())
+            .set_session(scope.folder.as_str(), &scope.chat_jid, None, now_ms())
             .await
             .map_err(internal)?;
         // This turn's own `newSessionId` must not bring the session back at its end.
@@ -323,6 +380,31 @@ impl RoutdTools {
         let f = Self::sub_folder(scope, &c.folder)?;
         if c.name.chars().count() > 128 {
             return Err(ToolError::invalid("name: 1-128 characters"));
+        }
+        if c.system_prompt.as_ref().is_some_and(|p| p.len() > 64 << 10) {
+            return Err(ToolError::invalid("system_prompt: at most 64 KiB"));
+        }
+        let max = self.sh.cfg.max_tenant_groups;
+        let exists = self
+            .sh
+            .store
+            .group(f.as_str())
+            .await
+            .map_err(internal)?
+            .is_some();
+        if !exists
+            && self
+                .sh
+                .store
+                .groups_under(scope.folder.as_str())
+                .await
+                .map_err(internal)?
+                >= max
+        {
+            return Err(ToolError::rate_limited(format!(
+                "{} has {max} groups, the most it may make (ROUTD_MAX_TENANT_GROUPS)",
+                scope.folder
+            )));
         }
         let grants = c.grants.unwrap_or_default();
         // A sub-group is untrusted: it cannot have the main-only tools, whatever it is given.

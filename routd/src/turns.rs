@@ -489,7 +489,11 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<String, RunedError
     let req = RunRequest {
         folder,
         turn_id,
-        session_id: sh.store.session(&t.folder).await?.unwrap_or_default(),
+        session_id: sh
+            .store
+            .session(&t.folder, &t.chat_jid)
+            .await?
+            .unwrap_or_default(),
         messages,
         system_prompt: group.system_prompt,
         grants,
@@ -571,7 +575,7 @@ async fn on_block(
         .filter(|s| !s.is_empty() && !reset)
     {
         sh.store
-            .set_session(&t.folder, Some(sid.to_owned()), now_ms())
+            .set_session(&t.folder, &t.chat_jid, Some(sid.to_owned()), now_ms())
             .await?;
     }
     let text = match b.status {

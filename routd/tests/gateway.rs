@@ -612,6 +612,60 @@ async fn a_spent_budget_reaches_the_chat_as_an_error() {
     rig.stop().await;
 }
 
+/// A tenant's sub-group spends its parent's budget: budgets hold for a group's whole subtree,
+/// so making groups mints no tokens (each sub-group had a fresh daily budget before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenants_sub_group_spends_its_parents_budget() {
+    let (provider, url) = Provider::start().await;
+    let rig = Rig::new(
+        &[],
+        &[
+            ("ANTHROPIC_API_KEY", REAL_KEY),
+            ("ROUTD_ANTHROPIC_URL", url.as_str()),
+        ],
+    )
+    .await;
+    llm_group(&rig, "parent", "tg:parent", Some(60)).await;
+    let tenant = rig
+        .mint(&["groups:write", "groups:read"], Some("parent"), 600)
+        .await;
+    let (s, v) = rig
+        .api()
+        .put(&tenant, "/v1/groups/parent%2Fkid", json!({"name": "kid"}))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            "/v1/routes",
+            json!({"pattern": "tg:kid", "folder": "parent/kid"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    rig.say("tg:parent", "p-1", "hello").await;
+    rig.wait_for("tg:parent", "the parent's answer", |h| {
+        !replies(h).is_empty()
+    })
+    .await;
+    // 70 tokens spent by the parent: the kid's turn finds the parent's budget spent.
+    rig.say("tg:kid", "k-1", "hello").await;
+    let h = rig
+        .wait_for("tg:kid", "the budget error", |h| !replies(h).is_empty())
+        .await;
+    let r = replies(&h);
+    assert!(
+        r[0].contains("group parent has used 70 of its 60 tokens"),
+        "{r:?}"
+    );
+    assert_eq!(
+        provider.seen().len(),
+        1,
+        "the kid's call never reached the provider"
+    );
+    rig.stop().await;
+}
+
 /// A provider that refuses routd's key: no retry can fix that, so the turn ends at once, after
 /// one provider call (it took 12 calls and 43 s of retries by the agent and by routd), and
 /// the chat's notice and the turn's error name the variable the operator must fix. The next

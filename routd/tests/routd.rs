@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -237,7 +236,14 @@ async fn slash_commands_new_stop_ping_chatid() {
     })
     .await;
     let (_, g) = rig.api().get(&rig.operator, "/v1/groups/cmds").await;
-    assert_eq!(g["session_id"], "s-77", "{g}");
+    assert_eq!(
+        (
+            g["sessions"][0]["chat_jid"].as_str(),
+            g["sessions"][0]["session_id"].as_str()
+        ),
+        (Some(chat), Some("s-77")),
+        "the chat's session: {g}"
+    );
     // The next message must start a turn of its own (not be steered into this one).
     rig.wait_idle("cmds").await;
     rig.say(chat, "c-4", "/echo-input").await;
@@ -250,7 +256,7 @@ async fn slash_commands_new_stop_ping_chatid() {
     rig.say(chat, "c-5", "/new").await;
     rig.wait_for(chat, "new", |h| notices(h).len() == 3).await;
     let (_, g) = rig.api().get(&rig.operator, "/v1/groups/cmds").await;
-    assert!(g["session_id"].is_null(), "{g}");
+    assert_eq!(g["sessions"], serde_json::json!([]), "{g}");
     rig.wait_idle("cmds").await;
     rig.say(chat, "c-6", "/echo-input").await;
     let h = rig.wait_for(chat, "echo", |h| replies(h).len() == 3).await;
@@ -706,23 +712,6 @@ fn the_openapi_document_validates() {
     );
 }
 
-/// The reply lines of the agent's answer to a `/mcp …` script (`mcp TOOL: …`), by tool, in
-/// the order of the calls.
-fn tool_lines(reply: &str) -> HashMap<String, Vec<String>> {
-    let mut by_tool: HashMap<String, Vec<String>> = HashMap::new();
-    for (tool, rest) in reply
-        .lines()
-        .filter_map(|l| l.strip_prefix("mcp "))
-        .filter_map(|l| l.split_once(": "))
-    {
-        by_tool
-            .entry(tool.to_owned())
-            .or_default()
-            .push(rest.to_owned());
-    }
-    by_tool
-}
-
 /// The turn's tools, used by a real agent container over its MCP socket, and seen from
 /// outside: a message it sent and its progress note (edited in place) in the chat, a task it
 /// scheduled firing on time and producing a turn of its own, the calls its group may not
@@ -781,9 +770,10 @@ async fn the_agent_uses_its_tools_on_the_turn_socket() {
         ["tool error: not_granted: spawn_group is only for the operator's main group"],
         "{answer}"
     );
+    // Past the turn's chat: only a grant that names the chat reaches it.
     assert_eq!(
         lines["send_message"][1],
-        r#"tool error: not_found: chat "tg:1" does not belong to the group tools"#
+        r#"tool error: not_granted: the group's grants do not allow send_message on "tg:1""#
     );
     assert!(
         lines["set_status"][2].starts_with("tool error: invalid_arguments: text is empty"),

@@ -319,7 +319,7 @@ async fn get_run(
     let mut rx = sh.events.subscribe();
     let mut row = visible(&sh, &who, &run_id).await?;
     if !wait.is_zero() && !row.state.is_terminal() {
-        let _pass = sh.watchers.enter(who.subject())?;
+        let _pass = sh.watchers.enter(&who.bound_key())?;
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let ended = tokio::select! {
@@ -478,7 +478,7 @@ async fn events(
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiFailure> {
     who.require(scopes::RUNS_READ)?;
     visible(&sh, &who, &run_id).await?;
-    let pass = sh.watchers.enter(who.subject())?;
+    let pass = sh.watchers.enter(&who.bound_key())?;
     // Subscribed before the first read of the store, so nothing falls between the two.
     let st = RunStream {
         rx: sh.events.subscribe(),

@@ -220,9 +220,23 @@ pub struct GroupView {
     pub grants: Vec<String>,
     /// The container settings of the group's runs.
     pub group: GroupSpec,
-    /// The agent session the next turn resumes, if any.
-    pub session_id: Option<String>,
+    /// The agent sessions its chats' next turns resume, one per chat (a group serving many
+    /// chats shares its files between them, never a session), the most recent first (at
+    /// most 20).
+    pub sessions: Vec<ChatSession>,
     /// Unix ms.
+    pub updated_at: i64,
+}
+
+/// The agent session of one chat of a group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ChatSession {
+    /// The chat.
+    pub chat_jid: String,
+    /// The session its next turn resumes.
+    pub session_id: String,
+    /// Unix ms of its last change.
     pub updated_at: i64,
 }
 

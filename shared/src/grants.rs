@@ -189,6 +189,37 @@ impl Grants {
         }
     }
 
+    /// Whether `tool` may act on `target`, a chat other than the turn's own. Reaching past
+    /// the turn's chat needs a rule that names it: an allow rule whose target matches
+    /// (`send_message:tg:42`, `schedule_task:web:ops*`); a rule without a target (`*`,
+    /// `send_message`) covers the turn's own chat only. A group serving many chats thus
+    /// never lets one chat's turn write into, or schedule work in, another's unless the
+    /// operator said so. Deny still wins.
+    pub fn check_beyond(&self, tool: Tool, target: &str) -> Result<(), Refused> {
+        if tool.needs_main() && self.trust != Trust::Main {
+            return Err(Refused::NeedsMain(tool.name()));
+        }
+        let about = |r: &&Rule| r.tool.is_none_or(|t| t == tool);
+        let denied = self
+            .rules
+            .iter()
+            .filter(about)
+            .any(|r| r.deny && r.target.as_deref().is_none_or(|p| glob(p, target)));
+        let named = self
+            .rules
+            .iter()
+            .filter(about)
+            .any(|r| !r.deny && r.target.as_deref().is_some_and(|p| glob(p, target)));
+        if named && !denied {
+            Ok(())
+        } else {
+            Err(Refused::NotGranted {
+                tool: tool.name(),
+                target: Some(target.to_owned()),
+            })
+        }
+    }
+
     /// Whether `tool` is usable at all (for some target): what the agent is offered.
     pub fn offers(&self, tool: Tool) -> bool {
         if tool.needs_main() && self.trust != Trust::Main {
@@ -289,6 +320,37 @@ mod tests {
         assert!(d.check(Tool::ScheduleTask, None).is_err());
         assert!(!d.offers(Tool::ScheduleTask));
         assert!(d.check(Tool::SpawnGroup, Some("x/y")).is_ok());
+    }
+
+    #[test]
+    fn another_chat_needs_a_rule_that_names_it() {
+        // The default (`*`) reaches the turn's own chat only.
+        let d = g(&[], Trust::Untrusted);
+        assert!(d.check(Tool::SendMessage, Some("tg:alice")).is_ok());
+        assert!(d.check_beyond(Tool::SendMessage, "tg:bob").is_err());
+        assert!(d.check_beyond(Tool::ScheduleTask, "tg:bob").is_err());
+        let whole = g(&["send_message", "schedule_task"], Trust::Main);
+        assert!(whole.check_beyond(Tool::SendMessage, "tg:bob").is_err());
+        // A named chat, or a glob of them.
+        let n = g(
+            &[
+                "*",
+                "send_message:web:ops",
+                "schedule_task:tg:team-*",
+                "!*:tg:team-secret",
+            ],
+            Trust::Untrusted,
+        );
+        assert!(n.check_beyond(Tool::SendMessage, "web:ops").is_ok());
+        assert!(n.check_beyond(Tool::SendMessage, "web:other").is_err());
+        assert!(n.check_beyond(Tool::ScheduleTask, "tg:team-a").is_ok());
+        assert!(n.check_beyond(Tool::SendMessage, "tg:team-a").is_err());
+        assert!(
+            n.check_beyond(Tool::ScheduleTask, "tg:team-secret")
+                .is_err()
+        );
+        let denied = g(&["send_message:*", "!send_message"], Trust::Untrusted);
+        assert!(denied.check_beyond(Tool::SendMessage, "web:x").is_err());
     }
 
     #[test]

@@ -361,18 +361,38 @@ impl GatewayTurn {
         Ok(())
     }
 
-    /// The group's daily budget (its `llm.daily_tokens`, else the install's) and its model
-    /// when it names one.
-    async fn limits(&self) -> Result<(u64, Option<String>), GatewayError> {
+    /// The group's model when it names one, once every budget over it has room: its own and
+    /// each ancestor group's (a group's `llm.daily_tokens`, else the install's), each against
+    /// the day's tokens of its whole subtree, so that sub-groups a tenant makes spend their
+    /// parent's budget and never mint their own.
+    async fn check_budgets(&self, day: &str) -> Result<Option<String>, GatewayError> {
         let default = self.sh.cfg.llm.daily_tokens;
-        let Some(g) = self.sh.store.group(self.folder.as_str()).await? else {
-            return Ok((default, None));
-        };
-        let spec: GroupSpec = serde_json::from_str(&g.spec).unwrap_or_default();
-        Ok(match spec.llm {
-            Some(l) => (l.daily_tokens.unwrap_or(default), Some(l.model)),
-            None => (default, None),
-        })
+        let mut model = None;
+        let segments: Vec<&str> = self.folder.segments().collect();
+        for n in (1..=segments.len()).rev() {
+            let folder = segments[..n].join("/");
+            let Some(g) = self.sh.store.group(&folder).await? else {
+                continue;
+            };
+            let spec: GroupSpec = serde_json::from_str(&g.spec).unwrap_or_default();
+            let budget = spec
+                .llm
+                .as_ref()
+                .and_then(|l| l.daily_tokens)
+                .unwrap_or(default);
+            if n == segments.len() {
+                model = spec.llm.map(|l| l.model);
+            }
+            let used = self.sh.store.llm_used(&folder, day).await?;
+            if used >= budget {
+                return Err(GatewayError::Budget {
+                    folder,
+                    used,
+                    budget,
+                });
+            }
+        }
+        Ok(model)
     }
 }
 
@@ -396,15 +416,7 @@ async fn forward(
         .try_acquire_owned()
         .map_err(|_| GatewayError::TooManyCalls(cfg.max_calls))?;
     let day = utc_day(crate::now_ms());
-    let (budget, group_model) = t.limits().await?;
-    let used = t.sh.store.llm_used(t.folder.as_str(), &day).await?;
-    if used >= budget {
-        return Err(GatewayError::Budget {
-            folder: t.folder.to_string(),
-            used,
-            budget,
-        });
-    }
+    let group_model = t.check_budgets(&day).await?;
     let body =
         match tokio::time::timeout(BODY_READ, axum::body::to_bytes(body, cfg.body_limit)).await {
             Err(_) => return Err(GatewayError::SlowBody(BODY_READ)),

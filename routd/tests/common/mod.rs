@@ -674,3 +674,20 @@ print(json.dumps({"ok": hmac.compare_digest("v1=" + mac, i["sig"])}))
     );
     out["ok"] == true
 }
+
+/// The reply lines of the agent's answer to a `/mcp …` script (`mcp TOOL: …`), by tool, in
+/// the order of the calls.
+pub fn tool_lines(reply: &str) -> HashMap<String, Vec<String>> {
+    let mut by_tool: HashMap<String, Vec<String>> = HashMap::new();
+    for (tool, rest) in reply
+        .lines()
+        .filter_map(|l| l.strip_prefix("mcp "))
+        .filter_map(|l| l.split_once(": "))
+    {
+        by_tool
+            .entry(tool.to_owned())
+            .or_default()
+            .push(rest.to_owned());
+    }
+    by_tool
+}

@@ -81,6 +81,19 @@ impl Principal {
         }
     }
 
+    /// Whom per-caller bounds (open streams) count against: the subject and the folder it
+    /// is bound to. Tenants' tokens are all minted by the operator (subject `operator`), so
+    /// the subject alone would make one tenant's streams everyone's.
+    pub fn bound_key(&self) -> String {
+        match self {
+            Principal::Open => "open".into(),
+            Principal::Token(c) => match &c.folder {
+                Some(f) => format!("{}@{f}", c.sub),
+                None => c.sub.clone(),
+            },
+        }
+    }
+
     /// Whether the caller holds a scope covering `scope`.
     pub fn has_scope(&self, scope: &str) -> bool {
         match self {
