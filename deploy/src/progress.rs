@@ -63,6 +63,9 @@ impl Progress {
             Step::Compiling(bin) => {
                 format!("{image}: compiling {bin} (static, release; a few minutes the first time)")
             }
+            Step::Fetching(package) => {
+                format!("{image}: fetching {package} from PyPI (pinned; once, then cached)")
+            }
             Step::Building => format!("{image}: building the image"),
         };
         if !self.terminal {

@@ -23,26 +23,7 @@ fn runed_child_process() {
 /// Waits until the folder's turn runs and its container has started (a follow-up sent now
 /// goes into the live run); answers the turn's id.
 async fn running(rig: &Rig, folder: &str) -> String {
-    let runed = hako_shared::testing::ApiClient::new(rig.runed_url());
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let (_, v) = rig
-            .api()
-            .get(
-                &rig.operator,
-                &format!("/v1/turns?folder={folder}&state=running"),
-            )
-            .await;
-        if let Some(t) = v["turns"].as_array().and_then(|t| t.first()) {
-            let run = t["run_id"].as_str().unwrap_or_default();
-            let (_, r) = runed.get(&rig.operator, &format!("/v1/runs/{run}")).await;
-            if r["state"] == "running" {
-                return t["turn_id"].as_str().unwrap().to_owned();
-            }
-        }
-        assert!(Instant::now() < deadline, "the turn never ran");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    rig.live_run(folder).await.0
 }
 
 /// Waits until a follow-up file lies in the folder's drop: runed placed it, the agent (busy)

@@ -33,6 +33,9 @@ pub const API_SOCKET: &str = "/var/run/pub/arizuko/api.sock";
 pub const MODEL_ENV: &str = "HAKO_MODEL";
 /// Env var naming the wire format the agent speaks to the gateway (`anthropic`, `openai`).
 pub const LLM_API_ENV: &str = "HAKO_LLM_API";
+/// The brain hako-agent runs (`script`, `llm`, `claude`): runed sets `claude` for `agent:
+/// claude` groups.
+pub const BRAIN_ENV: &str = "HAKO_BRAIN";
 
 /// The pair of lines that frame an output block.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -188,6 +188,22 @@ pub struct GroupSpec {
     /// The model the agent calls through routd's gateway, and the group's daily budget.
     #[serde(default)]
     pub llm: Option<LlmSpec>,
+    /// Which agent answers: hako-agent's own brains (default), or Claude Code (`claude`: the
+    /// `hako-claude` image, its model through the gateway; needs `llm`, Anthropic format).
+    #[serde(default)]
+    pub agent: AgentKind,
+}
+
+/// The agent program a group runs.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AgentKind {
+    /// hako-agent (the script brain, or its LLM brain with `llm`) in `CONTAINER_IMAGE`.
+    #[default]
+    Hako,
+    /// Claude Code in the `hako-claude` image (`RUNED_CLAUDE_IMAGE`).
+    Claude,
 }
 
 /// The wire format an agent speaks to the LLM gateway, and so the provider it reaches.
@@ -336,6 +352,21 @@ impl GroupSpec {
                 "must be at least 1 (leave it out for routd's default)".into(),
             )?;
         }
+        if self.agent == AgentKind::Claude {
+            check(
+                self.llm
+                    .as_ref()
+                    .is_some_and(|l| l.api == LlmApi::Anthropic),
+                "agent",
+                "claude needs llm (a model in the Anthropic format: Claude Code speaks it)".into(),
+            )?;
+            check(
+                self.image.is_none(),
+                "image",
+                "agent claude runs the hako-claude image (RUNED_CLAUDE_IMAGE); leave image out"
+                    .into(),
+            )?;
+        }
         check(
             self.egress_allowlist.len() <= crate::egress::MAX_ENTRIES,
             "egress_allowlist",
@@ -378,6 +409,7 @@ impl GroupSpec {
             env_allowlist,
             image,
             llm,
+            agent,
         } = self;
         let mut v = Vec::new();
         let mut flag = |widens: bool, name| {
@@ -400,6 +432,7 @@ impl GroupSpec {
         flag(image.is_some(), "image");
         // A model costs money: only the operator (through routd's group config) picks it.
         flag(llm.is_some(), "llm");
+        flag(*agent != AgentKind::Hako, "agent");
         v
     }
 

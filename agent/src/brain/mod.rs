@@ -5,10 +5,12 @@
 //! point (deadline, SIGTERM), so a brain keeps what it has produced so far in itself and
 //! reports it through [`Brain::partial`] for the timeout summary.
 //!
-//! The brains: [`script`] (deterministic, for tests and demos; the default) and [`llm`] (a
-//! tool-use loop against routd's gateway). Adding one: implement [`Brain`], add a
+//! The brains: [`script`] (deterministic, for tests and demos; the default), [`llm`] (a
+//! tool-use loop against routd's gateway) and [`claude`] (the real Claude Code as a child
+//! process, through the same gateway). Adding one: implement [`Brain`], add a
 //! [`crate::config::BrainKind`] variant and a match arm in [`crate::agent::run`].
 
+pub mod claude;
 pub mod llm;
 pub mod script;
 

@@ -429,6 +429,31 @@ impl Rig {
         }
     }
 
+    /// Waits until `folder`'s turn runs and its container has started; answers the turn's
+    /// and the run's ids.
+    pub async fn live_run(&self, folder: &str) -> (String, String) {
+        let runed = ApiClient::new(self.runed_url());
+        let deadline = Instant::now() + LIMIT;
+        loop {
+            let (_, v) = self
+                .api()
+                .get(
+                    &self.operator,
+                    &format!("/v1/turns?folder={folder}&state=running"),
+                )
+                .await;
+            if let Some(t) = v["turns"].as_array().and_then(|t| t.first()) {
+                let run = t["run_id"].as_str().unwrap_or_default().to_owned();
+                let (_, r) = runed.get(&self.operator, &format!("/v1/runs/{run}")).await;
+                if r["state"] == "running" {
+                    return (t["turn_id"].as_str().unwrap().to_owned(), run);
+                }
+            }
+            assert!(Instant::now() < deadline, "{folder}'s turn never ran");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Waits until `folder` has no live turn (a message sent now starts a new turn instead of
     /// being steered into the one that just replied).
     pub async fn wait_idle(&self, folder: &str) {

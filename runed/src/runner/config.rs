@@ -26,6 +26,8 @@ pub struct RunnerConfig {
     pub install_id: String,
     /// Image used when a group names none.
     pub default_image: String,
+    /// The image of `agent: claude` groups (`RUNED_CLAUDE_IMAGE`).
+    pub claude_image: String,
     /// The run ceiling (`RUNED_RUN_TIMEOUT`).
     pub run_timeout: Duration,
     /// Grace between SIGTERM and SIGKILL when stopping at the ceiling.
@@ -100,6 +102,7 @@ impl RunnerConfig {
                 host_app_dir: None,
             },
             default_image: "hako-agent:latest".into(),
+            claude_image: "hako-claude:latest".into(),
             run_timeout: Duration::from_secs(20 * 60),
             stop_grace: Duration::from_secs(10),
             kill_grace: Duration::from_secs(2),
@@ -167,6 +170,7 @@ impl RunnerConfig {
             c.install_id = id.to_owned();
         }
         c.default_image = env.string_or("CONTAINER_IMAGE", &c.default_image);
+        c.claude_image = env.string_or("RUNED_CLAUDE_IMAGE", &c.claude_image);
         c.run_timeout = env.duration_or("RUNED_RUN_TIMEOUT", c.run_timeout)?;
         if c.run_timeout < Duration::from_secs(1) {
             return Err(ConfigError::Invalid {

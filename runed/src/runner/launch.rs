@@ -12,10 +12,10 @@ use tokio::time::Instant;
 
 use hako_shared::GroupFolder;
 use hako_shared::contract::{
-    LLM_API_ENV, MARKER_END_ENV, MARKER_START_ENV, MODEL_ENV, Markers, QUERY_TIMEOUT_ENV,
+    BRAIN_ENV, LLM_API_ENV, MARKER_END_ENV, MARKER_START_ENV, MODEL_ENV, Markers, QUERY_TIMEOUT_ENV,
 };
 use hako_shared::layout::{self, FolderDir};
-use hako_shared::runs::{GroupSpec, Network, SidecarSpec};
+use hako_shared::runs::{AgentKind, GroupSpec, Network, SidecarSpec};
 
 use super::docker::{self, ContainerSpec, DockerError, Limits, labels};
 use super::prepare::Prepared;
@@ -215,6 +215,9 @@ impl Runner {
             env.push(format!("{MODEL_ENV}={}", llm.model));
             env.push(format!("{LLM_API_ENV}={}", llm.api.as_str()));
         }
+        if g.agent == AgentKind::Claude {
+            env.push(format!("{BRAIN_ENV}=claude"));
+        }
         if cfg.markers != Markers::default() {
             env.push(format!("{MARKER_START_ENV}={}", cfg.markers.start));
             env.push(format!("{MARKER_END_ENV}={}", cfg.markers.end));
@@ -230,7 +233,10 @@ impl Runner {
         labels.insert(LABEL_DEADLINE.to_owned(), deadline_ms.to_string());
         let cspec = ContainerSpec {
             name: self.container_name(&spec.run_id, ""),
-            image: g.image.clone().unwrap_or_else(|| cfg.default_image.clone()),
+            image: match g.agent {
+                AgentKind::Claude => cfg.claude_image.clone(),
+                AgentKind::Hako => g.image.clone().unwrap_or_else(|| cfg.default_image.clone()),
+            },
             user: format!("{}:{}", cfg.agent_user.uid, cfg.agent_user.gid),
             env,
             cmd: None,

@@ -1,0 +1,454 @@
+//! The Claude Code brain: the real `claude` program as a child process, driven in its
+//! stream-JSON mode, reaching its model only through routd's gateway and its tools only
+//! through the turn's sockets.
+//!
+//! - **One process per run.** The first query starts `claude -p --input-format stream-json
+//!   --output-format stream-json`; each query (the initial messages, then every follow-up) is
+//!   one user message written to its stdin, answered by the events it prints up to its
+//!   `result`. A follow-up therefore reaches the same live process and session.
+//! - **The model without the key.** A `network: none` box has loopback only: a relay on
+//!   `127.0.0.1` ([`relay`]) copies bytes to the gateway's `api.sock`, and the child gets
+//!   `ANTHROPIC_BASE_URL` pointing at it and the run's spawn token as `ANTHROPIC_API_KEY`, in
+//!   its own environment only. Every model it may pick (main, small and fast, subagents) is
+//!   the group's (`HAKO_MODEL`); the gateway refuses any other.
+//! - **The turn's tools.** The MCP servers of the seeded `.claude/settings.json` (the turn's
+//!   `mcp.sock`, each sidecar's), each reached by `hako-agent mcp-bridge` instead of `socat`,
+//!   are passed with `--strict-mcp-config`: nothing else can attach an MCP server to the run.
+//! - **Permissions.** The box is the boundary: `--permission-mode bypassPermissions` (never
+//!   an interactive prompt). The seam for a human approval step is `--permission-prompt-tool`
+//!   naming a tool on the turn's socket, for another issue.
+//! - **Blocks.** Text the model writes before a tool call goes out as an `ok` block at once;
+//!   the `result` is the query's reply, `newSessionId` Claude Code's session id (its
+//!   transcript lives under `$HOME`, which persists per folder), resumed with `--resume`.
+//! - **Failures.** A `result` with `is_error` is an `error` block; the child exiting or
+//!   printing garbage before its `result` is `fatal` when nothing was said yet (never a hang:
+//!   its stdout closing ends the wait). Dropping the brain kills the child.
+
+pub mod relay;
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout};
+
+use super::{Brain, BrainError, Io, Outcome, Query, Reply};
+use crate::output::log;
+use hako_shared::contract::OutputBlock;
+
+/// The longest line of Claude Code's output accepted (a tool result can be large).
+const MAX_LINE: usize = 32 << 20;
+/// How much of the child's stderr is kept for an error message.
+const STDERR_TAIL: usize = 4 << 10;
+
+/// The Claude Code brain's settings (from the environment; `specs/agent-script.md`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaudeSettings {
+    /// The model every call uses (`HAKO_MODEL`).
+    pub model: String,
+    /// The `claude` program (`HAKO_CLAUDE_BIN`).
+    pub program: PathBuf,
+    /// The gateway socket (`HAKO_API_SOCKET`).
+    pub api_socket: PathBuf,
+    /// The turn's MCP socket, used when no settings file names the servers.
+    pub mcp_socket: PathBuf,
+    /// The agent's home (`HOME`), holding the seeded `.claude/settings.json`.
+    pub home: PathBuf,
+    /// This program, for the MCP bridges (`/proc/self/exe` by default).
+    pub bridge: PathBuf,
+}
+
+/// The live child and what reads it.
+struct Live {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    stderr: std::sync::Arc<std::sync::Mutex<VecDeque<u8>>>,
+    /// Serves the child's model calls; stops when dropped.
+    _relay: relay::Relay,
+}
+
+/// The brain.
+pub struct ClaudeBrain {
+    cfg: ClaudeSettings,
+    live: Option<Live>,
+    session: Option<String>,
+    partial: String,
+}
+
+impl ClaudeBrain {
+    /// A brain with these settings; the child starts at the first query.
+    pub fn new(cfg: ClaudeSettings) -> Self {
+        Self {
+            cfg,
+            live: None,
+            session: None,
+            partial: String::new(),
+        }
+    }
+
+    /// The MCP servers the child gets: the seeded settings' (`socat` entries become bridges),
+    /// or the turn's socket alone.
+    fn mcp_config(&self) -> Value {
+        let seeded = std::fs::read(self.cfg.home.join(".claude/settings.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+        let mut servers = serde_json::Map::new();
+        if let Some(Value::Object(list)) = seeded.as_ref().and_then(|s| s.get("mcpServers")) {
+            for (name, entry) in list {
+                if let Some(socket) = socat_socket(entry) {
+                    servers.insert(name.clone(), self.bridge(&socket));
+                }
+            }
+        }
+        if servers.is_empty() {
+            let socket = self.cfg.mcp_socket.display().to_string();
+            servers.insert("arizuko".into(), self.bridge(&socket));
+        }
+        json!({ "mcpServers": servers })
+    }
+
+    fn bridge(&self, socket: &str) -> Value {
+        json!({
+            "type": "stdio",
+            "command": self.cfg.bridge.display().to_string(),
+            "args": ["mcp-bridge", "--socket", socket],
+        })
+    }
+
+    /// Starts the child for this run.
+    async fn start(&mut self, query: &Query<'_>) -> Result<(), BrainError> {
+        let relay = relay::Relay::start(self.cfg.api_socket.clone())
+            .await
+            .map_err(|e| BrainError::Fatal(format!("cannot serve the model relay: {e}")))?;
+        let model = &self.cfg.model;
+        let mut cmd = tokio::process::Command::new(&self.cfg.program);
+        cmd.args([
+            "-p",
+            "--input-format",
+            "stream-json",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--model",
+            model,
+            "--permission-mode",
+            "bypassPermissions",
+            "--strict-mcp-config",
+            "--mcp-config",
+        ])
+        .arg(self.mcp_config().to_string());
+        let resume = Some(query.input.session_id.as_str()).filter(|s| valid_session(s));
+        if let Some(sid) = resume {
+            cmd.args(["--resume", sid]);
+        }
+        if !query.input.system_prompt.trim().is_empty() {
+            cmd.args(["--append-system-prompt", &query.input.system_prompt]);
+        }
+        cmd.env("ANTHROPIC_BASE_URL", format!("http://{}", relay.addr()))
+            .env("ANTHROPIC_API_KEY", query.input.token.expose())
+            .env("ANTHROPIC_MODEL", model)
+            .env("ANTHROPIC_SMALL_FAST_MODEL", model)
+            .env("ANTHROPIC_DEFAULT_HAIKU_MODEL", model)
+            .env("ANTHROPIC_DEFAULT_SONNET_MODEL", model)
+            .env("ANTHROPIC_DEFAULT_OPUS_MODEL", model)
+            .env("CLAUDE_CODE_SUBAGENT_MODEL", model)
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .env("DISABLE_AUTOUPDATER", "1")
+            .env("DISABLE_TELEMETRY", "1")
+            .env("DISABLE_ERROR_REPORTING", "1")
+            // The token is this child's alone: nothing it starts needs it in its environment.
+            .env_remove("ANTHROPIC_AUTH_TOKEN")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().map_err(|e| {
+            BrainError::Fatal(format!(
+                "cannot start Claude Code ({}): {e}",
+                self.cfg.program.display()
+            ))
+        })?;
+        let (Some(stdin), Some(stdout), Some(mut err)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(BrainError::Fatal("Claude Code's pipes are missing".into()));
+        };
+        // Its stderr: a bounded tail, for an error message if it dies.
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(VecDeque::new()));
+        let tail = stderr.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                t.extend(&buf[..n]);
+                let over = t.len().saturating_sub(STDERR_TAIL);
+                t.drain(..over);
+            }
+        });
+        log(format_args!(
+            "Claude Code started (model {model}, {}, relay {})",
+            if resume.is_some() {
+                "resuming its session"
+            } else {
+                "a new session"
+            },
+            relay.addr()
+        ));
+        self.live = Some(Live {
+            child,
+            stdin,
+            stdout: BufReader::with_capacity(64 << 10, stdout),
+            stderr,
+            _relay: relay,
+        });
+        Ok(())
+    }
+
+    /// Why the child is gone: its exit status and the end of its stderr.
+    async fn died(&mut self) -> String {
+        let Some(mut live) = self.live.take() else {
+            return "Claude Code is not running".into();
+        };
+        let status = match tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            live.child.wait(),
+        )
+        .await
+        {
+            Ok(Ok(s)) => s.to_string(),
+            _ => "no exit status".into(),
+        };
+        let tail: Vec<u8> = live
+            .stderr
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        let tail = String::from_utf8_lossy(&tail);
+        let last = tail.trim().lines().last().unwrap_or("").trim();
+        if last.is_empty() {
+            format!("Claude Code exited ({status})")
+        } else {
+            format!(
+                "Claude Code exited ({status}): {}",
+                last.chars().take(300).collect::<String>()
+            )
+        }
+    }
+}
+
+/// The socket a seeded `socat STDIO UNIX-CONNECT:<path>` entry reaches.
+fn socat_socket(entry: &Value) -> Option<String> {
+    if entry.get("command")?.as_str()? != "socat" {
+        return None;
+    }
+    entry
+        .get("args")?
+        .as_array()?
+        .iter()
+        .filter_map(Value::as_str)
+        .find_map(|a| a.strip_prefix("UNIX-CONNECT:"))
+        .map(str::to_owned)
+}
+
+/// Whether `id` can be a Claude Code session id (a UUID): anything else starts afresh.
+fn valid_session(id: &str) -> bool {
+    id.len() == 36
+        && id.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
+/// The text blocks of an assistant message, and whether it calls a tool.
+fn assistant_parts(message: &Value) -> (Vec<String>, bool) {
+    let mut texts = Vec::new();
+    let mut tool = false;
+    for c in message["content"].as_array().into_iter().flatten() {
+        match c["type"].as_str() {
+            Some("text") => {
+                if let Some(t) = c["text"].as_str().filter(|t| !t.trim().is_empty()) {
+                    texts.push(t.to_owned());
+                }
+            }
+            Some("tool_use") => tool = true,
+            _ => {}
+        }
+    }
+    (texts, tool)
+}
+
+/// Reads one line (at most [`MAX_LINE`] bytes); `None` at the end of the output.
+async fn read_line(r: &mut BufReader<ChildStdout>) -> std::io::Result<Option<Vec<u8>>> {
+    let mut line = Vec::new();
+    let n = (&mut *r)
+        .take(MAX_LINE as u64 + 1)
+        .read_until(b'\n', &mut line)
+        .await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if line.len() > MAX_LINE {
+        return Err(std::io::Error::other(format!(
+            "a line of Claude Code's output is over {MAX_LINE} bytes"
+        )));
+    }
+    Ok(Some(line))
+}
+
+impl Brain for ClaudeBrain {
+    async fn respond<'a>(
+        &'a mut self,
+        query: Query<'a>,
+        io: &'a Io,
+    ) -> Result<Outcome, BrainError> {
+        self.partial.clear();
+        let text = query
+            .messages
+            .iter()
+            .filter(|m| m.role == "user")
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>()
+            .join("\n\n");
+        if text.trim().is_empty() {
+            return Ok(Outcome::Reply(Reply::default()));
+        }
+        if self.live.is_none() {
+            self.start(&query).await?;
+        }
+        let line = json!({
+            "type": "user",
+            "message": {"role": "user", "content": text},
+        })
+        .to_string();
+        let live = self.live.as_mut().expect("started");
+        let wrote = async {
+            live.stdin.write_all(line.as_bytes()).await?;
+            live.stdin.write_all(b"\n").await?;
+            live.stdin.flush().await
+        }
+        .await;
+        if let Err(e) = wrote {
+            let why = self.died().await;
+            return Err(BrainError::Fatal(format!("{why} (writing the query: {e})")));
+        }
+        let mut said = false;
+        // Text of the answer not yet out: Claude Code prints one message per content block,
+        // so text before a tool call comes in its own message, the call in the next.
+        let mut pending: Vec<String> = Vec::new();
+        loop {
+            let live = self.live.as_mut().expect("started");
+            let line = match read_line(&mut live.stdout).await {
+                Ok(Some(l)) => l,
+                Ok(None) | Err(_) => {
+                    let why = self.died().await;
+                    return Err(if said {
+                        BrainError::Failed(why)
+                    } else {
+                        BrainError::Fatal(why)
+                    });
+                }
+            };
+            let Ok(ev) = serde_json::from_slice::<Value>(&line) else {
+                // Noise on stdout is not an event; Claude Code prints JSON lines only.
+                continue;
+            };
+            match ev["type"].as_str() {
+                Some("system") => {
+                    if let Some(sid) = ev["session_id"].as_str() {
+                        self.session = Some(sid.to_owned());
+                    }
+                }
+                // A subagent's messages stay inside its task.
+                Some("assistant") if ev["parent_tool_use_id"].is_null() => {
+                    let (texts, tool) = assistant_parts(&ev["message"]);
+                    for t in &texts {
+                        if !self.partial.is_empty() {
+                            self.partial.push_str("\n\n");
+                        }
+                        self.partial.push_str(t);
+                    }
+                    pending.extend(texts);
+                    // Text before a tool call goes out now: the chat sees "let me look…"
+                    // while the tools run.
+                    if tool {
+                        for t in pending.drain(..) {
+                            io.out.block(&OutputBlock::ok(t)).await;
+                            said = true;
+                        }
+                    }
+                }
+                Some("result") => {
+                    if let Some(sid) = ev["session_id"].as_str() {
+                        self.session = Some(sid.to_owned());
+                    }
+                    let result = ev["result"].as_str().unwrap_or_default().to_owned();
+                    if ev["is_error"].as_bool() == Some(true) {
+                        let why = if result.trim().is_empty() {
+                            format!(
+                                "Claude Code ended the turn with an error ({})",
+                                ev["subtype"].as_str().unwrap_or("unknown")
+                            )
+                        } else {
+                            result
+                        };
+                        return Err(BrainError::Failed(why));
+                    }
+                    return Ok(Outcome::Reply(Reply {
+                        text: result,
+                        new_session_id: self.session.clone(),
+                    }));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn partial(&self) -> String {
+        self.partial.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn socat_entries_become_bridges() {
+        let entry = json!({"command": "socat", "args": ["STDIO", "UNIX-CONNECT:/var/run/pub/arizuko/mcp.sock"]});
+        assert_eq!(
+            socat_socket(&entry).as_deref(),
+            Some("/var/run/pub/arizuko/mcp.sock")
+        );
+        assert_eq!(
+            socat_socket(&json!({"command": "npx", "args": ["x"]})),
+            None
+        );
+    }
+
+    #[test]
+    fn only_uuids_are_resumed() {
+        assert!(valid_session("5e49896a-ae85-4c55-be81-2f56268bf666"));
+        assert!(!valid_session("../../etc/passwd"));
+        assert!(!valid_session("s-42"));
+        assert!(!valid_session(""));
+    }
+
+    #[test]
+    fn text_before_a_tool_call_is_told_apart() {
+        let (t, tool) = assistant_parts(&json!({"content": [
+            {"type": "text", "text": "Let me look."},
+            {"type": "tool_use", "id": "t1", "name": "Bash", "input": {}},
+        ]}));
+        assert_eq!((t, tool), (vec!["Let me look.".to_owned()], true));
+        let (t, tool) = assistant_parts(&json!({"content": [{"type": "text", "text": " "}]}));
+        assert!(t.is_empty() && !tool);
+    }
+}

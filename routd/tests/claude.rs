@@ -1,0 +1,456 @@
+//! Claude Code in hako's box: the real `claude` binary (pinned, from the Claude Agent SDK's
+//! wheel) inside a `hako-claude` container on `network: none`, driven by hako-agent's
+//! `claude` brain, with real authd, runed and routd. Its model is a stub that speaks the
+//! Anthropic Messages API on loopback, reached only through routd's gateway; the stub alone
+//! holds the real key. Every assertion is what the chat, the stub or Docker shows.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::HeaderMap;
+use common::*;
+use hako_shared::GroupFolder;
+use hako_shared::layout::{DataLayout, FolderDir};
+use serde_json::{Value, json};
+
+const REAL_KEY: &str = "sk-ant-real-provider-key-claude-0123456789";
+const MODEL: &str = "claude-stub-1";
+
+/// runed's process for the test that kills it (see [`common::run_runed_child`]).
+#[test]
+#[ignore = "runed's process in tests that SIGKILL it; started by the rig"]
+fn runed_child_process() {
+    run_runed_child();
+}
+
+/// One request the stub got.
+#[derive(Debug, Clone)]
+struct Seen {
+    headers: HeaderMap,
+    body: Value,
+}
+
+/// An Anthropic-compatible model on loopback, scripted by the last thing the user said.
+#[derive(Clone, Default)]
+struct Stub {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+fn sse(events: &[(&str, Value)]) -> String {
+    events
+        .iter()
+        .map(|(name, data)| format!("event: {name}\ndata: {data}\n\n"))
+        .collect()
+}
+
+/// A streamed answer: text blocks, then tool calls.
+fn answer(texts: &[&str], tools: &[(&str, &str, Value)]) -> String {
+    let mut ev = vec![(
+        "message_start",
+        json!({"type": "message_start", "message": {"id": "msg_stub", "type": "message",
+            "role": "assistant", "content": [], "model": MODEL, "stop_reason": null,
+            "stop_sequence": null, "usage": {"input_tokens": 40, "output_tokens": 1}}}),
+    )];
+    let mut i = 0;
+    for t in texts {
+        ev.push((
+            "content_block_start",
+            json!({"type": "content_block_start", "index": i, "content_block": {"type": "text", "text": ""}}),
+        ));
+        ev.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": i, "delta": {"type": "text_delta", "text": t}}),
+        ));
+        ev.push((
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": i}),
+        ));
+        i += 1;
+    }
+    for (id, name, input) in tools {
+        ev.push((
+            "content_block_start",
+            json!({"type": "content_block_start", "index": i,
+                "content_block": {"type": "tool_use", "id": id, "name": name, "input": {}}}),
+        ));
+        ev.push((
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": i,
+                "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
+        ));
+        ev.push((
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": i}),
+        ));
+        i += 1;
+    }
+    let stop = if tools.is_empty() {
+        "end_turn"
+    } else {
+        "tool_use"
+    };
+    ev.push((
+        "message_delta",
+        json!({"type": "message_delta", "delta": {"stop_reason": stop, "stop_sequence": null},
+            "usage": {"output_tokens": 12}}),
+    ));
+    ev.push(("message_stop", json!({"type": "message_stop"})));
+    sse(&ev)
+}
+
+/// The text of the last user message's last text block, and whether it carries a tool result.
+fn last_user(body: &Value) -> (String, bool) {
+    let last = body["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    match &last["content"] {
+        Value::String(s) => (s.clone(), false),
+        Value::Array(blocks) => {
+            let tool = blocks.iter().any(|b| b["type"] == "tool_result");
+            let text = blocks
+                .iter()
+                .rev()
+                .find_map(|b| (b["type"] == "text").then(|| b["text"].as_str()).flatten())
+                .unwrap_or("")
+                .to_owned();
+            (text, tool)
+        }
+        _ => (String::new(), false),
+    }
+}
+
+impl Stub {
+    async fn start() -> (Stub, String) {
+        let stub = Stub::default();
+        let st = stub.clone();
+        let app = axum::Router::new().fallback(axum::routing::any(
+            move |headers: HeaderMap, body: axum::body::Bytes| {
+                let st = st.clone();
+                async move {
+                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    st.seen.lock().unwrap().push(Seen {
+                        headers: headers.clone(),
+                        body: body.clone(),
+                    });
+                    let (text, tool_result) = last_user(&body);
+                    let stream = if tool_result {
+                        answer(&["Done, with the tool."], &[])
+                    } else if text.contains("use your tools") {
+                        answer(
+                            &["Sending a note first."],
+                            &[(
+                                "toolu_1",
+                                "mcp__arizuko__send_message",
+                                json!({"text": "a note from Claude Code"}),
+                            )],
+                        )
+                    } else if text.contains("never answer") {
+                        // A model that takes forever: the connection stays open, silent.
+                        tokio::time::sleep(Duration::from_secs(3600)).await;
+                        String::new()
+                    } else {
+                        if text.contains("slowly") {
+                            tokio::time::sleep(Duration::from_secs(6)).await;
+                        }
+                        answer(&[&format!("You said: {text}")], &[])
+                    };
+                    axum::response::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(axum::body::Body::from(stream))
+                        .unwrap()
+                }
+            },
+        ));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        (stub, url)
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// A rig whose runed runs Claude Code groups from the `hako-claude` image.
+async fn rig(url: &str, runed_env: &[(&str, &str)]) -> Rig {
+    let image = hako_deploy::ensure_claude_image()
+        .await
+        .expect("the Claude Code image");
+    let mut env: Vec<(&str, &str)> = vec![("RUNED_CLAUDE_IMAGE", image.as_str())];
+    env.extend_from_slice(runed_env);
+    Rig::new(
+        &env,
+        &[
+            ("ANTHROPIC_API_KEY", REAL_KEY),
+            ("ROUTD_ANTHROPIC_URL", url),
+        ],
+    )
+    .await
+}
+
+/// A Claude Code group on `web:<folder>`.
+async fn claude_group(rig: &Rig, folder: &str) {
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            &format!("/v1/groups/{folder}"),
+            json!({"name": folder, "system_prompt": "You are hako's test agent.",
+                   "group": {"agent": "claude", "llm": {"model": MODEL}}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+}
+
+fn folder_dir(rig: &Rig, folder: &str, dir: FolderDir) -> std::path::PathBuf {
+    DataLayout::new(rig.data()).dir(&GroupFolder::new(folder).unwrap(), dir)
+}
+
+/// Every file under `dir` holding `needle`.
+fn files_containing(dir: &std::path::Path, needle: &str) -> Vec<String> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else if ft.is_file()
+                && std::fs::read(e.path())
+                    .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            {
+                hits.push(e.path().display().to_string());
+            }
+        }
+    }
+    hits
+}
+
+/// A message in a chat → Claude Code in its box answers through the gateway; it calls the
+/// turn's `send_message` tool (an MCP tool over the turn's socket), and that text, the text
+/// it wrote before the call and its answer reach the chat once each; the next turn resumes
+/// its session (the model sees the earlier exchange); the folder's CLAUDE.md and a seeded
+/// skill reach the model; the stub sees only the real key and only the group's model; the
+/// budget is charged; no key or token is in the container's environment, its labels or a
+/// file of the data directory; the containers are gone at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claude_code_answers_through_the_gateway_with_the_turns_tools() {
+    let (stub, url) = Stub::start().await;
+    let skills = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(skills.path().join("hako-test-skill")).unwrap();
+    std::fs::write(
+        skills.path().join("hako-test-skill/SKILL.md"),
+        "---\nname: hako-test-skill\ndescription: Answers questions about SKILL-MARKER-5521.\n---\n\nSay SKILL-MARKER-5521.\n",
+    )
+    .unwrap();
+    let skills_dir = skills.path().display().to_string();
+    let rig = rig(&url, &[("SKILLS_DIR", skills_dir.as_str())]).await;
+    claude_group(&rig, "cc").await;
+    let chat = "web:cc";
+
+    rig.say(chat, "c-1", "hello claude").await;
+    let h = rig
+        .wait_for(chat, "the first answer", |h| !replies(h).is_empty())
+        .await;
+    assert_eq!(replies(&h), ["You said: hello claude"]);
+    rig.wait_idle("cc").await;
+
+    // The folder's memory, written between turns.
+    let workspace = folder_dir(&rig, "cc", FolderDir::Workspace);
+    std::fs::write(
+        workspace.join("CLAUDE.md"),
+        "# Memory\n\nThe project codename is MEMORY-MARKER-7730.\n",
+    )
+    .unwrap();
+    let before = stub.seen().len();
+    rig.say(chat, "c-2", "now use your tools").await;
+    let h = rig
+        .wait_for(chat, "the answer after the tool", |h| {
+            replies(h).iter().any(|r| r == "Done, with the tool.")
+        })
+        .await;
+    let r = replies(&h);
+    for text in [
+        "Sending a note first.",
+        "a note from Claude Code",
+        "Done, with the tool.",
+    ] {
+        assert_eq!(
+            r.iter().filter(|x| *x == text).count(),
+            1,
+            "{text:?} once: {r:?}"
+        );
+    }
+    // The second turn's first request: the earlier exchange (a resumed session), the
+    // folder's CLAUDE.md, the seeded skill, and the turn's tools as MCP tools.
+    let seen = stub.seen();
+    let first_of_turn2 = serde_json::to_string(&seen[before].body).unwrap();
+    assert!(
+        first_of_turn2.contains("You said: hello claude"),
+        "the session was resumed"
+    );
+    assert!(first_of_turn2.contains("MEMORY-MARKER-7730"), "CLAUDE.md");
+    assert!(first_of_turn2.contains("SKILL-MARKER-5521"), "the skill");
+    assert!(
+        first_of_turn2.contains("mcp__arizuko__send_message"),
+        "the turn's tools"
+    );
+    // Only the real key and only the group's model reached the provider.
+    for s in &seen {
+        assert_eq!(s.headers["x-api-key"], REAL_KEY);
+        assert_eq!(s.body["model"], MODEL, "every call uses the group's model");
+    }
+    // The budget was charged.
+    let (_, usage) = rig.api().get(&rig.operator, "/v1/usage?folder=cc").await;
+    assert!(usage["input_tokens"].as_u64().unwrap() > 0, "{usage}");
+    assert_eq!(
+        usage["calls"].as_u64().unwrap(),
+        seen.len() as u64,
+        "{usage}"
+    );
+    // The key is in no file of the data directory (Claude Code's own files included).
+    assert!(
+        files_containing(&rig.data(), REAL_KEY).is_empty(),
+        "the real key on disk"
+    );
+    // The containers are gone once the turns are over.
+    rig.wait_idle("cc").await;
+    let docker = hako_deploy::connect_docker().unwrap();
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let filters = std::collections::HashMap::from([(
+            "label".to_owned(),
+            vec![format!("io.hako.install={}", rig.install)],
+        )]);
+        let left = docker
+            .list_containers(Some(
+                bollard::query_parameters::ListContainersOptionsBuilder::new()
+                    .all(true)
+                    .filters(&filters)
+                    .build(),
+            ))
+            .await
+            .unwrap();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "containers left: {left:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    rig.stop().await;
+}
+
+/// A follow-up sent while Claude Code answers is taken by the same process (the same Claude
+/// Code session, no new container); runed SIGKILLed in the middle of a turn re-adopts the
+/// container and the turn is answered once; neither the key nor the spawn token is in the
+/// container's environment or labels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claude_code_takes_follow_ups_and_survives_a_runed_kill() {
+    let (stub, url) = Stub::start().await;
+    let mut rig = rig(&url, &[("RUNED_IDLE_TIMEOUT", "6s")]).await;
+    rig.spawn_runed_process().await;
+    claude_group(&rig, "ccf").await;
+    let chat = "web:ccf";
+    rig.say(chat, "f-1", "answer slowly please").await;
+    // The run is live: what Docker says of its container.
+    let (_, run) = rig.live_run("ccf").await;
+    let docker = hako_deploy::connect_docker().unwrap();
+    let containers = docker
+        .list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&std::collections::HashMap::from([(
+                    "label".to_owned(),
+                    vec![format!("io.hako.run={run}")],
+                )]))
+                .build(),
+        ))
+        .await
+        .unwrap();
+    let id = containers[0].id.clone().unwrap();
+    let inspect = docker
+        .inspect_container(
+            &id,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+        .unwrap();
+    let config = serde_json::to_string(&inspect.config).unwrap();
+    assert!(
+        !config.contains(REAL_KEY),
+        "the key in the container's config"
+    );
+    assert!(
+        !config.contains("ANTHROPIC_API_KEY") && !config.contains("eyJ"),
+        "no key variable and no token in the container's env or labels: {config}"
+    );
+    // runed dies while the model thinks; the container runs on, and is re-adopted.
+    rig.kill_runed_process();
+    rig.spawn_runed_process().await;
+    let h = rig
+        .wait_for(chat, "the slow answer", |h| !replies(h).is_empty())
+        .await;
+    assert_eq!(replies(&h), ["You said: answer slowly please"]);
+    // A follow-up into the same live process.
+    rig.say(chat, "f-2", "and one more thing").await;
+    let h = rig
+        .wait_for(chat, "the follow-up's answer", |h| replies(h).len() == 2)
+        .await;
+    let r = replies(&h);
+    assert_eq!(r[1], "You said: and one more thing");
+    let turn = |id: &str| {
+        h.iter()
+            .find(|m| m.id == id)
+            .and_then(|m| m.turn_id.clone())
+            .unwrap()
+    };
+    assert_eq!(turn("f-1"), turn("f-2"), "one turn, one run");
+    // Claude Code names its session in each call's metadata.
+    let sessions: Vec<String> = stub
+        .seen()
+        .iter()
+        .filter_map(|s| s.body["metadata"]["user_id"].as_str())
+        .filter_map(|u| serde_json::from_str::<Value>(u).ok())
+        .filter_map(|u| u["session_id"].as_str().map(str::to_owned))
+        .collect();
+    assert!(sessions.len() >= 2, "{sessions:?}");
+    assert!(
+        sessions.iter().all(|s| *s == sessions[0]),
+        "one Claude Code session for both: {sessions:?}"
+    );
+    rig.stop().await;
+}
+
+/// A model that never answers: the agent's deadline (a quarter before the ceiling) ends the
+/// query with a summary, before runed's ceiling would kill it; the turn is answered, not
+/// retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_model_that_never_answers_ends_in_a_summary_before_the_ceiling() {
+    let (_stub, url) = Stub::start().await;
+    let rig = rig(&url, &[("RUNED_RUN_TIMEOUT", "40s")]).await;
+    claude_group(&rig, "ccslow").await;
+    let chat = "web:ccslow";
+    let t = Instant::now();
+    rig.say(chat, "s-1", "never answer").await;
+    let h = rig
+        .wait_for(chat, "the summary", |h| !replies(h).is_empty())
+        .await;
+    let r = replies(&h);
+    assert!(r[0].starts_with("query timeout after"), "{r:?}");
+    assert!(
+        t.elapsed() < Duration::from_secs(40),
+        "before the ceiling: {:?}",
+        t.elapsed()
+    );
+    let turn = rig.turn(h[0].turn_id.as_deref().unwrap()).await;
+    assert_eq!(turn["attempt"], 1, "{turn}");
+    rig.stop().await;
+}
