@@ -1,0 +1,286 @@
+//! Claude Code through hako against Claude Code on the host: `cargo bench -p hako-routd
+//! --bench claude`.
+//!
+//! The time to the first reply byte of a chat message answered by a `"agent": "claude"` group
+//! (a cold turn: runed starts a `hako-claude` container, hako-agent starts Claude Code, Claude
+//! Code calls the model through routd's gateway; the reply seen on the chat's event stream),
+//! against `claude -p` run directly on the host against the same stub provider (its first
+//! stdout byte), interleaved, `BENCH_TURNS` (7) of each, medians. Where the time goes: from
+//! the message to the model's first request (container start and Claude Code's start), and
+//! from the model's answer to the reply in the chat. Target ratio ≤ 1.25.
+//!
+//! A real authd, runed and routd in-process; the stub answers at once, so what is measured is
+//! hako and Claude Code, not a model.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hako_shared::auth::AuthdClient;
+use hako_shared::config::Env;
+use serde_json::{Value, json};
+
+const RUNED_KEY: &str = "runed-bench-key-0123456789";
+const ROUTD_KEY: &str = "routd-bench-key-0123456789";
+const OPERATOR_KEY: &str = "operator-bench-key-0123456789";
+const CHANNEL_KEY: &str = "channel-bench-key-0123456789";
+const MODEL: &str = "claude-stub-1";
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// The stub model: answers every call at once, streamed; records when each call came.
+async fn stub() -> (Arc<Mutex<Vec<Instant>>>, String) {
+    let calls: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let seen = calls.clone();
+    let app = axum::Router::new().fallback(axum::routing::any(move || {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push(Instant::now());
+            let ev = |n: &str, d: Value| format!("event: {n}\ndata: {d}\n\n");
+            let body = [
+                ev("message_start", json!({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "content": [], "model": MODEL, "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 1}}})),
+                ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+                ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hello back"}})),
+                ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 3}})),
+                ev("message_stop", json!({"type": "message_stop"})),
+            ]
+            .concat();
+            axum::response::Response::builder()
+                .header("content-type", "text/event-stream")
+                .body(axum::body::Body::from(body))
+                .unwrap()
+        }
+    }));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (calls, url)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(bench());
+}
+
+async fn bench() {
+    let turns: usize = std::env::var("BENCH_TURNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(7);
+    let image = hako_deploy::ensure_claude_image().await.expect("image");
+    let pipeline = hako_deploy::Pipeline::new(hako_deploy::connect_docker().unwrap());
+    let claude = pipeline
+        .fetch(&hako_deploy::CLAUDE_CODE)
+        .await
+        .expect("the claude binary");
+    let (calls, url) = stub().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let acfg = hako_authd::Config::from_env(&Env::from_pairs([
+        ("DATA_DIR", dir.path().join("authd").display().to_string()),
+        (
+            "AUTHD_SERVICE_KEYS",
+            format!(
+                "runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY},channel={CHANNEL_KEY}"
+            ),
+        ),
+    ]))
+    .expect("authd config");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let authd = hako_authd::start(acfg, l).await.expect("authd");
+    let rcfg = hako_runed::Config::from_env(&Env::from_pairs([
+        ("DATA_DIR", data.display().to_string()),
+        ("AUTHD_URL", authd.url()),
+        ("AUTHD_SERVICE_KEY", RUNED_KEY.into()),
+        ("RUNED_CLAUDE_IMAGE", image.clone()),
+    ]))
+    .expect("runed config");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let runed = hako_runed::start(rcfg, l).await.expect("runed");
+    let cfg = hako_routd::Config::from_env(&Env::from_pairs([
+        ("DATA_DIR", data.display().to_string()),
+        ("AUTHD_URL", authd.url()),
+        ("AUTHD_SERVICE_KEY", ROUTD_KEY.into()),
+        ("RUNED_URL", runed.url()),
+        ("ANTHROPIC_API_KEY", "sk-bench".into()),
+        ("ROUTD_ANTHROPIC_URL", url.clone()),
+    ]))
+    .expect("routd config");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let routd = hako_routd::start(cfg, l).await.expect("routd");
+    let client = AuthdClient::new(&authd.url()).unwrap();
+    let operator = client
+        .service_token("operator", OPERATOR_KEY)
+        .await
+        .unwrap()
+        .token;
+    let channel = client
+        .service_token("channel", CHANNEL_KEY)
+        .await
+        .unwrap()
+        .token;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let base = routd.url();
+    let r = http
+        .put(format!("{base}/v1/groups/bench"))
+        .bearer_auth(&operator)
+        .json(&json!({"name": "bench", "group": {"agent": "claude", "llm": {"model": MODEL}}}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let home = tempfile::tempdir().unwrap();
+
+    let (mut hako, mut hako_model, mut direct, mut direct_model) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for i in 0..=turns {
+        // hako: a message in, the first reply on the chat's stream.
+        let last = last_seq(&http, &base, &operator).await;
+        let mut events = http
+            .get(format!("{base}/v1/chats/web:bench/events?after={last}"))
+            .bearer_auth(&operator)
+            .send()
+            .await
+            .unwrap();
+        let before = calls.lock().unwrap().len();
+        let t = Instant::now();
+        let r = http
+            .post(format!("{base}/v1/messages"))
+            .bearer_auth(&channel)
+            .json(&json!({"id": format!("m-{i}"), "chat_jid": "web:bench", "sender": "bench", "content": format!("hello {i}")}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 201);
+        let mut buf = String::new();
+        let took = loop {
+            let chunk = tokio::time::timeout(Duration::from_secs(120), events.chunk())
+                .await
+                .expect("a reply within 2 minutes")
+                .unwrap()
+                .expect("the stream stays open");
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            if buf.contains("\"direction\":\"out\"") {
+                break t.elapsed();
+            }
+        };
+        let model_at = calls
+            .lock()
+            .unwrap()
+            .get(before)
+            .map(|c| c.duration_since(t));
+        wait_idle(&http, &base, &operator).await;
+        // The host: `claude -p` against the same stub, its first stdout byte.
+        let t = Instant::now();
+        let before = calls.lock().unwrap().len();
+        let mut child = tokio::process::Command::new(&claude)
+            .args(["-p", &format!("hello {i}"), "--model", MODEL])
+            .env("HOME", home.path())
+            .env("ANTHROPIC_BASE_URL", &url)
+            .env("ANTHROPIC_API_KEY", "sk-bench")
+            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("claude on the host");
+        let mut out = child.stdout.take().unwrap();
+        let mut b = [0u8; 1];
+        tokio::io::AsyncReadExt::read(&mut out, &mut b)
+            .await
+            .unwrap();
+        let host = t.elapsed();
+        let host_model = calls
+            .lock()
+            .unwrap()
+            .get(before)
+            .map(|c| c.duration_since(t));
+        let _ = child.wait().await;
+        // The first of each warms the page cache and Docker: not counted.
+        if i == 0 {
+            continue;
+        }
+        hako.push(took);
+        direct.push(host);
+        hako_model.extend(model_at);
+        direct_model.extend(host_model);
+    }
+    let (h, d) = (median(hako.clone()), median(direct.clone()));
+    let (hm, dm) = (median(hako_model), median(direct_model));
+    println!("claude code, message → first reply byte, medians of {turns}:");
+    println!(
+        "  through hako (cold turn, hako-claude container): {}",
+        ms(h)
+    );
+    println!(
+        "  claude -p on the host, same stub:                {}",
+        ms(d)
+    );
+    println!(
+        "  ratio {:.2} (target ≤ 1.25)",
+        h.as_secs_f64() / d.as_secs_f64()
+    );
+    println!(
+        "  to the model's first request: hako {} (container start + Claude Code's start), host {} (Claude Code's start)",
+        ms(hm),
+        ms(dm)
+    );
+    println!(
+        "  after the model's answer: hako {}, host {}",
+        ms(h.saturating_sub(hm)),
+        ms(d.saturating_sub(dm))
+    );
+    routd.shutdown().await;
+    runed.shutdown().await;
+    let _ = authd.shutdown().await;
+}
+
+async fn last_seq(http: &reqwest::Client, base: &str, token: &str) -> i64 {
+    let v: Value = http
+        .get(format!("{base}/v1/chats/web:bench/messages?limit=1"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["seq"].as_i64())
+        .unwrap_or(0)
+}
+
+async fn wait_idle(http: &reqwest::Client, base: &str, token: &str) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let mut live = 0;
+        for state in ["starting", "running", "waiting"] {
+            let v: Value = http
+                .get(format!("{base}/v1/turns?folder=bench&state={state}"))
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            live += v["turns"].as_array().map_or(0, Vec::len);
+        }
+        if live == 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the turn never ended");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
