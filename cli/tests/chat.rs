@@ -481,3 +481,115 @@ fn a_bad_folder_or_setting_says_what_to_fix() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("RUNED_RUN_TIMEOUT"), "{stderr}");
 }
+
+/// `hako chat --agent claude` in a pipe: the real Claude Code in one hako-claude container
+/// answers two lines (the second a follow-up into the same process), its model reached
+/// through the gateway the chat serves on the turn's socket (the key from the chat's own
+/// environment, never the container's), against a stub Anthropic provider on loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claude_code_in_chat_mode_two_lines_two_replies_one_container() {
+    use std::sync::{Arc, Mutex};
+    let image = hako_deploy::ensure_claude_image().await.expect("image");
+    // The stub: "You said: <last text>", streamed; it records the keys it was given.
+    let keys: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = keys.clone();
+    let app = axum::Router::new().fallback(axum::routing::any(
+        move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(
+                    headers
+                        .get("x-api-key")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned(),
+                );
+                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let last = v["messages"]
+                    .as_array()
+                    .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                let text = match &last["content"] {
+                    Value::String(s) => s.clone(),
+                    // Claude Code puts context blocks (reminders, the environment) around
+                    // the user's own text.
+                    Value::Array(b) => b
+                        .iter()
+                        .rev()
+                        .filter_map(|b| b["text"].as_str())
+                        .find(|t| !t.starts_with("<system-reminder>") && !t.starts_with('#'))
+                        .unwrap_or("")
+                        .to_owned(),
+                    _ => String::new(),
+                };
+                let ev = |n: &str, d: Value| format!("event: {n}\ndata: {d}\n\n");
+                let body = [
+                    ev("message_start", json!({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "content": [], "model": "claude-stub-1", "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 1}}})),
+                    ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+                    ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": format!("You said: {text}")}})),
+                    ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+                    ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 3}})),
+                    ev("message_stop", json!({"type": "message_stop"})),
+                ]
+                .concat();
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(axum::body::Body::from(body))
+                    .unwrap()
+            }
+        },
+    ));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+
+    let data = tempfile::tempdir().expect("tempdir");
+    let install = unique("cli-claude");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args([
+            "chat",
+            "team/cc",
+            "--agent",
+            "claude",
+            "--model",
+            "claude-stub-1",
+        ])
+        .env("DATA_DIR", data.path())
+        .env("RUNED_CLAUDE_IMAGE", &image)
+        .env("HAKO_INSTALL_ID", &install)
+        .env("ANTHROPIC_API_KEY", "sk-the-operators-own-key")
+        .env("HAKO_ANTHROPIC_URL", &url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn hako");
+    let (tx, lines) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut s = Session {
+        child,
+        lines,
+        install: install.clone(),
+    };
+    s.say("first line");
+    assert_eq!(s.next(), "You said: first line");
+    let first = containers(&install).await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    s.say("second line");
+    assert_eq!(s.next(), "You said: second line");
+    assert_eq!(containers(&install).await, first, "the same container");
+    assert_eq!(s.end().0, 0);
+    assert!(containers(&install).await.is_empty(), "removed at the end");
+    let keys = keys.lock().unwrap().clone();
+    assert!(!keys.is_empty());
+    assert!(
+        keys.iter().all(|k| k == "sk-the-operators-own-key"),
+        "the provider got the operator's key only: {keys:?}"
+    );
+}

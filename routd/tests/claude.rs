@@ -111,10 +111,14 @@ fn last_user(body: &Value) -> (String, bool) {
         Value::String(s) => (s.clone(), false),
         Value::Array(blocks) => {
             let tool = blocks.iter().any(|b| b["type"] == "tool_result");
+            // Claude Code puts context blocks (reminders, the environment) around the user's
+            // own text.
             let text = blocks
                 .iter()
                 .rev()
-                .find_map(|b| (b["type"] == "text").then(|| b["text"].as_str()).flatten())
+                .filter(|b| b["type"] == "text")
+                .filter_map(|b| b["text"].as_str())
+                .find(|t| !t.starts_with("<system-reminder>") && !t.starts_with('#'))
                 .unwrap_or("")
                 .to_owned();
             (text, tool)

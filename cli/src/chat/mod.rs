@@ -16,6 +16,7 @@
 //!   time, and what a chat that died anyway left running is removed by the next ([`owner`]). Exit code: 0 when every turn succeeded, 1 otherwise, 130 when
 //!   interrupted, 2 for bad arguments.
 
+pub mod gateway;
 pub mod input;
 pub mod owner;
 pub mod tools;
@@ -35,7 +36,7 @@ use hako_shared::contract::{BlockStatus, ContainerInput, Message};
 use hako_shared::folder::GroupFolder;
 use hako_shared::grants::Grants;
 use hako_shared::layout::{DataLayout, FolderDir};
-use hako_shared::runs::{GroupSpec, Outcome, Trust};
+use hako_shared::runs::{AgentKind, GroupSpec, LlmSpec, Outcome, Trust};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -61,6 +62,14 @@ pub struct ChatArgs {
     /// same session).
     #[arg(long, default_value = "10m", value_parser = hako_shared::config::parse_duration)]
     pub idle: Duration,
+    /// The model the agent calls (Anthropic format), through a gateway the chat serves on the
+    /// turn's socket with `ANTHROPIC_API_KEY` from this environment (never the container's).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The agent: `hako` (hako-agent; its LLM brain with --model, else the script brain) or
+    /// `claude` (Claude Code in the hako-claude image; needs --model).
+    #[arg(long, default_value = "hako", value_parser = ["hako", "claude"])]
+    pub agent: String,
 }
 
 /// `cli-session.json`: the CLI's record of a folder's conversation (no database).
@@ -186,6 +195,35 @@ pub async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     let tools = CliTools::new(events_tx);
     let stop_tools = CancellationToken::new();
     let socket = DataLayout::new(&place.data).mcp_socket(&place.folder);
+    let api_socket = DataLayout::new(&place.data).api_socket(&place.folder);
+    let agent = match args.agent.as_str() {
+        "claude" => AgentKind::Claude,
+        _ => AgentKind::Hako,
+    };
+    let (group, token) = match &args.model {
+        Some(model) => {
+            let token = gateway::serve(&api_socket, model, stop_tools.clone())?;
+            let group = GroupSpec {
+                agent,
+                llm: Some(LlmSpec {
+                    model: model.clone(),
+                    api: Default::default(),
+                    daily_tokens: None,
+                }),
+                ..GroupSpec::default()
+            };
+            if let Err(e) = group.validate() {
+                eprintln!("hako chat: --model {model}: {e}");
+                return Ok(ExitCode::from(2));
+            }
+            (group, token)
+        }
+        None if agent == AgentKind::Claude => {
+            eprintln!("hako chat: --agent claude needs --model (the model Claude Code calls)");
+            return Ok(ExitCode::from(2));
+        }
+        None => (GroupSpec::default(), String::new()),
+    };
     let session_path = place.session_file();
     let session = load_session(&session_path);
     let mut chat = Chat {
@@ -199,12 +237,15 @@ pub async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
         failed: false,
         events: events_rx,
         next: 0,
+        group,
+        token,
     };
     chat.serve_tools(&socket, &stop_tools)?;
     let code = chat.converse(args.message).await;
     tools.close();
     stop_tools.cancel();
     let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(&api_socket);
     if let Some(t) = chat.place.temp.take() {
         let path = t.path().to_owned();
         t.close()
@@ -224,6 +265,10 @@ struct Chat {
     failed: bool,
     events: mpsc::Receiver<ToolEvent>,
     next: u64,
+    /// The container settings of every run: the agent and its model.
+    group: GroupSpec,
+    /// The agent's credential for the chat's gateway (stdin only).
+    token: String,
 }
 
 impl Chat {
@@ -391,9 +436,10 @@ impl Chat {
             input: ContainerInput {
                 session_id: self.session.session_id.clone(),
                 messages: vec![Message::user(text)],
+                token: hako_shared::contract::Redacted(self.token.clone()),
                 ..ContainerInput::default()
             },
-            group: GroupSpec::default(),
+            group: self.group.clone(),
             close: CloseWhen::Idle(self.idle),
         };
         let control = RunControl::default();
