@@ -902,6 +902,7 @@ mod tests {
             ("env_allowlist", Some(json!(["TZ"])), None),
             ("image", Some(json!("other:1")), None),
             ("llm", Some(json!({"model": "m"})), None),
+            ("agent", Some(json!("claude")), Some(json!("hako"))),
         ];
         let fields = serde_json::to_value(GroupSpec::default()).unwrap();
         let fields = fields.as_object().unwrap();
