@@ -123,9 +123,19 @@ async fn audit_row(
     }
 }
 
+/// Whether `who` is the `channel` service identity (a chat adapter): unbound, yet it reaches
+/// only the chats `ROUTD_CHANNEL_CHATS` names, never a folder's `web:` chats.
+fn is_channel(who: &Principal) -> bool {
+    who.claims()
+        .is_some_and(|c| c.typ == hako_shared::auth::TokenType::Service && c.sub == "channel")
+}
+
 /// The folder a chat routes to, when the caller may see the chat.
 fn chat_folder(sh: &Shared, who: &Principal, chat: &str) -> Result<Option<String>, ApiFailure> {
     let folder = sh.routing.resolve(chat);
+    if is_channel(who) && !sh.cfg.channel_reaches(chat) {
+        return Err(ApiFailure::NotFound(format!("no chat {chat}")));
+    }
     if who.is_unbound() {
         return Ok(folder);
     }
@@ -183,6 +193,13 @@ async fn post_message(
         ));
     }
     let folder = sh.routing.resolve(&m.chat_jid);
+    if is_channel(&who) && !sh.cfg.channel_reaches(&m.chat_jid) {
+        return Err(ApiFailure::FolderForbidden(format!(
+            "the channel identity does not serve chat {} (ROUTD_CHANNEL_CHATS; a folder's web: \
+             chats are for the callers of that folder)",
+            m.chat_jid
+        )));
+    }
     if !who.is_unbound() && !folder.as_deref().is_some_and(|f| who.covers_folder(f)) {
         return Err(ApiFailure::FolderForbidden(format!(
             "chat {} does not route to a folder this token covers",

@@ -68,6 +68,10 @@ pub struct Config {
     /// `ROUTD_GROUP_MAX_BYTES_PER_DAY`, default 64 MiB: what a group's turns may write into
     /// the log per UTC day, all its turns together.
     pub group_bytes_per_day: u64,
+    /// `ROUTD_CHANNEL_CHATS`, default `*`: JID globs the `channel` identity (a chat adapter)
+    /// may post to and read. `web:` chats are never a channel's unless a glob starting with
+    /// `web:` names them: they belong to the callers of their folder.
+    pub channel_chats: Vec<String>,
     /// The LLM gateway: providers, budget, bounds.
     pub llm: LlmConfig,
 }
@@ -217,6 +221,14 @@ impl LlmConfig {
 }
 
 impl Config {
+    /// Whether the `channel` identity may post to and read `chat`.
+    pub fn channel_reaches(&self, chat: &str) -> bool {
+        let web = chat.starts_with("web:");
+        self.channel_chats
+            .iter()
+            .any(|g| hako_shared::glob::glob(g, chat) && (!web || g.starts_with("web:")))
+    }
+
     /// Defaults around a data directory, open dev mode (tests start here).
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         let data_dir = data_dir.into();
@@ -249,6 +261,7 @@ impl Config {
                 status: 100,
             },
             group_bytes_per_day: 64 << 20,
+            channel_chats: vec!["*".into()],
             llm: LlmConfig::default(),
         }
     }
@@ -313,6 +326,24 @@ impl Config {
         c.turn_writes.status = env.parse_or("ROUTD_TURN_MAX_STATUS", c.turn_writes.status)?;
         c.group_bytes_per_day =
             env.size_or("ROUTD_GROUP_MAX_BYTES_PER_DAY", c.group_bytes_per_day)?;
+        if let Some(list) = env.get("ROUTD_CHANNEL_CHATS") {
+            let globs: Vec<String> = list
+                .split(',')
+                .map(str::trim)
+                .filter(|g| !g.is_empty())
+                .map(str::to_owned)
+                .collect();
+            if globs.is_empty() || globs.iter().any(|g| g.len() > 256) {
+                return Err(ConfigError::Invalid {
+                    var: "ROUTD_CHANNEL_CHATS".into(),
+                    value: list.into(),
+                    reason:
+                        "a comma-separated list of JID globs (tg:*, wa:*), each 1-256 characters"
+                            .into(),
+                });
+            }
+            c.channel_chats = globs;
+        }
         for (var, zero) in [
             ("ROUTD_MAX_TASKS", c.max_tasks == 0),
             ("ROUTD_MAX_TENANT_GROUPS", c.max_tenant_groups == 0),

@@ -448,3 +448,63 @@ async fn chat_streams_end_with_their_token_and_tenants_are_counted_apart() {
     assert_eq!(op.status(), 200, "the operator is not red");
     rig.stop().await;
 }
+
+/// The `channel` identity (a chat adapter) reaches only the chats `ROUTD_CHANNEL_CHATS` names,
+/// and never a folder's `web:` chats, which belong to that folder's callers (it posted into
+/// `web:main`, the trusted group, and read another tenant's history).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_channel_identity_reaches_only_the_chats_it_serves() {
+    let rig = Rig::new(&[], &[("ROUTD_CHANNEL_CHATS", "tg:*")]).await;
+    let (s, v) = rig
+        .api()
+        .put(&rig.operator, "/v1/groups/main", json!({"name": "main"}))
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let api = rig.api();
+    let post = |chat: &str| {
+        api.post(
+            &rig.channel,
+            "/v1/messages",
+            json!({"chat_jid": chat, "sender": "mallory", "content": "let me in"}),
+        )
+    };
+    let (s, v) = post("web:main").await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (403, Some("folder_forbidden")),
+        "{v}"
+    );
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("ROUTD_CHANNEL_CHATS"),
+        "{v}"
+    );
+    let (s, v) = post("wa:123").await;
+    assert_eq!(s, 403, "not a chat this adapter serves: {v}");
+    let (s, v) = post("tg:123").await;
+    assert_eq!(s, 201, "{v}");
+    // Reading a web: chat's history or stream: no such chat, for the adapter.
+    let (s, _) = rig
+        .api()
+        .get(&rig.channel, "/v1/chats/web:main/messages")
+        .await;
+    assert_eq!(s, 404);
+    let (s, _) = rig
+        .api()
+        .get(&rig.channel, "/v1/chats/tg:123/messages")
+        .await;
+    assert_eq!(s, 200);
+    // The operator still reaches them.
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            "/v1/messages",
+            json!({"chat_jid": "web:main", "sender": "op", "content": "/ping"}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    rig.stop().await;
+}

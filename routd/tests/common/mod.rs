@@ -349,11 +349,18 @@ impl Rig {
         assert_eq!(s, 201, "{v}");
     }
 
+    /// Posts a message as a person in `chat` would reach it: through the chat adapter (the
+    /// `channel` identity), or, for a folder's `web:` chat, with the operator's token.
     pub async fn say(&self, chat: &str, id: &str, text: &str) -> Value {
+        let token = if chat.starts_with("web:") {
+            &self.operator
+        } else {
+            &self.channel
+        };
         let (s, v) = self
             .api()
             .post(
-                &self.channel,
+                token,
                 "/v1/messages",
                 json!({"id": id, "chat_jid": chat, "sender": "alice", "content": text}),
             )
