@@ -361,13 +361,15 @@ impl GatewayTurn {
         Ok(())
     }
 
-    /// The group's model when it names one, once every budget over it has room: its own and
+    /// The group's model when it names one, and whether its agent may reach a network, once
+    /// every budget over it has room: its own and
     /// each ancestor group's (a group's `llm.daily_tokens`, else the install's), each against
     /// the day's tokens of its whole subtree, so that sub-groups a tenant makes spend their
     /// parent's budget and never mint their own.
-    async fn check_budgets(&self, day: &str) -> Result<Option<String>, GatewayError> {
+    async fn check_budgets(&self, day: &str) -> Result<(Option<String>, bool), GatewayError> {
         let default = self.sh.cfg.llm.daily_tokens;
         let mut model = None;
+        let mut networked = false;
         let segments: Vec<&str> = self.folder.segments().collect();
         for n in (1..=segments.len()).rev() {
             let folder = segments[..n].join("/");
@@ -381,6 +383,7 @@ impl GatewayTurn {
                 .and_then(|l| l.daily_tokens)
                 .unwrap_or(default);
             if n == segments.len() {
+                networked = spec.network != hako_shared::runs::Network::None;
                 model = spec.llm.map(|l| l.model);
             }
             let used = self.sh.store.llm_used(&folder, day).await?;
@@ -392,7 +395,7 @@ impl GatewayTurn {
                 });
             }
         }
-        Ok(model)
+        Ok((model, networked))
     }
 }
 
@@ -416,7 +419,7 @@ async fn forward(
         .try_acquire_owned()
         .map_err(|_| GatewayError::TooManyCalls(cfg.max_calls))?;
     let day = utc_day(crate::now_ms());
-    let group_model = t.check_budgets(&day).await?;
+    let (group_model, networked) = t.check_budgets(&day).await?;
     let body =
         match tokio::time::timeout(BODY_READ, axum::body::to_bytes(body, cfg.body_limit)).await {
             Err(_) => return Err(GatewayError::SlowBody(BODY_READ)),
@@ -430,7 +433,14 @@ async fn forward(
         let obj = v
             .as_object_mut()
             .ok_or_else(|| GatewayError::InvalidJson("it is not an object".into()))?;
-        let checked = policy::check(api, path, obj, body.len(), group_model.as_deref())?;
+        let checked = policy::check(
+            api,
+            path,
+            obj,
+            body.len(),
+            group_model.as_deref(),
+            networked,
+        )?;
         let model: String = obj
             .get("model")
             .and_then(Value::as_str)

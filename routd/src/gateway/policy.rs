@@ -61,19 +61,89 @@ pub struct Checked {
 
 /// Anthropic tool types the client runs itself (the model only asks for them).
 const CLIENT_TOOL_PREFIXES: &[&str] = &["bash_", "text_editor_", "computer_", "memory_"];
-/// Anthropic request fields that have the provider run or reach something.
-const ANTHROPIC_REFUSED: &[&str] = &["mcp_servers", "container"];
-/// OpenAI request fields that have the provider reach the network.
-const OPENAI_REFUSED: &[&str] = &["web_search_options"];
+
+/// The top-level fields a call may carry, per wire format: what each API needs to talk to a
+/// model with client-side tools, and nothing that makes the provider act or fetch on the
+/// agent's behalf (server tools, remote MCP, containers, plugins, web search, stored files).
+/// Anything else is refused by name: a new field is allowed here, after a look at what it does.
+const ANTHROPIC_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "system",
+    "max_tokens",
+    "metadata",
+    "stop_sequences",
+    "stream",
+    "temperature",
+    "top_k",
+    "top_p",
+    "tools",
+    "tool_choice",
+    "thinking",
+    "service_tier",
+    // Claude Code's: clearing old thinking blocks, the effort level.
+    "context_management",
+    "output_config",
+];
+const OPENAI_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "n",
+    "stream",
+    "stream_options",
+    "stop",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "user",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "seed",
+    "reasoning_effort",
+    "verbosity",
+    "metadata",
+];
+
+/// Content block types of Anthropic messages (at any depth: a tool result holds blocks).
+const ANTHROPIC_CONTENT: &[&str] = &[
+    "text",
+    "image",
+    "document",
+    "tool_use",
+    "tool_result",
+    "thinking",
+    "redacted_thinking",
+    "search_result",
+    "tool_reference",
+];
+/// Content part types of OpenAI messages.
+const OPENAI_CONTENT: &[&str] = &["text", "image_url", "input_audio", "file", "refusal"];
+
+/// Model names that browse the web for the agent (search-augmented models, OpenRouter's
+/// `:online`): refused for groups without a network, whose agents must reach nothing.
+fn fetches_for_the_agent(model: &str) -> bool {
+    let m = model.to_ascii_lowercase();
+    m.contains("search") || m.ends_with(":online") || m.starts_with("sonar") || m.contains("/sonar")
+}
 
 /// Checks and normalises `body` (a JSON object) for `path` in `api`'s format, `body_len`
-/// bytes long; `model` is the group's model when it names one.
+/// bytes long; `model` is the group's model when it names one; `networked` whether the
+/// group's agent may reach a network at all (`allowlist` or `open`).
 pub fn check(
     api: LlmApi,
     path: &str,
     body: &mut Map<String, Value>,
     body_len: usize,
     model: Option<&str>,
+    networked: bool,
 ) -> Result<Checked, PolicyError> {
     if let Some(allowed) = model.filter(|m| !m.is_empty()) {
         let asked = body.get("model").and_then(Value::as_str).unwrap_or("");
@@ -84,17 +154,27 @@ pub fn check(
             });
         }
     }
+    let asked = body.get("model").and_then(Value::as_str).unwrap_or("");
+    if !networked && fetches_for_the_agent(asked) {
+        return Err(PolicyError::NotAllowed(format!(
+            "the model {:?} browses the web, and this group has no network",
+            asked.chars().take(128).collect::<String>()
+        )));
+    }
     let streaming = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(PolicyError::Invalid("stream must be true or false".into())),
     };
-    let refused = match api {
-        LlmApi::Anthropic => ANTHROPIC_REFUSED,
-        LlmApi::Openai => OPENAI_REFUSED,
+    let allowed = match api {
+        LlmApi::Anthropic => ANTHROPIC_FIELDS,
+        LlmApi::Openai => OPENAI_FIELDS,
     };
-    if let Some(f) = refused.iter().find(|f| body.contains_key(**f)) {
-        return Err(PolicyError::NotAllowed(format!("the field {f}")));
+    if let Some(f) = body.keys().find(|k| !allowed.contains(&k.as_str())) {
+        return Err(PolicyError::NotAllowed(format!(
+            "the field {:?} (not one the gateway forwards)",
+            f.chars().take(64).collect::<String>()
+        )));
     }
     if let Some(tools) = body.get("tools") {
         let Some(tools) = tools.as_array() else {
@@ -121,6 +201,7 @@ pub fn check(
             fetched_content(api, v)?;
         }
     }
+    content_types(api, body)?;
     if api == LlmApi::Openai && streaming {
         // An OpenAI stream reports usage only when asked: always ask, so the budget holds.
         let opts = body
@@ -139,9 +220,50 @@ pub fn check(
     })
 }
 
-/// Refuses content the provider would fetch: an Anthropic `image`/`document` whose source is
-/// a URL or a stored file, an OpenAI image given by URL (a `data:` URL is inline) or a stored
-/// file. Nesting is bounded by the JSON parser's own depth limit.
+/// The type of every content block (of the system prompt, of each message, of each tool
+/// result) must be one the format has for inline content: a block type the gateway does not
+/// know (a server tool's result, a video or audio by URL) is refused. Only blocks are looked
+/// at, never a tool call's own input, which is the model's data.
+fn content_types(api: LlmApi, body: &Map<String, Value>) -> Result<(), PolicyError> {
+    let known = match api {
+        LlmApi::Anthropic => ANTHROPIC_CONTENT,
+        LlmApi::Openai => OPENAI_CONTENT,
+    };
+    fn blocks(known: &[&str], list: &Value) -> Result<(), PolicyError> {
+        let Some(items) = list.as_array() else {
+            return Ok(());
+        };
+        for b in items {
+            let ty = b.get("type").and_then(Value::as_str).unwrap_or("");
+            if !known.contains(&ty) {
+                return Err(PolicyError::NotAllowed(format!(
+                    "{:?} content",
+                    ty.chars().take(64).collect::<String>()
+                )));
+            }
+            if ty == "tool_result" {
+                blocks(known, b.get("content").unwrap_or(&Value::Null))?;
+            }
+        }
+        Ok(())
+    }
+    if let Some(system) = body.get("system") {
+        blocks(known, system)?;
+    }
+    for m in body
+        .get("messages")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        blocks(known, m.get("content").unwrap_or(&Value::Null))?;
+    }
+    Ok(())
+}
+
+/// Refuses content the provider would fetch: an Anthropic `image`/`document` whose source is a URL
+/// or a stored file, an OpenAI image, audio or file given by URL or stored. Nesting is
+/// bounded by the JSON parser's own depth limit.
 fn fetched_content(api: LlmApi, v: &Value) -> Result<(), PolicyError> {
     match v {
         Value::Array(items) => {
@@ -150,25 +272,25 @@ fn fetched_content(api: LlmApi, v: &Value) -> Result<(), PolicyError> {
             }
         }
         Value::Object(o) => {
-            let ty = o.get("type").and_then(Value::as_str).unwrap_or("");
+            let ty = o.get("type").and_then(Value::as_str);
             match api {
                 LlmApi::Anthropic => {
+                    let ty = ty.unwrap_or("");
                     let source = o
                         .get("source")
                         .and_then(|s| s.get("type"))
                         .and_then(Value::as_str);
-                    if matches!(ty, "image" | "document") && matches!(source, Some("url" | "file"))
+                    if matches!(ty, "image" | "document")
+                        && !matches!(source, Some("base64" | "text" | "content"))
                     {
                         return Err(PolicyError::NotAllowed(format!(
-                            "{ty} content from a {}",
-                            source.unwrap_or("")
+                            "{ty} content from a {} (send it inline)",
+                            source.unwrap_or("source of no type")
                         )));
-                    }
-                    if ty == "mcp_tool_use" || ty == "server_tool_use" {
-                        return Err(PolicyError::NotAllowed(format!("{ty} content")));
                     }
                 }
                 LlmApi::Openai => {
+                    let ty = ty.unwrap_or("");
                     if ty == "image_url" {
                         let url = o
                             .get("image_url")
@@ -181,8 +303,15 @@ fn fetched_content(api: LlmApi, v: &Value) -> Result<(), PolicyError> {
                             ));
                         }
                     }
-                    if ty == "file" && o.get("file").and_then(|f| f.get("file_id")).is_some() {
-                        return Err(PolicyError::NotAllowed("a stored file".into()));
+                    if ty == "file" {
+                        let f = o.get("file");
+                        if f.and_then(|f| f.get("file_id")).is_some()
+                            || f.and_then(|f| f.get("file_data")).is_none()
+                        {
+                            return Err(PolicyError::NotAllowed(
+                                "a file not given inline (file_data)".into(),
+                            ));
+                        }
                     }
                 }
             }
@@ -227,7 +356,7 @@ mod tests {
     fn run(api: LlmApi, v: Value, model: Option<&str>) -> Result<(Checked, Value), PolicyError> {
         let len = v.to_string().len();
         let mut v = v;
-        let c = check(api, "/v1/x", v.as_object_mut().unwrap(), len, model)?;
+        let c = check(api, "/v1/x", v.as_object_mut().unwrap(), len, model, false)?;
         Ok((c, v))
     }
 
@@ -274,6 +403,28 @@ mod tests {
                 json!({"messages": [{"role": "user", "content": [
                     {"type": "file", "file": {"file_id": "f"}}]}]}),
             ),
+            // What a deny-list let through: OpenRouter's plugins, a browsing model, audio and
+            // video parts by URL, fields nobody vetted.
+            (Openai, json!({"plugins": [{"id": "web"}]})),
+            (Openai, json!({"model": "openai/gpt-4o:online"})),
+            (Openai, json!({"model": "gpt-4o-search-preview"})),
+            (Openai, json!({"model": "perplexity/sonar-pro"})),
+            (
+                Openai,
+                json!({"messages": [{"role": "user", "content": [
+                    {"type": "video_url", "video_url": {"url": "http://169.254.169.254/"}}]}]}),
+            ),
+            (
+                Openai,
+                json!({"messages": [{"role": "user", "content": [
+                    {"type": "audio_url", "audio_url": {"url": "http://10.0.0.1/"}}]}]}),
+            ),
+            (Anthropic, json!({"unvetted_field": true})),
+            (
+                Anthropic,
+                json!({"messages": [{"role": "user", "content": [
+                    {"type": "web_fetch_tool_result", "content": {}}]}]}),
+            ),
         ] {
             let e = run(api, body.clone(), None).unwrap_err();
             assert_eq!(e.code(), "not_allowed", "{body}: {e}");
@@ -305,6 +456,40 @@ mod tests {
             None,
         )
         .unwrap();
+    }
+
+    /// What Claude Code sends passes (the fields of a real request of Claude Code 2.1.327).
+    #[test]
+    fn claude_codes_requests_pass() {
+        run(
+            LlmApi::Anthropic,
+            json!({"model": "m", "max_tokens": 32000, "stream": true,
+                "metadata": {"user_id": "{}"},
+                "thinking": {"type": "adaptive", "display": "updates"},
+                "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+                "output_config": {"effort": "high"},
+                "system": [{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}],
+                "tools": [{"name": "Bash", "description": "d", "input_schema": {"type": "object"}}],
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+                    {"role": "assistant", "content": [
+                        {"type": "thinking", "thinking": "t", "signature": "s"},
+                        {"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": "ls"}}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1",
+                        "content": [{"type": "text", "text": "a"},
+                                    {"type": "tool_reference", "tool_name": "Read"}]}]},
+                    {"role": "system", "content": [{"type": "text", "text": "# Environment"}]}]}),
+            Some("m"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn a_browsing_model_passes_for_a_networked_group_only() {
+        let mut v = json!({"model": "gpt-4o-search-preview"});
+        let o = v.as_object_mut().unwrap();
+        assert!(check(LlmApi::Openai, "/v1/x", o, 10, None, false).is_err());
+        assert!(check(LlmApi::Openai, "/v1/x", o, 10, None, true).is_ok());
     }
 
     #[test]
@@ -367,6 +552,7 @@ mod tests {
             v.as_object_mut().unwrap(),
             1000,
             None,
+            false,
         )
         .unwrap();
         assert_eq!(c.estimate, Usage::default());
