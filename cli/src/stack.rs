@@ -290,8 +290,11 @@ pub async fn up(s: &StackArgs) -> anyhow::Result<Endpoints> {
     eprintln!("hako up: images (skipped when their content hash exists)");
     let [agent, authd, runed, routd, egress] = images().await?;
     eprintln!("hako up: home {}", home.display());
-    mkdir(&home, 0o755)?;
-    mkdir(&home.join("data"), 0o755)?;
+    // Closed to the host's other accounts: the tenants' files and the live turns' sockets
+    // are below (the daemons reach them as root or as this user; containers through their
+    // bind mounts).
+    mkdir(&home, 0o700)?;
+    mkdir(&home.join("data"), 0o700)?;
     mkdir(&home.join("authd"), 0o700)?;
     let secrets = home.join("secrets");
     let made = ensure_keys(&secrets)?;

@@ -311,3 +311,24 @@ async fn an_untrusted_parent_never_reads_a_trusted_childs_env() {
     );
     assert!(!all_text(&r).contains("gh-canary"), "{r:?}");
 }
+
+/// Tenants' files and live turns' sockets are closed to the host's other accounts: the data
+/// layout's top directories are 0700 (an older install's 0755 is closed at the next start).
+#[tokio::test]
+async fn the_data_layout_is_closed_to_other_accounts() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("folders")).unwrap();
+    std::fs::write(data.join("LAYOUT"), "2").unwrap();
+    std::fs::set_permissions(data.join("folders"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    hako_runed::runner::storage::Storage::open(&data).unwrap();
+    for top in ["folders", "shares", "global"] {
+        let mode = std::fs::metadata(data.join(top))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o700, "{top}: {mode:o}");
+    }
+}

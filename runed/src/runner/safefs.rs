@@ -176,6 +176,12 @@ impl SafeDir {
         chown_fd(&self.fd, owner, &self.path)
     }
 
+    /// Sets this directory's permission bits.
+    pub fn chmod(&self, mode: u32) -> io::Result<()> {
+        rustix::fs::fchmod(&self.fd, Mode::from_raw_mode(mode))
+            .map_err(|e| with_path(e, &self.path))
+    }
+
     /// What `name` is, without following a symlink; `None` if absent.
     pub fn kind(&self, name: &str) -> io::Result<Option<FileType>> {
         check_name(name)?;

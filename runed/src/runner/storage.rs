@@ -59,8 +59,13 @@ impl Storage {
         };
         let root = SafeDir::create_root(data_dir).map_err(io_err)?;
         check_version(&root, data_dir)?;
+        // Closed to every other account of the host (and to a host user who happens to have
+        // the agent's uid): nobody but the daemons lists, reads or reaches a tenant's files or
+        // a live turn's sockets. Containers reach their bind mounts without traversing these;
+        // an older install's 0755 is closed here too.
         for top in [layout::FOLDERS, layout::SHARES, layout::GLOBAL] {
-            root.ensure_subdir(top, 0o755, None).map_err(io_err)?;
+            let dir = root.ensure_subdir(top, 0o700, None).map_err(io_err)?;
+            dir.chmod(0o700).map_err(io_err)?;
         }
         let trash = root.ensure_subdir(TRASH, 0o700, None).map_err(io_err)?;
         Ok(Storage {
