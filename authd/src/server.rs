@@ -237,7 +237,9 @@ async fn jwks(State(app): State<App>) -> Json<Jwks> {
         (status = 503, description = "`unavailable`: authd.db does not answer", body = ErrorBody),
     ))]
 async fn revoked(State(app): State<App>) -> Result<Json<RevokedList>, ApiError> {
-    let revoked = app.store.revoked(now_secs()).await?;
+    // Listed until `exp` plus the clock skew: a verifier accepts a token that long.
+    let skew = app.cfg.clock_skew.as_secs() as i64;
+    let revoked = app.store.revoked(now_secs() - skew).await?;
     Ok(Json(RevokedList { revoked }))
 }
 

@@ -1740,3 +1740,44 @@ fn the_openapi_document_validates() {
         "3.1.0"
     );
 }
+
+/// A revoked token stays refused after its `exp` for as long as verifiers' leeway would
+/// accept it (it was valid again between `exp` and `exp` + leeway: authd's list dropped it
+/// at `exp`, and verifiers replaced their set with the list).
+#[tokio::test]
+async fn a_revoked_token_stays_refused_through_the_leeway() {
+    let a = Authd::new().await;
+    let v = a.verifier(|c| {
+        c.leeway = Duration::from_secs(30);
+        c.revoked_poll = Duration::from_millis(100);
+    });
+    let routd = a.routd().await;
+    let mut req = mint_req(&[scopes::RUNS_READ]);
+    req.ttl_seconds = Some(1);
+    let child = a.client.mint(&routd, &req).await.expect("child");
+    assert!(v.verify(&child.token).await.is_ok());
+    a.client.revoke(&routd, &child.jti).await.expect("revoked");
+    v.refresh_revoked().await.expect("list");
+    assert!(
+        v.verify(&child.token).await.is_err(),
+        "refused once revoked"
+    );
+    // Past its exp (still inside the leeway), after fresh polls of the list.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while now_secs() <= child.expires_at {
+        assert!(std::time::Instant::now() < deadline, "exp never passed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    v.refresh_revoked().await.expect("list");
+    let fresh = a.verifier(|c| c.leeway = Duration::from_secs(30));
+    fresh.refresh_revoked().await.expect("list");
+    for (who, verifier) in [
+        ("the polling verifier", &v),
+        ("a verifier started now", &fresh),
+    ] {
+        match verifier.verify(&child.token).await {
+            Err(e) => assert_eq!(e.code(), "token_revoked", "{who}: {e}"),
+            Ok(_) => panic!("{who} took a revoked token inside the leeway"),
+        }
+    }
+}

@@ -559,13 +559,19 @@ impl Verifier {
             .await
             .map_err(|e| AuthError::Unavailable(e.to_string()))?;
         let now = now_secs();
-        let fresh: HashMap<String, i64> = list
-            .revoked
-            .into_iter()
-            .filter(|e| e.exp > now - self.leeway_secs())
-            .map(|e| (e.jti, e.exp))
-            .collect();
-        *write(&self.inner.revoked) = fresh;
+        let leeway = self.leeway_secs();
+        let mut revoked = write(&self.inner.revoked);
+        // A revocation is never taken back: what this verifier knew stays until the token's
+        // `exp` plus the leeway has passed, even once authd's list (which ends at `exp`)
+        // no longer names it; a token is valid up to `exp` + leeway otherwise.
+        revoked.retain(|_, exp| *exp > now - leeway);
+        revoked.extend(
+            list.revoked
+                .into_iter()
+                .filter(|e| e.exp > now - leeway)
+                .map(|e| (e.jti, e.exp)),
+        );
+        drop(revoked);
         *lock(&self.inner.revoked_fetched) = Some(Instant::now());
         Ok(())
     }
