@@ -79,3 +79,43 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Chat(args) => chat::chat(args).await,
     }
 }
+
+/// Agent text made safe for a terminal: every control character but newline and tab (ESC
+/// sequences that would move the cursor, rewrite the title or the clipboard, BEL, CR,
+/// backspace, the C1 controls) is shown as `\u{…}` instead of acting on the person's
+/// terminal. An agent's words are untrusted input.
+pub fn terminal_safe(text: &str) -> std::borrow::Cow<'_, str> {
+    let bad = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(bad) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if bad(c) {
+            out.push_str(&format!("\\u{{{:x}}}", c as u32));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod safe_text_tests {
+    use super::terminal_safe;
+
+    #[test]
+    fn escapes_cannot_reach_the_terminal() {
+        assert_eq!(terminal_safe("plain\ttext\nline 2"), "plain\ttext\nline 2");
+        let evil = "ok\u{1b}]0;pwned\u{7}\u{1b}[2Jgone\rfake\u{9b}31m";
+        let safe = terminal_safe(evil);
+        assert!(
+            !safe.chars().any(|c| c.is_control() && c != '\n'),
+            "{safe:?}"
+        );
+        assert_eq!(
+            safe,
+            "ok\\u{1b}]0;pwned\\u{7}\\u{1b}[2Jgone\\u{d}fake\\u{9b}31m"
+        );
+    }
+}

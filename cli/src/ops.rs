@@ -123,7 +123,10 @@ pub async fn send(args: SendArgs) -> anyhow::Result<bool> {
                     } else {
                         "agent"
                     };
-                    println!("{who}> {}", m["content"].as_str().unwrap_or(""));
+                    println!(
+                        "{who}> {}",
+                        crate::terminal_safe(m["content"].as_str().unwrap_or(""))
+                    );
                 }
             }
             Err(e) if e.to_string().starts_with("no answer in") => {

@@ -123,6 +123,22 @@ async fn audit_row(
     }
 }
 
+/// Whether a webhook URL names a target inside the host or its network: a special address
+/// (loopback, link-local, private, …) or a `localhost` name.
+fn private_target(url: &reqwest::Url) -> bool {
+    let Some(host) = url.host_str() else {
+        return true;
+    };
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => hako_shared::egress::is_special(ip) || hako_shared::egress::never(ip),
+        Err(_) => {
+            let d = bare.trim_end_matches('.').to_ascii_lowercase();
+            d == "localhost" || d.ends_with(".localhost")
+        }
+    }
+}
+
 /// Whether `who` is the `channel` service identity (a chat adapter): unbound, yet it reaches
 /// only the chats `ROUTD_CHANNEL_CHATS` names, never a folder's `web:` chats.
 fn is_channel(who: &Principal) -> bool {
@@ -848,6 +864,13 @@ async fn add_webhook(
         return Err(ApiFailure::Invalid(
             "url: an http:// or https:// URL".into(),
         ));
+    }
+    if !sh.cfg.webhook_allow_private && private_target(&url) {
+        return Err(ApiFailure::Invalid(format!(
+            "url: {} is a loopback, link-local or private address (the daemons, the cloud's \
+             metadata, the LAN); set ROUTD_WEBHOOK_ALLOW_PRIVATE=1 to allow it",
+            url.host_str().unwrap_or("")
+        )));
     }
     if !(16..=256).contains(&w.secret.len()) {
         return Err(ApiFailure::Invalid("secret: 16-256 bytes".into()));

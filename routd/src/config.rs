@@ -72,6 +72,9 @@ pub struct Config {
     /// may post to and read. `web:` chats are never a channel's unless a glob starting with
     /// `web:` names them: they belong to the callers of their folder.
     pub channel_chats: Vec<String>,
+    /// `ROUTD_WEBHOOK_ALLOW_PRIVATE`, default off: webhooks may target loopback, link-local
+    /// and private addresses (a receiver on the host or its LAN).
+    pub webhook_allow_private: bool,
     /// The LLM gateway: providers, budget, bounds.
     pub llm: LlmConfig,
 }
@@ -262,6 +265,7 @@ impl Config {
             },
             group_bytes_per_day: 64 << 20,
             channel_chats: vec!["*".into()],
+            webhook_allow_private: false,
             llm: LlmConfig::default(),
         }
     }
@@ -326,6 +330,8 @@ impl Config {
         c.turn_writes.status = env.parse_or("ROUTD_TURN_MAX_STATUS", c.turn_writes.status)?;
         c.group_bytes_per_day =
             env.size_or("ROUTD_GROUP_MAX_BYTES_PER_DAY", c.group_bytes_per_day)?;
+        c.webhook_allow_private =
+            env.bool_or("ROUTD_WEBHOOK_ALLOW_PRIVATE", c.webhook_allow_private)?;
         if let Some(list) = env.get("ROUTD_CHANNEL_CHATS") {
             let globs: Vec<String> = list
                 .split(',')

@@ -508,3 +508,53 @@ async fn the_channel_identity_reaches_only_the_chats_it_serves() {
     assert_eq!(s, 201, "{v}");
     rig.stop().await;
 }
+
+/// A webhook may not point inside the host or its network (the daemons on loopback, the
+/// cloud's metadata address, the LAN) unless the operator opts in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn webhooks_to_private_addresses_need_the_operators_opt_in() {
+    let rig = Rig::new(&[], &[("ROUTD_WEBHOOK_ALLOW_PRIVATE", "0")]).await;
+    let secret = "a-webhook-secret-0123456789";
+    for (i, url) in [
+        "http://127.0.0.1:8183/v1/messages",
+        "http://169.254.169.254/latest/meta-data",
+        "http://[::1]:8181/",
+        "http://10.1.2.3/hook",
+        "http://localhost:9/hook",
+        "http://[::ffff:192.168.1.1]/hook",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let (s, v) = rig
+            .api()
+            .post(
+                &rig.operator,
+                "/v1/webhooks",
+                json!({"prefix": format!("p{i}:"), "url": url, "secret": secret}),
+            )
+            .await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (400, Some("invalid_request")),
+            "{url}: {v}"
+        );
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .contains("ROUTD_WEBHOOK_ALLOW_PRIVATE"),
+            "{v}"
+        );
+    }
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            "/v1/webhooks",
+            json!({"prefix": "tg:", "url": "https://hooks.example.com/hako", "secret": secret}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    rig.stop().await;
+}

@@ -7,7 +7,7 @@
 //! the `auth` feature) builds its tools' proxy variables with [`child_proxy_env`].
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 /// Longest host name accepted (RFC 1035).
 pub const MAX_HOST: usize = 253;
@@ -240,6 +240,47 @@ where
             with_credentials(v.as_ref(), token).map(|url| (k.as_ref().to_owned(), url))
         })
         .collect()
+}
+
+/// Addresses that are never a target: "this host" (0.0.0.0/8, `::`), multicast, broadcast.
+pub fn never(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => a.octets()[0] == 0 || a.is_multicast() || a.is_broadcast(),
+        IpAddr::V6(a) => a.is_unspecified() || a.is_multicast(),
+    }
+}
+
+fn special_v4(a: Ipv4Addr) -> bool {
+    let o = a.octets();
+    a.is_loopback()
+        || a.is_link_local() // 169.254/16: cloud metadata lives here
+        || a.is_private()
+        || (o[0] == 100 && (o[1] & 0xc0) == 64) // 100.64/10, carrier-grade NAT
+        || (o[0] == 192 && o[1] == 0 && o[2] == 0) // 192.0.0/24, protocol assignments
+        || (o[0] == 198 && (o[1] & 0xfe) == 18) // 198.18/15, benchmarking
+        || o[0] >= 240 // reserved
+}
+
+fn special_v6(a: Ipv6Addr) -> bool {
+    if let Some(v4) = a.to_ipv4_mapped() {
+        return special_v4(v4) || never(IpAddr::V4(v4));
+    }
+    let s = a.segments();
+    a.is_loopback()
+        || (s[0] & 0xfe00) == 0xfc00 // fc00::/7, unique local
+        || (s[0] & 0xffc0) == 0xfe80 // fe80::/10, link-local
+        || (s[0] & 0xffc0) == 0xfec0 // fec0::/10, old site-local
+        || (s[0] == 0x64 && s[1] == 0xff9b) // 64:ff9b::/96 NAT64 can reach private v4
+        || s[0] == 0x2002 // 6to4 embeds any v4
+}
+
+/// Loopback, link-local, private and the other ranges a name from the internet must not lead
+/// to (DNS rebinding onto the host, its LAN or the cloud metadata address).
+pub fn is_special(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(a) => special_v4(a),
+        IpAddr::V6(a) => special_v6(a),
+    }
 }
 
 #[cfg(test)]

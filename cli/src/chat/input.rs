@@ -42,6 +42,7 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Screen {
     /// A reply: on a terminal `agent> …` above the prompt; through a pipe, the text alone.
     pub fn reply(&self, text: &str) {
+        let text = crate::terminal_safe(text);
         match &self.printer {
             Some(p) => {
                 let _ = lock(p).print(format!("agent> {text}\n"));
@@ -56,6 +57,7 @@ impl Screen {
 
     /// A note for the person (errors, status, what happens): stderr, or above the prompt.
     pub fn note(&self, text: &str) {
+        let text = crate::terminal_safe(text);
         match &self.printer {
             Some(p) => {
                 let _ = lock(p).print(format!("\x1b[2m{text}\x1b[0m\n"));

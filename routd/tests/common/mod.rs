@@ -245,6 +245,8 @@ impl Rig {
             ("RUNED_URL".into(), self.runed_url()),
             ("ROUTD_RETRY_BASE".into(), "200ms".into()),
             ("ROUTD_WEBHOOK_RETRY_BASE".into(), "100ms".into()),
+            // The tests' webhook receivers listen on loopback.
+            ("ROUTD_WEBHOOK_ALLOW_PRIVATE".into(), "1".into()),
             (
                 "ROUTD_LISTEN".into(),
                 format!("127.0.0.1:{}", self.routd_port),
