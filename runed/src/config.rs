@@ -18,6 +18,9 @@ pub struct Config {
     pub db_path: PathBuf,
     /// `MAX_CONTAINERS`, default 4: agent containers alive at once.
     pub max_containers: usize,
+    /// `RUNED_MAX_CONTAINERS_PER_TENANT` (default: half of `MAX_CONTAINERS`, at least 1): the
+    /// live containers of one tenant (a folder's first segment).
+    pub max_per_tenant: usize,
     /// `AUTHD_URL` and friends; unset URL: open local-dev mode.
     pub verifier: VerifierConfig,
     /// `AUTHD_SERVICE_KEY` (or `AUTHD_SERVICE_KEY_FILE`): runed's key for its service token
@@ -57,6 +60,7 @@ impl Config {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 8182)),
             db_path: data_dir.join("runed.db"),
             max_containers: 4,
+            max_per_tenant: 2,
             verifier: VerifierConfig::default(),
             service_key: None,
             docker_socket: "/var/run/docker.sock".into(),
@@ -87,6 +91,17 @@ impl Config {
             c.db_path = p;
         }
         c.max_containers = env.parse_or("MAX_CONTAINERS", c.max_containers)?;
+        c.max_per_tenant = env.parse_or(
+            "RUNED_MAX_CONTAINERS_PER_TENANT",
+            c.max_containers.div_ceil(2).max(1),
+        )?;
+        if c.max_per_tenant == 0 {
+            return Err(ConfigError::Invalid {
+                var: "RUNED_MAX_CONTAINERS_PER_TENANT".into(),
+                value: "0".into(),
+                reason: "must be at least 1".into(),
+            });
+        }
         if c.max_containers == 0 || c.max_containers > 10_000 {
             return Err(ConfigError::Invalid {
                 var: "MAX_CONTAINERS".into(),

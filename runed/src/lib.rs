@@ -171,7 +171,7 @@ pub async fn start(
         hako_shared::watchers::Gate::new(config.max_streams, config.max_streams_per_caller);
     let shared = Arc::new(Shared {
         sched: std::sync::Mutex::new(Sched {
-            queue: FairQueue::new(config.max_containers),
+            queue: FairQueue::new(config.max_containers, config.max_per_tenant),
             pending: Default::default(),
             live: Default::default(),
             reserved: 0,

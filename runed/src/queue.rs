@@ -1,5 +1,8 @@
 //! The run queue: a global cap on live containers, one live run (or hold) per folder, FIFO
-//! within a folder, round-robin across folders (the folder served longest ago goes first).
+//! within a folder, round-robin across folders (the folder served longest ago goes first),
+//! and fair between tenants: a tenant (a folder's first segment, its world: `acme` of
+//! `acme/support`) holds at most its cap of containers, and a free slot goes to the tenant
+//! with the fewest live ones, so that one tenant's many sub-groups never take every slot.
 //! Pure bookkeeping; the daemon holds it under one lock.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -29,7 +32,11 @@ pub struct Entry {
 #[derive(Debug)]
 pub struct FairQueue {
     cap: usize,
+    /// Live containers one tenant may hold.
+    tenant_cap: usize,
     active: usize,
+    /// Live containers per tenant.
+    active_per: HashMap<String, usize>,
     queues: HashMap<String, VecDeque<Entry>>,
     /// Folders with waiting items, least recently served first.
     order: VecDeque<String>,
@@ -38,11 +45,13 @@ pub struct FairQueue {
 }
 
 impl FairQueue {
-    /// An empty queue allowing `cap` live containers.
-    pub fn new(cap: usize) -> Self {
+    /// An empty queue allowing `cap` live containers, at most `tenant_cap` of one tenant.
+    pub fn new(cap: usize, tenant_cap: usize) -> Self {
         Self {
             cap,
+            tenant_cap: tenant_cap.max(1),
             active: 0,
+            active_per: HashMap::new(),
             queues: HashMap::new(),
             order: VecDeque::new(),
             busy: HashSet::new(),
@@ -103,14 +112,32 @@ impl FairQueue {
     /// for a run.
     pub fn next_ready(&mut self) -> Option<(String, Entry)> {
         let full = self.active >= self.cap;
-        let idx = self.order.iter().position(|f| {
-            !self.busy.contains(f)
-                && self
+        // Among the folders that may start, the one whose tenant has the fewest live
+        // containers; the order (least recently served first) breaks ties.
+        let idx = self
+            .order
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| {
+                !self.busy.contains(*f)
+                    && self
+                        .queues
+                        .get(*f)
+                        .and_then(|q| q.front())
+                        .is_some_and(|e| {
+                            e.kind == Kind::Hold
+                                || (!full && self.tenant_active(f) < self.tenant_cap)
+                        })
+            })
+            .min_by_key(|(i, f)| {
+                let run = self
                     .queues
-                    .get(f)
+                    .get(*f)
                     .and_then(|q| q.front())
-                    .is_some_and(|e| !(full && e.kind == Kind::Run))
-        })?;
+                    .is_some_and(|e| e.kind == Kind::Run);
+                (if run { self.tenant_active(f) } else { 0 }, *i)
+            })
+            .map(|(i, _)| i)?;
         let folder = self.order.remove(idx)?;
         let q = self.queues.get_mut(&folder)?;
         let e = q.pop_front()?;
@@ -130,6 +157,10 @@ impl FairQueue {
         self.busy.insert(folder.to_owned());
         if kind == Kind::Run {
             self.active += 1;
+            *self
+                .active_per
+                .entry(tenant(folder).to_owned())
+                .or_default() += 1;
         }
     }
 
@@ -138,7 +169,19 @@ impl FairQueue {
         self.busy.remove(folder);
         if kind == Kind::Run {
             self.active = self.active.saturating_sub(1);
+            let t = tenant(folder);
+            if let Some(n) = self.active_per.get_mut(t) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.active_per.remove(t);
+                }
+            }
         }
+    }
+
+    /// Live containers of `folder`'s tenant.
+    fn tenant_active(&self, folder: &str) -> usize {
+        self.active_per.get(tenant(folder)).copied().unwrap_or(0)
     }
 
     /// Items waiting.
@@ -172,6 +215,11 @@ impl FairQueue {
     }
 }
 
+/// A folder's tenant: its world, the first segment.
+fn tenant(folder: &str) -> &str {
+    folder.split('/').next().unwrap_or(folder)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,7 +234,7 @@ mod tests {
 
     #[test]
     fn cap_exclusivity_fifo_and_fairness() {
-        let mut q = FairQueue::new(2);
+        let mut q = FairQueue::new(2, 2);
         for i in 0..3 {
             q.push("a", e(&format!("a{i}")));
         }
@@ -222,5 +270,30 @@ mod tests {
         assert!(q.remove("a", "a2"));
         assert!(q.is_empty());
         assert_eq!(q.folder_len("a"), 0);
+    }
+
+    /// One tenant's many sub-groups cannot take every slot: it holds at most its cap, and a
+    /// freed slot goes to the tenant with the fewest live containers, whatever the order.
+    #[test]
+    fn tenants_share_the_slots() {
+        let mut q = FairQueue::new(4, 2);
+        for i in 0..6 {
+            q.push(&format!("acme/g{i}"), e(&format!("acme{i}")));
+        }
+        let started: Vec<String> =
+            std::iter::from_fn(|| q.next_ready().map(|(_, e)| e.run_id)).collect();
+        assert_eq!(started, ["acme0", "acme1"], "acme's cap of 2");
+        assert_eq!(q.active(), 2);
+        // Another tenant arrives last, and starts at once.
+        q.push("beta", e("beta0"));
+        q.push("beta/x", e("beta1"));
+        assert_eq!(q.next_ready().unwrap().1.run_id, "beta0");
+        assert_eq!(q.next_ready().unwrap().1.run_id, "beta1");
+        assert!(q.next_ready().is_none(), "the global cap");
+        // acme frees a slot: acme (2 live → 1) and beta (2) — acme has the fewest.
+        q.release("acme/g0", Kind::Run);
+        q.push("gamma", e("gamma0"));
+        // gamma (0 live) goes before acme (1 live), though acme waited longer.
+        assert_eq!(q.next_ready().unwrap().1.run_id, "gamma0");
     }
 }

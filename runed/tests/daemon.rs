@@ -1787,3 +1787,43 @@ fn the_openapi_document_validates() {
         "3.1.0"
     );
 }
+
+/// One tenant's many sub-groups cannot take every slot: with two slots, a tenant (a folder's
+/// first segment) holds one, and another tenant's run starts at once in the other (it waited
+/// for the first tenant's long runs before: a reply of 0.4 s took 40.7 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_one_tenant_cannot_take_every_slot() {
+    let rig = Rig::new(&[("MAX_CONTAINERS", "2"), ("RUNED_RUN_TIMEOUT", "120s")]).await;
+    let mut acme = Vec::new();
+    for i in 0..3 {
+        acme.push(
+            rig.run(
+                &format!("acme/g{i}"),
+                &format!("turn-fair-a{i}"),
+                "/sleep 60",
+            )
+            .await,
+        );
+    }
+    let beta = rig.run("beta", "turn-fair-b", "quick").await;
+    let v = rig.wait(&beta).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    let states: Vec<String> = {
+        let mut s = Vec::new();
+        for r in &acme {
+            let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{r}")).await;
+            s.push(v["state"].as_str().unwrap().to_owned());
+        }
+        s
+    };
+    assert_eq!(
+        states.iter().filter(|s| *s == "queued").count(),
+        2,
+        "acme holds one slot of two while beta runs: {states:?}"
+    );
+    for r in &acme {
+        let (s, _) = rig.delete(&rig.routd, &format!("/v1/runs/{r}")).await;
+        assert_eq!(s, 200);
+    }
+    rig.stop().await;
+}
