@@ -447,7 +447,14 @@ async fn revoke(
     // a service token of the same subject (a refreshed service token revoking what an earlier
     // one minted). A spawn token shares its subject with its siblings but is no service
     // token, so it cannot revoke them.
-    let mut allowed = caller.has_scope(scopes::TOKENS_REVOKE)
+    // `tokens:revoke` reaches what the caller's folder covers: a folder-bound token never
+    // revokes a token of another folder, or an unbound one (a daemon's service token).
+    let in_reach = match (&caller.folder, &row.folder) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(_), Some(f)) => caller.covers_folder(f),
+    };
+    let mut allowed = (caller.has_scope(scopes::TOKENS_REVOKE) && in_reach)
         || caller.jti == row.jti
         || row.parent_jti.as_deref() == Some(caller.jti.as_str())
         || (caller.typ == TokenType::Service && caller.sub == row.sub);
@@ -573,7 +580,7 @@ struct AuditQuery {
         (status = 200, description = "A page of the audit log", body = AuditList),
         (status = 400, description = "`invalid_query`", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "`insufficient_scope` (`audit:read`)", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`audit:read`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
     ))]
 async fn audit(
     State(app): State<App>,
@@ -583,6 +590,23 @@ async fn audit(
     let caller = app.authenticate(&headers, "audit_read").await?;
     app.require(&caller, scopes::AUDIT_READ, "audit_read")
         .await?;
+    // authd's audit spans every folder and every daemon: not for a folder-bound token.
+    if caller.folder.is_some() {
+        let err = ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "folder_forbidden",
+            "authd's audit log spans every folder; a folder-bound token cannot read it",
+        );
+        return Err(app
+            .deny(
+                &caller.sub,
+                Some(&caller.jti),
+                "audit_read",
+                err,
+                String::new(),
+            )
+            .await);
+    }
     let limit = q.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(Refusal::InvalidQuery("limit must be 1-1000").into());

@@ -1781,3 +1781,62 @@ async fn a_revoked_token_stays_refused_through_the_leeway() {
         }
     }
 }
+
+/// A folder-bound token's `tokens:revoke` and `audit:read` stop at its folder: it cannot
+/// revoke a daemon's service token or another folder's token, nor read authd's audit, which
+/// spans every folder (a token bound to `acme` revoked routd's service token and read it all).
+#[tokio::test]
+async fn a_folder_bound_token_stays_in_its_folder_on_authds_own_scopes() {
+    let a = Authd::new().await;
+    let op = a.operator().await;
+    let routd = a.client.service_token("routd", ROUTD_KEY).await.unwrap();
+    let bound = |folder: &str, scope: &[&str]| MintRequest {
+        folder: Some(folder.into()),
+        ..mint_req(scope)
+    };
+    let acme = a
+        .client
+        .mint(
+            &op,
+            &bound("acme", &[scopes::TOKENS_REVOKE, scopes::AUDIT_READ]),
+        )
+        .await
+        .expect("acme's token");
+    let beta = a
+        .client
+        .mint(&op, &bound("beta", &[scopes::RUNS_READ]))
+        .await
+        .unwrap();
+    let acme_sub = a
+        .client
+        .mint(&op, &bound("acme/bots", &[scopes::RUNS_READ]))
+        .await
+        .unwrap();
+    let routd_jti = a
+        .verifier(|_| {})
+        .verify(&routd.token)
+        .await
+        .unwrap()
+        .jti
+        .clone();
+    for (what, jti) in [("routd's service token", routd_jti), ("beta's", beta.jti)] {
+        let e = a.client.revoke(&acme.token, &jti).await.expect_err(what);
+        assert_eq!(api_code(&e), (403, "not_token_issuer"), "{what}");
+    }
+    a.client
+        .revoke(&acme.token, &acme_sub.jti)
+        .await
+        .expect("a token of its own folder");
+    let (s, v) = a
+        .call(reqwest::Method::GET, "/v1/audit", Some(&acme.token), None)
+        .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (403, Some("folder_forbidden")),
+        "{v}"
+    );
+    let (s, _) = a
+        .call(reqwest::Method::GET, "/v1/audit", Some(&op), None)
+        .await;
+    assert_eq!(s, 200);
+}
