@@ -329,15 +329,7 @@ async fn llm_group(rig: &Rig, folder: &str, chat: &str, daily_tokens: Option<u64
         )
         .await;
     assert!(s == 201 || s == 200, "{v}");
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            "/v1/routes",
-            json!({"pattern": chat, "folder": folder}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
+    rig.route(chat, folder).await;
 }
 
 /// Every file under `dir`, read whole (the secret search).
@@ -500,24 +492,12 @@ async fn the_llm_brain_speaks_the_openai_format_too() {
     )
     .await;
     let chat = "tg:openai";
-    let (s, v) = rig
-        .api()
-        .put(
-            &rig.operator,
-            "/v1/groups/oai",
-            json!({"name": "oai", "group": {"llm": {"model": "gpt-stub", "api": "openai"}}}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            "/v1/routes",
-            json!({"pattern": chat, "folder": "oai"}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
+    rig.put_group(
+        "oai",
+        json!({"name": "oai", "group": {"llm": {"model": "gpt-stub", "api": "openai"}}}),
+    )
+    .await;
+    rig.route(chat, "oai").await;
     rig.say(chat, "o-1", "please use your tools").await;
     let h = rig
         .wait_for(chat, "two replies", |h| replies(h).len() >= 2)
@@ -634,15 +614,7 @@ async fn a_tenants_sub_group_spends_its_parents_budget() {
         .put(&tenant, "/v1/groups/parent%2Fkid", json!({"name": "kid"}))
         .await;
     assert_eq!(s, 201, "{v}");
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            "/v1/routes",
-            json!({"pattern": "tg:kid", "folder": "parent/kid"}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
+    rig.route("tg:kid", "parent/kid").await;
     rig.say("tg:parent", "p-1", "hello").await;
     rig.wait_for("tg:parent", "the parent's answer", |h| {
         !replies(h).is_empty()
@@ -682,24 +654,12 @@ async fn a_refused_provider_key_ends_the_turn_at_once_naming_the_variable() {
     )
     .await;
     let chat = "tg:badkey";
-    let (s, v) = rig
-        .api()
-        .put(
-            &rig.operator,
-            "/v1/groups/badkey",
-            json!({"name": "badkey", "group": {"llm": {"model": "refuse-key"}}}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            "/v1/routes",
-            json!({"pattern": chat, "folder": "badkey"}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
+    rig.put_group(
+        "badkey",
+        json!({"name": "badkey", "group": {"llm": {"model": "refuse-key"}}}),
+    )
+    .await;
+    rig.route(chat, "badkey").await;
     rig.say(chat, "k-1", "hello").await;
     let h = rig
         .wait_for(chat, "the notice", |h| !notices(h).is_empty())

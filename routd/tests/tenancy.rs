@@ -16,24 +16,8 @@ use serde_json::{Value, json};
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_group_serving_many_chats_keeps_them_apart() {
     let rig = Rig::new(&[], &[]).await;
-    let (s, v) = rig
-        .api()
-        .put(
-            &rig.operator,
-            "/v1/groups/support",
-            json!({"name": "support"}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            "/v1/routes",
-            json!({"pattern": "tg:*", "folder": "support"}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
+    rig.put_group("support", json!({"name": "support"})).await;
+    rig.route("tg:*", "support").await;
     let (alice, bob) = ("tg:alice", "tg:bob");
 
     // alice's session: announced by her turn, resumed by her next one only.
@@ -250,11 +234,7 @@ async fn one_turn_cannot_fill_the_disk() {
     )
     .await;
     let chat = "web:flood";
-    let (s, v) = rig
-        .api()
-        .put(&rig.operator, "/v1/groups/flood", json!({"name": "flood"}))
-        .await;
-    assert_eq!(s, 201, "{v}");
+    rig.put_group("flood", json!({"name": "flood"})).await;
     let mut script: Vec<String> = (0..5)
         .map(|i| format!(r#"/mcp send_message {{"text":"flood {i}"}}"#))
         .collect();
@@ -342,15 +322,7 @@ async fn tasks_belong_to_their_group() {
     // The group goes: so does its other task, before a new owner takes the folder.
     let (s, _) = rig.api().delete(&rig.operator, "/v1/groups/jobs").await;
     assert_eq!(s, 204);
-    let (s, v) = rig
-        .api()
-        .put(
-            &rig.operator,
-            "/v1/groups/jobs",
-            json!({"name": "new owner"}),
-        )
-        .await;
-    assert_eq!(s, 201, "{v}");
+    rig.put_group("jobs", json!({"name": "new owner"})).await;
     let (_, v) = rig
         .api()
         .get(&rig.operator, "/v1/tasks?folder=jobs&all=true")
@@ -455,11 +427,7 @@ async fn chat_streams_end_with_their_token_and_tenants_are_counted_apart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_channel_identity_reaches_only_the_chats_it_serves() {
     let rig = Rig::new(&[], &[("ROUTD_CHANNEL_CHATS", "tg:*")]).await;
-    let (s, v) = rig
-        .api()
-        .put(&rig.operator, "/v1/groups/main", json!({"name": "main"}))
-        .await;
-    assert_eq!(s, 201, "{v}");
+    rig.put_group("main", json!({"name": "main"})).await;
     let api = rig.api();
     let post = |chat: &str| {
         api.post(

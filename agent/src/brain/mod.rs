@@ -35,6 +35,19 @@ pub struct Query<'a> {
     pub follow_up: bool,
 }
 
+impl Query<'_> {
+    /// The query's user text: its user messages, joined by a blank line (what a model brain
+    /// sends as one user turn). Empty when there is nothing to answer.
+    pub fn user_text(&self) -> String {
+        self.messages
+            .iter()
+            .filter(|m| m.role == "user")
+            .map(|m| m.content.as_str())
+            .collect::<Vec<_>>()
+            .join("\n\n")
+    }
+}
+
 /// A brain's answer to a query.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Reply {

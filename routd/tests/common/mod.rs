@@ -328,6 +328,29 @@ impl Rig {
             .token
     }
 
+    /// Creates or replaces a group with the operator's token; answers its view.
+    pub async fn put_group(&self, folder: &str, body: Value) -> Value {
+        let (s, v) = self
+            .api()
+            .put(&self.operator, &format!("/v1/groups/{}", enc(folder)), body)
+            .await;
+        assert!(s == 201 || s == 200, "{v}");
+        v
+    }
+
+    /// Adds a route with the operator's token.
+    pub async fn route(&self, pattern: &str, folder: &str) {
+        let (s, v) = self
+            .api()
+            .post(
+                &self.operator,
+                "/v1/routes",
+                json!({"pattern": pattern, "folder": folder}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+
     /// A group and a route for `chat` to it.
     pub async fn group_for(&self, folder: &str, chat: &str) {
         let f = folder.replace('/', "%2F");

@@ -286,13 +286,7 @@ impl Brain for LlmBrain {
     ) -> Result<Outcome, BrainError> {
         self.partial.clear();
         self.open_session(query.input);
-        let text = query
-            .messages
-            .iter()
-            .filter(|m| m.role == "user")
-            .map(|m| m.content.as_str())
-            .collect::<Vec<_>>()
-            .join("\n\n");
+        let text = query.user_text();
         if text.trim().is_empty() {
             return Ok(Outcome::Reply(Reply::default()));
         }
