@@ -382,6 +382,9 @@ async fn a_killed_chats_container_never_eats_the_next_chats_lines() {
     dead.child.wait().unwrap();
 
     let mut s = Session::start(data.path(), &image, &["chat", "team/kill"]);
+    // Live (it holds the folder's lock) once it has answered.
+    s.say("first");
+    assert_eq!(s.next(), "first");
     // A second chat beside a live one is refused, and says why.
     let second = Command::new(env!("CARGO_BIN_EXE_hako"))
         .args(["chat", "team/kill", "-m", "hi"])
