@@ -284,6 +284,18 @@ pub async fn images() -> anyhow::Result<[String; 5]> {
         .map_err(|_| anyhow::anyhow!("five images, five tags"))
 }
 
+/// `runsc` when the Docker daemon lists it (gVisor), else `None`.
+async fn untrusted_runtime() -> Option<String> {
+    let docker = hako_deploy::connect_docker().ok()?;
+    let names = hako_runed::runner::docker::runtimes(&docker, Duration::from_secs(10))
+        .await
+        .ok()?;
+    names
+        .iter()
+        .any(|n| n == "runsc")
+        .then(|| "runsc".to_owned())
+}
+
 /// Prepares the home and brings the stack up; answers once every daemon is ready.
 pub async fn up(s: &StackArgs) -> anyhow::Result<Endpoints> {
     let home = s.home()?;
@@ -314,9 +326,23 @@ pub async fn up(s: &StackArgs) -> anyhow::Result<Endpoints> {
             providers.join(", ")
         );
     }
+    // gVisor for untrusted groups when the host has it registered with Docker (runsc):
+    // their code then meets gVisor's kernel, not the host's.
+    let untrusted_runtime = untrusted_runtime().await;
+    match &untrusted_runtime {
+        Some(r) => eprintln!("  untrusted groups run under gVisor ({r}); main groups under runc"),
+        None => eprintln!(
+            "  untrusted groups run under runc (the host kernel): register gVisor's runsc with \
+             Docker for a stronger box (README, \"A stronger box\")"
+        ),
+    }
     let uid = rustix::process::getuid().as_raw();
     let gid = rustix::process::getgid().as_raw();
     let env = [
+        (
+            "HAKO_UNTRUSTED_RUNTIME",
+            untrusted_runtime.unwrap_or_default(),
+        ),
         ("HAKO_HOME", home.display().to_string()),
         ("HAKO_PROJECT", s.project.clone()),
         ("HAKO_INSTALL_ID", s.project.clone()),

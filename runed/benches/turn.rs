@@ -1,7 +1,9 @@
 //! One trivial turn through the runner vs `docker run -i --rm --network none` of the same
 //! image with the same input line, measured in the same process:
 //! `cargo bench -p hako-runed --bench turn` (`TURN_ITERS` to change the count, default 10).
-//! Prints the medians and the ratio runner/cli (target <= 1.0).
+//! Prints the medians and the ratio runner/cli (target <= 1.0). Where the Docker daemon
+//! lists gVisor's `runsc`, the same turn of an untrusted group under it too
+//! (`RUNED_UNTRUSTED_RUNTIME=runsc`), with its ratios to runc and to the CLI.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -46,6 +48,7 @@ async fn runner_turn(runner: &Runner, i: usize) -> Duration {
     let _ = drain.await;
     let r = end.report().expect("finished");
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
+    runner.remove_containers(&r).await;
     dt
 }
 
@@ -96,16 +99,32 @@ fn main() {
         let mut cfg = RunnerConfig::new(tmp.path().join("data"));
         cfg.default_image = image.clone();
         let docker = hako_runed::runner::docker::connect().expect("docker");
+        let runtimes = hako_runed::runner::docker::runtimes(&docker, Duration::from_secs(10))
+            .await
+            .unwrap_or_default();
+        let gvisor = runtimes.iter().any(|r| r == "runsc").then(|| {
+            let mut g = cfg.clone();
+            g.layout.data_dir = tmp.path().join("data-gvisor");
+            g.untrusted_runtime = Some("runsc".into());
+            g.install_id = format!("{}-gv", g.install_id);
+            Runner::new(docker.clone(), g).expect("gvisor runner")
+        });
         let runner = Runner::new(docker, cfg).expect("runner");
         let mut line = serde_json::to_vec(&input()).expect("json");
         line.push(b'\n');
         // Warm-up, then interleave so that both paths see the same machine load.
         runner_turn(&runner, 0).await;
         cli_turn(&image, &line).await;
-        let (mut ours, mut cli) = (Vec::new(), Vec::new());
+        if let Some(g) = &gvisor {
+            runner_turn(g, 0).await;
+        }
+        let (mut ours, mut cli, mut gv) = (Vec::new(), Vec::new(), Vec::new());
         for i in 1..=iters {
             ours.push(runner_turn(&runner, i).await);
             cli.push(cli_turn(&image, &line).await);
+            if let Some(g) = &gvisor {
+                gv.push(runner_turn(g, i).await);
+            }
         }
         let (a, b) = (median(ours.clone()), median(cli.clone()));
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -120,5 +139,14 @@ fn main() {
             "ratio runner/cli: {:.2} (target <= 1.00)",
             a.as_secs_f64() / b.as_secs_f64()
         );
+        if !gv.is_empty() {
+            let g = median(gv);
+            println!(
+                "under gVisor (runsc-nonet): {:.1} ms; ratio to runc {:.2}, to docker run {:.2}",
+                ms(g),
+                g.as_secs_f64() / a.as_secs_f64(),
+                g.as_secs_f64() / b.as_secs_f64()
+            );
+        }
     });
 }

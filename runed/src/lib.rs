@@ -71,6 +71,9 @@ pub enum StartError {
     /// The listener failed.
     #[error("listener: {0}")]
     Listener(std::io::Error),
+    /// The runtime the install names for untrusted groups does not exist.
+    #[error("{0}")]
+    Runtime(String),
 }
 
 /// A running runed. [`Running::shutdown`] detaches live runs and stops; dropping it does too.
@@ -194,6 +197,13 @@ pub async fn start(
     if let Err(why) = shared.probe_docker().await {
         tracing::warn!(%why, "docker is unavailable; runs stay queued until it answers");
     } else {
+        // The runtime the install names for untrusted groups must exist: a silent fallback
+        // to the default would run untrusted code on the host's kernel.
+        if let Ok(runner) = shared.runner()
+            && let Err(e) = runner.check_runtimes().await
+        {
+            return Err(StartError::Runtime(e.to_string()));
+        }
         adopt::adopt_all(&shared).await;
     }
 

@@ -1827,3 +1827,151 @@ async fn daemon_one_tenant_cannot_take_every_slot() {
     }
     rig.stop().await;
 }
+
+/// The runtime of a run's agent container, from the Docker API.
+async fn container_runtime(rig: &Rig, run: &str) -> String {
+    let docker = hako_deploy::connect_docker().unwrap();
+    let list = docker
+        .list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&std::collections::HashMap::from([(
+                    "label".to_owned(),
+                    vec![format!("io.hako.run={run}")],
+                )]))
+                .build(),
+        ))
+        .await
+        .unwrap();
+    let _ = rig;
+    let id = list[0].id.clone().unwrap();
+    let c = docker
+        .inspect_container(
+            &id,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+        .unwrap();
+    c.host_config.and_then(|h| h.runtime).unwrap_or_default()
+}
+
+/// Untrusted groups run under gVisor (`RUNED_UNTRUSTED_RUNTIME=runsc`, its `runsc-nonet`
+/// variant for a container without a network): the agent sees gVisor's kernel, not the
+/// host's; a follow-up is taken, `/stop` kills, runed restarted mid-run re-adopts the run; a
+/// main group stays on the default runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_gvisor_runs_untrusted_groups() {
+    let mut rig = Rig::new(&[
+        ("RUNED_UNTRUSTED_RUNTIME", "runsc"),
+        ("RUNED_IDLE_TIMEOUT", "8s"),
+    ])
+    .await;
+    let a = rig
+        .run("gv", "turn-gv-1", "/read /proc/version\n/whoami")
+        .await;
+    rig.wait_outputs(&a, 1).await;
+    assert_eq!(container_runtime(&rig, &a).await, "runsc-nonet");
+    let v = rig.wait_outputs(&a, 1).await;
+    let out = results(&v).join("\n");
+    assert!(
+        out.contains("Linux version 4.4.0"),
+        "gVisor's kernel, not the host's: {out}"
+    );
+    assert!(out.contains(r#""CapEff":"0000000000000000""#), "{out}");
+    // A follow-up into the gVisor box.
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            &format!("/v1/runs/{a}/steer"),
+            json!({"steer_id": "gv-f", "messages": ["steered into gvisor"]}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let v = rig.wait(&a).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    assert!(
+        results(&v)
+            .iter()
+            .any(|r| r.contains("steered into gvisor")),
+        "{v}"
+    );
+    assert_eq!(v["steers"][0]["state"], "taken", "{v}");
+
+    // A main group: the host's runtime.
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            "/v1/runs",
+            json!({"folder": "gvmain", "turn_id": "turn-gv-main",
+                   "messages": [{"role": "user", "content": "/read /proc/version"}],
+                   "group": {"trust": "main"}}),
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    let m = v["run_id"].as_str().unwrap().to_owned();
+    let v = rig.wait_outputs(&m, 1).await;
+    assert!(
+        !results(&v).join("\n").contains("Linux version 4.4.0"),
+        "{v}"
+    );
+
+    // runed restarted while a gVisor run sleeps: re-adopted, it finishes.
+    let b = rig
+        .run("gv2", "turn-gv-2", "/sleep 4\nafter the restart")
+        .await;
+    rig.wait_state(&b, "running").await;
+    rig.runed.take().unwrap().shutdown().await;
+    rig.start_runed().await;
+    let v = rig.wait(&b).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    assert!(results(&v).join("\n").contains("after the restart"), "{v}");
+
+    // /stop kills a gVisor run.
+    let c = rig.run("gv3", "turn-gv-3", "/sleep 600").await;
+    rig.wait_state(&c, "running").await;
+    let (s, v) = rig
+        .post(&rig.routd, "/v1/runs/stop", json!({"folder": "gv3"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let v = rig.wait(&c).await;
+    assert_eq!(v["outcome"], "killed", "{v}");
+    rig.stop().await;
+}
+
+/// A runtime the Docker daemon does not list: runed refuses to start when the install names
+/// it (never a silent fallback to runc), and a run whose group names it fails, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_refuses_a_runtime_docker_lacks() {
+    let rig = Rig::new(&[]).await;
+    let cfg = runed_config(
+        &rig.data,
+        &rig.authd_url(),
+        &[("RUNED_UNTRUSTED_RUNTIME".into(), "no-such-runtime".into())],
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let e = match hako_runed::start(cfg, l).await {
+        Ok(_) => panic!("runed started with a runtime Docker lacks"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("RUNED_UNTRUSTED_RUNTIME") && e.contains("no-such-runtime"),
+        "{e}"
+    );
+    let (s, v) = rig
+        .post(
+            &rig.routd,
+            "/v1/runs",
+            json!({"folder": "rt", "turn_id": "turn-rt-1",
+                   "messages": [{"role": "user", "content": "hi"}],
+                   "group": {"runtime": "no-such-runtime"}}),
+        )
+        .await;
+    assert_eq!(s, 202, "{v}");
+    let v = rig.wait(v["run_id"].as_str().unwrap()).await;
+    assert_eq!(v["state"], "error", "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("no-such-runtime"),
+        "{v}"
+    );
+    rig.stop().await;
+}

@@ -447,3 +447,54 @@ async fn a_token_revoked_mid_run_is_refused_and_its_tunnel_cut() {
     assert_eq!(status_of(&after), (Some(407), Some("revoked")), "{after}");
     assert_eq!(rig.wait_end(&run).await["outcome"], "ok");
 }
+
+/// An `allowlist` run under gVisor (`RUNED_UNTRUSTED_RUNTIME=runsc`): its internal network
+/// and the egress proxy work as under runc, reaching exactly its list.
+#[tokio::test]
+async fn an_allowlist_run_under_gvisor_reaches_exactly_its_list() {
+    let rig = Rig::with_env(&[("RUNED_UNTRUSTED_RUNTIME", "runsc")]).await;
+    let up = rig.uplink.prefix.clone();
+    let commands: Vec<String> = vec![
+        "fetch http://web.test/hello".into(),
+        "fetch http://evil.test/".into(),
+        format!("direct http://{up}.130/bypass --timeout-ms 2000"),
+    ];
+    let run = rig.run(&["web.test".to_owned()], &commands).await;
+    let b = rig.blocks(&run, commands.len()).await;
+    let web = answer(&b, "fetch http://web.test/hello");
+    assert_eq!(status_of(&web), (Some(200), None), "{web}");
+    let evil = answer(&b, "fetch http://evil.test/");
+    assert_eq!(status_of(&evil).0, Some(403), "{evil}");
+    let direct = answer(&b, &format!("direct http://{up}.130/bypass"));
+    assert!(
+        status_of(&direct).0.is_none(),
+        "no way around the proxy: {direct}"
+    );
+    // It really ran under gVisor.
+    let c = rig
+        .docker
+        .list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&std::collections::HashMap::from([(
+                    "label".to_owned(),
+                    vec![format!("io.hako.run={run}")],
+                )]))
+                .build(),
+        ))
+        .await
+        .unwrap();
+    let id = c[0].id.clone().unwrap();
+    let i = rig
+        .docker
+        .inspect_container(
+            &id,
+            None::<bollard::query_parameters::InspectContainerOptions>,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        i.host_config.and_then(|h| h.runtime).as_deref(),
+        Some("runsc-net")
+    );
+}

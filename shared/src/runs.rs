@@ -192,6 +192,11 @@ pub struct GroupSpec {
     /// `hako-claude` image, its model through the gateway; needs `llm`, Anthropic format).
     #[serde(default)]
     pub agent: AgentKind,
+    /// The OCI runtime its containers run under (a name the Docker daemon lists, e.g.
+    /// `runsc` for gVisor); default: runed's `RUNED_UNTRUSTED_RUNTIME` for untrusted groups,
+    /// Docker's default otherwise.
+    #[serde(default)]
+    pub runtime: Option<String>,
 }
 
 /// The agent program a group runs.
@@ -204,6 +209,15 @@ pub enum AgentKind {
     Hako,
     /// Claude Code in the `hako-claude` image (`RUNED_CLAUDE_IMAGE`).
     Claude,
+}
+
+/// Whether `name` can be an OCI runtime's name in Docker's configuration.
+pub fn is_runtime_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 /// The wire format an agent speaks to the LLM gateway, and so the provider it reaches.
@@ -352,6 +366,14 @@ impl GroupSpec {
                 "must be at least 1 (leave it out for routd's default)".into(),
             )?;
         }
+        if let Some(r) = &self.runtime {
+            check(
+                is_runtime_name(r),
+                "runtime",
+                "must be 1-64 of letters, digits and . _ - (a runtime the Docker daemon lists)"
+                    .into(),
+            )?;
+        }
         if self.agent == AgentKind::Claude {
             check(
                 self.llm
@@ -410,6 +432,7 @@ impl GroupSpec {
             image,
             llm,
             agent,
+            runtime,
         } = self;
         let mut v = Vec::new();
         let mut flag = |widens: bool, name| {
@@ -433,6 +456,8 @@ impl GroupSpec {
         // A model costs money: only the operator (through routd's group config) picks it.
         flag(llm.is_some(), "llm");
         flag(*agent != AgentKind::Hako, "agent");
+        // The runtime is the box itself: the operator's.
+        flag(runtime.is_some(), "runtime");
         v
     }
 
@@ -903,6 +928,7 @@ mod tests {
             ("image", Some(json!("other:1")), None),
             ("llm", Some(json!({"model": "m"})), None),
             ("agent", Some(json!("claude")), Some(json!("hako"))),
+            ("runtime", Some(json!("runsc")), None),
         ];
         let fields = serde_json::to_value(GroupSpec::default()).unwrap();
         let fields = fields.as_object().unwrap();

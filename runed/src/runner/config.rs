@@ -28,6 +28,9 @@ pub struct RunnerConfig {
     pub default_image: String,
     /// The image of `agent: claude` groups (`RUNED_CLAUDE_IMAGE`).
     pub claude_image: String,
+    /// The OCI runtime of untrusted groups that name none (`RUNED_UNTRUSTED_RUNTIME`, e.g.
+    /// `runsc`); `None`: the Docker daemon's default.
+    pub untrusted_runtime: Option<String>,
     /// The run ceiling (`RUNED_RUN_TIMEOUT`).
     pub run_timeout: Duration,
     /// Grace between SIGTERM and SIGKILL when stopping at the ceiling.
@@ -103,6 +106,7 @@ impl RunnerConfig {
             },
             default_image: "hako-agent:latest".into(),
             claude_image: "hako-claude:latest".into(),
+            untrusted_runtime: None,
             run_timeout: Duration::from_secs(20 * 60),
             stop_grace: Duration::from_secs(10),
             kill_grace: Duration::from_secs(2),
@@ -171,6 +175,18 @@ impl RunnerConfig {
         }
         c.default_image = env.string_or("CONTAINER_IMAGE", &c.default_image);
         c.claude_image = env.string_or("RUNED_CLAUDE_IMAGE", &c.claude_image);
+        if let Some(r) = env.get("RUNED_UNTRUSTED_RUNTIME") {
+            if !hako_shared::runs::is_runtime_name(r) {
+                return Err(ConfigError::Invalid {
+                    var: "RUNED_UNTRUSTED_RUNTIME".into(),
+                    value: r.into(),
+                    reason: "a runtime name the Docker daemon lists (runsc), 1-64 of letters, \
+                             digits and . _ -"
+                        .into(),
+                });
+            }
+            c.untrusted_runtime = Some(r.to_owned());
+        }
         c.run_timeout = env.duration_or("RUNED_RUN_TIMEOUT", c.run_timeout)?;
         if c.run_timeout < Duration::from_secs(1) {
             return Err(ConfigError::Invalid {

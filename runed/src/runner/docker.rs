@@ -198,6 +198,8 @@ pub struct ContainerSpec {
     pub labels: HashMap<String, String>,
     /// Keep stdin open for the one input line.
     pub stdin: bool,
+    /// The OCI runtime (`None`: the Docker daemon's default).
+    pub runtime: Option<String>,
 }
 
 /// Size of the writable `/tmp`.
@@ -230,6 +232,7 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         pids_limit: Some(spec.limits.pids),
         network_mode: Some(spec.network.clone()),
         ipc_mode: Some("private".into()),
+        runtime: spec.runtime.clone(),
         // An init as PID 1 forwards SIGTERM and SIGUSR1 to the agent and reaps zombies.
         init: Some(true),
         // Output must outlive the daemon (re-adoption reads it back); bounded on disk.
@@ -398,6 +401,14 @@ pub async fn list_install(
         .collect())
 }
 
+/// The OCI runtimes the Docker daemon lists.
+pub async fn runtimes(docker: &Docker, limit: Duration) -> Result<Vec<String>, DockerError> {
+    let info = bounded("info", limit, "daemon", docker.info()).await?;
+    let mut names: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
+    names.sort();
+    Ok(names)
+}
+
 /// Every container (any install) that carries `label`, whatever its value.
 pub async fn list_labelled(
     docker: &Docker,
@@ -449,6 +460,7 @@ mod tests {
             },
             labels: HashMap::new(),
             stdin: true,
+            runtime: None,
         };
         let body = create_body(&spec);
         let h = body.host_config.unwrap();

@@ -110,7 +110,9 @@ impl Runner {
         let mut sc_dir: Option<SafeDir> = None;
         for sc in &spec.group.sidecars {
             let socket = seed::sidecar_socket(&sc.name);
-            let spec_c = self.sidecar_spec(spec, sc, &socket, p);
+            let mut spec_c = self.sidecar_spec(spec, sc, &socket, p);
+            // The group's code either way: the same box as its agent.
+            spec_c.runtime = self.runtime_for(&spec.group, &spec_c.network).await?;
             let id = docker::create(&self.docker, &spec_c, cfg.docker_timeout).await?;
             docker::bounded(
                 "start",
@@ -188,6 +190,7 @@ impl Runner {
             },
             labels: self.base_labels(&spec.run_id, &spec.folder, "sidecar"),
             stdin: false,
+            runtime: None,
         }
     }
 
@@ -231,6 +234,8 @@ impl Runner {
         labels.insert(labels::TURN.to_owned(), spec.turn_id.clone());
         let deadline_ms = hako_shared::time::unix_millis(SystemTime::now() + ceiling);
         labels.insert(LABEL_DEADLINE.to_owned(), deadline_ms.to_string());
+        let network = self.network_for(g, egress_net);
+        let runtime = self.runtime_for(g, &network).await?;
         let cspec = ContainerSpec {
             name: self.container_name(&spec.run_id, ""),
             image: match g.agent {
@@ -241,10 +246,11 @@ impl Runner {
             env,
             cmd: None,
             mounts: p.mounts.clone(),
-            network: self.network_for(g, egress_net),
+            network,
             limits: g.limits(&cfg.limits),
             labels,
             stdin: true,
+            runtime,
         };
         let t = cfg.docker_timeout;
         let id = docker::create(&self.docker, &cspec, t).await?;

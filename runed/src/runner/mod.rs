@@ -324,6 +324,8 @@ pub struct Runner {
     storage: Arc<Storage>,
     /// The egress proxy, when `cfg.egress` is set.
     egress: Option<Arc<egress::Egress>>,
+    /// The OCI runtimes the Docker daemon lists, once asked.
+    runtimes: Arc<std::sync::Mutex<Option<Vec<String>>>>,
 }
 
 impl Runner {
@@ -346,7 +348,75 @@ impl Runner {
             cfg: Arc::new(cfg),
             storage,
             egress,
+            runtimes: Arc::default(),
         })
+    }
+
+    /// The OCI runtimes the Docker daemon lists (asked once, then remembered).
+    pub async fn runtimes(&self) -> Result<Vec<String>, DockerError> {
+        if let Some(r) = self
+            .runtimes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+        {
+            return Ok(r);
+        }
+        let r = docker::runtimes(&self.docker, self.cfg.docker_timeout).await?;
+        *self.runtimes.lock().unwrap_or_else(|p| p.into_inner()) = Some(r.clone());
+        Ok(r)
+    }
+
+    /// Checks that the runtime the install names for untrusted groups is one the Docker
+    /// daemon lists: never a silent fallback to the default. The error names the variable.
+    pub async fn check_runtimes(&self) -> Result<(), RunError> {
+        let Some(r) = &self.cfg.untrusted_runtime else {
+            return Ok(());
+        };
+        let known = self.runtimes().await?;
+        if known.contains(r) {
+            return Ok(());
+        }
+        Err(RunError::Invalid(format!(
+            "RUNED_UNTRUSTED_RUNTIME={r}: the Docker daemon has no runtime {r:?} (it has: {}); \
+             register it in /etc/docker/daemon.json \"runtimes\" and send dockerd SIGHUP, or \
+             unset the variable",
+            known.join(", ")
+        )))
+    }
+
+    /// The runtime a group's containers run under: its own, else the install's for untrusted
+    /// groups, else the Docker daemon's default (`None`). Where the daemon lists variants of
+    /// it, a container without a network runs under `<runtime>-nonet` and one with a network
+    /// under `<runtime>-net` (gVisor needs its own `--network=none` for the first, and on
+    /// hosts where its netstack cannot take a container's network namespace,
+    /// `--network=host` for the second: `specs/runner.md`). A runtime the daemon does not
+    /// list is refused, by name.
+    pub async fn runtime_for(
+        &self,
+        g: &GroupSpec,
+        network: &str,
+    ) -> Result<Option<String>, RunError> {
+        let chosen = g.runtime.clone().or_else(|| match g.trust {
+            hako_shared::runs::Trust::Untrusted => self.cfg.untrusted_runtime.clone(),
+            hako_shared::runs::Trust::Main => None,
+        });
+        let Some(r) = chosen else {
+            return Ok(None);
+        };
+        let known = self.runtimes().await?;
+        if !known.contains(&r) {
+            return Err(RunError::Invalid(format!(
+                "the group's runtime {r:?} is not one the Docker daemon lists (it has: {})",
+                known.join(", ")
+            )));
+        }
+        let variant = if network == "none" {
+            format!("{r}-nonet")
+        } else {
+            format!("{r}-net")
+        };
+        Ok(Some(if known.contains(&variant) { variant } else { r }))
     }
 
     /// The egress proxy of `allowlist` runs, if configured.

@@ -104,6 +104,11 @@ pub async fn network(
 
 impl Rig {
     pub async fn new() -> Rig {
+        Rig::with_env(&[]).await
+    }
+
+    /// A rig whose runed has these settings too.
+    pub async fn with_env(extra: &[(&str, &str)]) -> Rig {
         let (egress_image, testkit) = tokio::join!(
             hako_deploy::ensure_egress_image(),
             hako_deploy::ensure_testkit_image()
@@ -176,33 +181,39 @@ impl Rig {
             .unwrap()
             .token;
         rig.runed_service = c.service_token("runed", RUNED_KEY).await.unwrap().token;
-        let env = Env::from_pairs([
-            ("DATA_DIR", rig.data().display().to_string()),
-            ("AUTHD_URL", rig.authd_url.clone()),
-            ("AUTHD_SERVICE_KEY", RUNED_KEY.into()),
-            ("AUTHD_CLOCK_SKEW", "1s".into()),
-            ("AUTHD_REVOKED_POLL", "1s".into()),
-            ("HAKO_INSTALL_ID", rig.install.clone()),
-            ("CONTAINER_IMAGE", rig.testkit.clone()),
-            ("MAX_CONTAINERS", "4".into()),
-            ("RUNED_RUN_TIMEOUT", "120s".into()),
-            ("RUNED_STOP_GRACE", "1s".into()),
-            ("RUNED_EGRESS_IMAGE", egress_image),
+        let mut pairs: Vec<(String, String)> = vec![
+            ("DATA_DIR".into(), rig.data().display().to_string()),
+            ("AUTHD_URL".into(), rig.authd_url.clone()),
+            ("AUTHD_SERVICE_KEY".into(), RUNED_KEY.into()),
+            ("AUTHD_CLOCK_SKEW".into(), "1s".into()),
+            ("AUTHD_REVOKED_POLL".into(), "1s".into()),
+            ("HAKO_INSTALL_ID".into(), rig.install.clone()),
+            ("CONTAINER_IMAGE".into(), rig.testkit.clone()),
+            ("MAX_CONTAINERS".into(), "4".into()),
+            ("RUNED_RUN_TIMEOUT".into(), "120s".into()),
+            ("RUNED_STOP_GRACE".into(), "1s".into()),
+            ("RUNED_EGRESS_IMAGE".into(), egress_image),
             (
-                "RUNED_EGRESS_NETWORKS",
+                "RUNED_EGRESS_NETWORKS".into(),
                 format!("{},{}", rig.uplink.name, rig.ll.name),
             ),
-            ("RUNED_EGRESS_CHECK", "500ms".into()),
+            ("RUNED_EGRESS_CHECK".into(), "500ms".into()),
             // The operator's range: the web and TLS targets (.128/26), not .200 (private.test).
             (
-                "EGRESS_PRIVATE_TARGETS",
+                "EGRESS_PRIVATE_TARGETS".into(),
                 format!("{}.128/26", rig.uplink.prefix),
             ),
-            ("EGRESS_REVOCATION_MAX_AGE", "5s".into()),
-            ("EGRESS_RECHECK_INTERVAL", "200ms".into()),
+            ("EGRESS_REVOCATION_MAX_AGE".into(), "5s".into()),
+            ("EGRESS_RECHECK_INTERVAL".into(), "200ms".into()),
             // `open` runs (the bench's direct baseline) sit on the uplink with the targets.
-            ("RUNED_OPEN_NETWORK", rig.uplink.name.clone()),
-        ]);
+            ("RUNED_OPEN_NETWORK".into(), rig.uplink.name.clone()),
+        ];
+        pairs.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        let env = Env::from_pairs(pairs);
         let cfg = hako_runed::Config::from_env(&env).expect("runed config");
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         rig.runed = Some(hako_runed::start(cfg, l).await.unwrap());
