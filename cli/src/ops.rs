@@ -201,7 +201,15 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
         Ok(r) => r.text().await.unwrap_or_default(),
         Err(_) => String::new(),
     };
+    // Which box untrusted groups get (runed_runtime_info{trust="untrusted",runtime=…}).
+    let untrusted_runtime = metrics
+        .lines()
+        .find(|l| l.starts_with("runed_runtime_info{") && l.contains("trust=\"untrusted\""))
+        .and_then(|l| l.split("runtime=\"").nth(1))
+        .and_then(|r| r.split('"').next())
+        .map(str::to_owned);
     let runed = json!({
+        "untrusted_runtime": untrusted_runtime,
         "active_containers": sample(&metrics, "runed_active_containers"),
         "queue_length": sample(&metrics, "runed_queue_length"),
         "oldest_queued_seconds": sample(&metrics, "runed_oldest_queued_seconds"),
@@ -260,6 +268,11 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
         n("queue_length"),
         n("oldest_queued_seconds")
     );
+    match runed["untrusted_runtime"].as_str() {
+        Some("default") => println!("  untrusted groups under Docker's default runtime (runc)"),
+        Some(r) => println!("  untrusted groups under {r} (gVisor when runsc); main under runc"),
+        None => {}
+    }
     println!("turns");
     if let Some(e) = &turns_error {
         println!("  (cannot list: {e})");

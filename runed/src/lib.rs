@@ -169,6 +169,7 @@ pub async fn start(
         config.service_key.as_deref(),
     )?;
     let metrics = DaemonMetrics::new(config.runner.run_timeout);
+    metrics.runtimes(config.runner.untrusted_runtime.as_deref());
     let (events, _) = broadcast::channel(state::EVENT_RING);
     let watchers =
         hako_shared::watchers::Gate::new(config.max_streams, config.max_streams_per_caller);

@@ -40,6 +40,23 @@ pub struct DaemonMetrics {
 }
 
 impl DaemonMetrics {
+    /// Says which OCI runtime untrusted groups run under (`runed_runtime_info`, 1 for the
+    /// runtime each trust level gets; `default` is the Docker daemon's own).
+    pub fn runtimes(&self, untrusted: Option<&str>) {
+        for (trust, runtime) in [
+            ("untrusted", untrusted.unwrap_or("default")),
+            ("main", "default"),
+        ] {
+            self.registry
+                .gauge(
+                    "runed_runtime_info",
+                    "The OCI runtime each trust level's containers run under (1).",
+                    &[("trust", trust), ("runtime", runtime)],
+                )
+                .set(1);
+        }
+    }
+
     /// Registers the metrics; the duration buckets reach the run `ceiling`.
     pub fn new(ceiling: Duration) -> Self {
         let registry = Metrics::default();

@@ -1866,6 +1866,20 @@ async fn daemon_gvisor_runs_untrusted_groups() {
         ("RUNED_IDLE_TIMEOUT", "8s"),
     ])
     .await;
+    let metrics = rig
+        .http
+        .get(rig.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains(r#"runed_runtime_info{runtime="runsc",trust="untrusted"} 1"#)
+            || metrics.contains(r#"runed_runtime_info{trust="untrusted",runtime="runsc"} 1"#),
+        "{metrics}"
+    );
     let a = rig
         .run("gv", "turn-gv-1", "/read /proc/version\n/whoami")
         .await;
