@@ -32,8 +32,10 @@ pub const MAX_LINE: usize = 1024 * 1024;
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Client: timeout of a tool listing.
 pub const LIST_TIMEOUT: Duration = Duration::from_secs(10);
-/// Client: timeout of one tool call (a tool may do real work: a send, a history page).
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Client: timeout of one tool call. A call may be held for a person's approval (routd
+/// bounds that wait by the group's setting and the turn's end; the run's deadline bounds
+/// everything), so this only guards against a server that never answers.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(3600);
 /// Server: a connection with no request for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Server: connections served at once.

@@ -51,6 +51,8 @@ pub enum Command {
     Routes(ops::RoutesArgs),
     /// Scheduled tasks on routd: list, cancel.
     Tasks(ops::TasksArgs),
+    /// Held tool calls waiting for a person: list, approve, deny.
+    Approvals(ops::ApprovalsArgs),
     /// Tokens from authd: service, mint.
     Token(ops::TokenArgs),
     /// Talk to a group's agent: one line of stdin is one turn in a fresh container.
@@ -75,6 +77,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Groups(args) => ops::groups(args).await.map(ok),
         Command::Routes(args) => ops::routes(args).await.map(ok),
         Command::Tasks(args) => ops::tasks(args).await.map(ok),
+        Command::Approvals(args) => ops::approvals(args).await.map(ok),
         Command::Token(args) => ops::token(args).await.map(ok),
         Command::Chat(args) => chat::chat(args).await,
     }

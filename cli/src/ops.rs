@@ -216,8 +216,21 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     });
     let mut turns = Vec::new();
     let mut turns_error = None;
+    let mut approvals = Vec::new();
     match d.operator_token().await {
         Ok(token) => {
+            match d
+                .routd_json(
+                    reqwest::Method::GET,
+                    "/v1/approvals?limit=100",
+                    &token,
+                    None,
+                )
+                .await
+            {
+                Ok(v) => approvals = v["approvals"].as_array().cloned().unwrap_or_default(),
+                Err(e) => turns_error = Some(e.to_string()),
+            }
             for state in ["running", "starting", "waiting"] {
                 match d
                     .routd_json(
@@ -250,7 +263,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
             .collect();
         println!(
             "{}",
-            json!({"daemons": daemons, "runed": runed, "turns": turns, "turns_error": turns_error})
+            json!({"daemons": daemons, "runed": runed, "turns": turns, "turns_error": turns_error, "approvals": approvals})
         );
         return Ok(all_ready);
     }
@@ -294,7 +307,115 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
             t["run_id"].as_str().unwrap_or("-"),
         );
     }
+    println!("approvals");
+    if approvals.is_empty() && turns_error.is_none() {
+        println!("  none waiting");
+    }
+    for a in &approvals {
+        print_approval(a, now);
+    }
     Ok(all_ready)
+}
+
+fn print_approval(a: &Value, now: i64) {
+    let age = a["requested_at"]
+        .as_i64()
+        .map_or("?".into(), |c| format!("{}s", (now - c).max(0) / 1000));
+    println!(
+        "  {:<16} {:<10} {:<14} folder {:<16} chat {:<20} age {age}  {}",
+        s(a, "id"),
+        s(a, "state"),
+        s(a, "tool"),
+        s(a, "folder"),
+        s(a, "chat_jid"),
+        crate::terminal_safe(
+            &a["arguments"]
+                .to_string()
+                .chars()
+                .take(80)
+                .collect::<String>()
+        ),
+    );
+}
+
+/// `hako approvals …`.
+#[derive(Debug, clap::Args)]
+pub struct ApprovalsArgs {
+    #[command(subcommand)]
+    pub command: ApprovalsCommand,
+    #[command(flatten)]
+    pub ops: OpsArgs,
+}
+
+/// Held tool calls waiting for a person (routd).
+#[derive(Debug, clap::Subcommand)]
+pub enum ApprovalsCommand {
+    /// The requests waiting for a verdict, newest first.
+    #[command(after_help = "Examples:\n  hako approvals list\n  hako approvals list --all")]
+    List {
+        /// Also the decided ones.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Approve a held call: it runs.
+    Approve {
+        /// The request's id (`ap-…`, from `hako approvals list` or the chat).
+        id: String,
+    },
+    /// Deny a held call: the agent gets an error.
+    Deny {
+        /// The request's id.
+        id: String,
+    },
+}
+
+/// `hako approvals`: a verdict someone else gave first is an error (exit 1) naming it.
+pub async fn approvals(args: ApprovalsArgs) -> anyhow::Result<bool> {
+    let d = args.ops.daemons()?;
+    let token = d.operator_token().await?;
+    let json = args.ops.json;
+    let (id, approve) = match args.command {
+        ApprovalsCommand::List { all } => {
+            let v = d
+                .routd_json(
+                    reqwest::Method::GET,
+                    &format!("/v1/approvals?all={all}"),
+                    &token,
+                    None,
+                )
+                .await?;
+            let now = hako_shared::time::unix_millis(std::time::SystemTime::now());
+            emit(json, &v, |v| {
+                let list = v["approvals"].as_array().cloned().unwrap_or_default();
+                if list.is_empty() {
+                    println!("no approval requests{}", if all { "" } else { " waiting" });
+                }
+                for a in &list {
+                    print_approval(a, now);
+                }
+            });
+            return Ok(true);
+        }
+        ApprovalsCommand::Approve { id } => (id, true),
+        ApprovalsCommand::Deny { id } => (id, false),
+    };
+    let v = d
+        .routd_json(
+            reqwest::Method::POST,
+            &format!("/v1/approvals/{}", encode(&id)),
+            &token,
+            Some(json!({ "approve": approve })),
+        )
+        .await?;
+    emit(json, &v, |v| {
+        println!(
+            "{id}: {} ({} {})",
+            s(v, "state"),
+            s(v, "tool"),
+            s(v, "folder")
+        );
+    });
+    Ok(true)
 }
 
 #[cfg(test)]

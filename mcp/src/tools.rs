@@ -5,7 +5,7 @@
 use std::future::Future;
 
 use hako_shared::GroupFolder;
-use hako_shared::grants::{Grants, Refused, Tool};
+use hako_shared::grants::{Gate, Grants, Refused, Tool};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
@@ -32,8 +32,8 @@ pub struct Scope {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct ToolError {
-    /// A stable code: `invalid_arguments`, `not_granted`, `not_found`, `turn_ended`,
-    /// `unavailable`, `not_available`, `conflict`, `internal`.
+    /// A stable code: `invalid_arguments`, `not_granted`, `denied`, `not_found`,
+    /// `turn_ended`, `unavailable`, `not_available`, `conflict`, `rate_limited`, `internal`.
     pub code: &'static str,
     /// What happened, for the agent.
     pub message: String,
@@ -44,6 +44,14 @@ impl ToolError {
     pub fn rate_limited(message: impl Into<String>) -> Self {
         ToolError {
             code: "rate_limited",
+            message: message.into(),
+        }
+    }
+
+    /// A person denied the call, or no one approved it in time (HTTP 403).
+    pub fn denied(message: impl Into<String>) -> Self {
+        ToolError {
+            code: "denied",
             message: message.into(),
         }
     }
@@ -311,12 +319,29 @@ pub trait Backend: Send + Sync + 'static {
         scope: &Scope,
         call: Call,
     ) -> impl Future<Output = Result<Value, ToolError>> + Send;
+    /// Holds a call an ask rule matched until a person's verdict: `Ok` when approved, a
+    /// `denied` error otherwise (denied, no verdict in time, the turn ended). A backend with
+    /// no one to ask denies (the default).
+    /// `args` are the call's arguments as the agent sent them (for the person who decides).
+    fn ask(
+        &self,
+        _scope: &Scope,
+        call: &Call,
+        _args: &Map<String, Value>,
+    ) -> impl Future<Output = Result<(), ToolError>> + Send {
+        let tool = call.tool().name();
+        async move {
+            Err(ToolError::denied(format!(
+                "{tool} needs a person's approval, and no one here can give it"
+            )))
+        }
+    }
     /// Sees how every call ended (`Err` holds the error code), refused or not: metrics.
     fn record(&self, _tool: Tool, _outcome: Result<(), &'static str>) {}
 }
 
-/// Parses, checks the grants, checks the turn is live, and calls the backend: the one path
-/// of every tool call, over MCP or HTTP.
+/// Parses, checks the grants, checks the turn is live, holds a call an ask rule matched for
+/// its verdict, and calls the backend: the one path of every tool call, over MCP or HTTP.
 pub async fn dispatch<B: Backend>(
     backend: &B,
     scope: &Scope,
@@ -324,14 +349,21 @@ pub async fn dispatch<B: Backend>(
     args: Map<String, Value>,
 ) -> Result<Value, ToolError> {
     let outcome = async {
-        let call = Call::parse(tool, args)?;
-        match call.other_chat(scope) {
+        let call = Call::parse(tool, args.clone())?;
+        let gate = match call.other_chat(scope) {
             // Past the turn's own chat: only a grant that names the chat.
             Some(chat) => scope.grants.check_beyond(tool, chat)?,
             None => scope.grants.check(tool, call.target(scope))?,
-        }
+        };
         if !backend.is_live(scope).await {
             return Err(ToolError::turn_ended(&scope.turn_id));
+        }
+        if gate == Gate::Ask {
+            backend.ask(scope, &call, &args).await?;
+            // The wait may have outlived the turn.
+            if !backend.is_live(scope).await {
+                return Err(ToolError::turn_ended(&scope.turn_id));
+            }
         }
         backend.call(scope, call).await
     }

@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::stream::Stream;
 use hako_shared::GroupFolder;
+use hako_shared::approvals::ApprovalPolicy;
 use hako_shared::auth::{Principal, Verifier, scopes};
 use hako_shared::chat::{
     GroupConfig, GroupList, GroupView, MessageKind, MessagePage, MessageView, NewRoute, NewWebhook,
@@ -26,6 +27,8 @@ use sha2::{Digest, Sha256};
 use tokio::sync::broadcast;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
+
+mod approvals;
 
 use crate::commands;
 use crate::error::ApiFailure;
@@ -72,6 +75,8 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(list_tasks))
         .routes(routes!(cancel_task))
         .routes(routes!(audit))
+        .routes(routes!(approvals::list_approvals))
+        .routes(routes!(approvals::get_approval, approvals::decide_approval))
 }
 
 /// The longest sender, display name or reply-to accepted.
@@ -227,6 +232,7 @@ async fn post_message(
     let hash = Sha256::digest(serde_json::to_vec(&m).map_err(ApiFailure::internal)?);
     let hash: String = hash.iter().map(|b| format!("{b:02x}")).collect();
     let command = commands::parse(&m.content);
+    let sender = m.sender.clone();
     let now = now_ms();
     let ingested = sh
         .store
@@ -262,7 +268,7 @@ async fn post_message(
                 chat: m.chat_jid.as_str().into(),
             });
             match command {
-                Some(c) => commands::handle(&sh, c, &m.chat_jid, &id).await?,
+                Some(c) => commands::handle(&sh, c, &m.chat_jid, &sender, &id).await?,
                 None => sh.wake.notify_one(),
             }
             Ok((StatusCode::CREATED, Json(posted(seq, false))))
@@ -482,6 +488,7 @@ async fn group_view(sh: &Shared, g: GroupRow) -> Result<GroupView, ApiFailure> {
         system_prompt: g.system_prompt,
         grants: serde_json::from_str(&g.grants).unwrap_or_default(),
         group: serde_json::from_str(&g.spec).unwrap_or_default(),
+        approvals: serde_json::from_str(&g.approvals).unwrap_or_default(),
         sessions,
         updated_at: g.updated_at,
     })
@@ -522,7 +529,12 @@ async fn put_group(
     hako_shared::grants::Grants::parse(&cfg.grants, cfg.group.trust)
         .map_err(|e| ApiFailure::Invalid(format!("grants: {e}")))?;
     cfg.group.validate()?;
-    if !who.is_unbound() && (cfg.group != GroupSpec::default() || !cfg.grants.is_empty()) {
+    cfg.approvals.validate().map_err(ApiFailure::Invalid)?;
+    if !who.is_unbound()
+        && (cfg.group != GroupSpec::default()
+            || !cfg.grants.is_empty()
+            || cfg.approvals != ApprovalPolicy::default())
+    {
         let refused = "a folder-bound caller can set a group's name and system prompt only";
         audit_row(
             &sh,
@@ -542,6 +554,7 @@ async fn put_group(
             system_prompt: cfg.system_prompt,
             grants: serde_json::to_string(&cfg.grants).map_err(ApiFailure::internal)?,
             spec: serde_json::to_string(&cfg.group).map_err(ApiFailure::internal)?,
+            approvals: serde_json::to_string(&cfg.approvals).map_err(ApiFailure::internal)?,
             updated_at: now_ms(),
         };
         let created = sh.store.put_group(row.clone()).await?;
@@ -610,7 +623,7 @@ async fn tenant_put(
             break;
         }
     }
-    let (grants, spec) = match parent {
+    let (grants, spec, approvals) = match parent {
         Some(p) => {
             let mut spec: GroupSpec =
                 serde_json::from_str(&p.spec).map_err(ApiFailure::internal)?;
@@ -620,9 +633,11 @@ async fn tenant_put(
             (
                 p.grants,
                 serde_json::to_string(&spec).map_err(ApiFailure::internal)?,
+                // Its ask rules keep their approvers: a sub-group is no way around them.
+                p.approvals,
             )
         }
-        None => ("[]".to_owned(), "{}".to_owned()),
+        None => ("[]".to_owned(), "{}".to_owned(), "{}".to_owned()),
     };
     let row = GroupRow {
         folder: folder.to_string(),
@@ -630,6 +645,7 @@ async fn tenant_put(
         system_prompt,
         grants,
         spec,
+        approvals,
         updated_at: now,
     };
     let created = sh.store.put_group(row.clone()).await?;

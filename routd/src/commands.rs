@@ -6,7 +6,9 @@
 //! - `/chatid`: the chat's JID and the folder it routes to;
 //! - `/new`: the group's next turn starts a fresh agent session;
 //! - `/stop`: kills the folder's live run through runed (the turn ends `killed`, never
-//!   retried).
+//!   retried);
+//! - `/approve ID`, `/deny ID`: a verdict on a held tool call asked in this chat, from a
+//!   sender the group's approval settings admit (`crate::approvals`).
 
 use hako_shared::GroupFolder;
 use hako_shared::chat::MessageKind;
@@ -14,38 +16,65 @@ use hako_shared::chat::MessageKind;
 use crate::Shared;
 
 /// A command routd handles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Command {
     Ping,
     ChatId,
     New,
     Stop,
+    /// A verdict on approval request `id`.
+    Verdict {
+        id: String,
+        approve: bool,
+    },
 }
 
 /// The command a message's text is, if it is one.
 pub(crate) fn parse(content: &str) -> Option<Command> {
-    let word = content.trim();
-    if word.contains(char::is_whitespace) {
+    let mut words = content.split_whitespace();
+    let (first, arg, rest) = (words.next()?, words.next(), words.next());
+    if rest.is_some() {
         return None;
     }
-    Some(match word.to_ascii_lowercase().as_str() {
-        "/ping" => Command::Ping,
-        "/chatid" => Command::ChatId,
-        "/new" => Command::New,
-        "/stop" => Command::Stop,
+    Some(match (first.to_ascii_lowercase().as_str(), arg) {
+        ("/ping", None) => Command::Ping,
+        ("/chatid", None) => Command::ChatId,
+        ("/new", None) => Command::New,
+        ("/stop", None) => Command::Stop,
+        (verb @ ("/approve" | "/deny"), Some(id)) if id.starts_with("ap-") && id.len() <= 64 => {
+            Command::Verdict {
+                id: id.to_owned(),
+                approve: verb == "/approve",
+            }
+        }
         _ => return None,
     })
 }
 
-/// Handles `cmd` from `chat` (message `id`) and appends its answer.
+/// Handles `cmd` from `sender` in `chat` (message `id`) and appends its answer.
 pub(crate) async fn handle(
     sh: &Shared,
     cmd: Command,
     chat: &str,
+    sender: &str,
     id: &str,
 ) -> Result<(), hako_shared::db::DbError> {
     let folder = sh.routing.resolve(chat);
     let text = match (cmd, folder.as_deref()) {
+        (
+            Command::Verdict {
+                id: request,
+                approve,
+            },
+            _,
+        ) => {
+            let judge = crate::approvals::Judge::Chat { chat, sender };
+            match crate::approvals::decide(sh, &request, approve, judge).await? {
+                // The verdict's own notice tells the chat.
+                Ok(_) => return Ok(()),
+                Err(refused) => refused.to_string(),
+            }
+        }
         (Command::Ping, _) => "pong".to_owned(),
         (Command::ChatId, Some(f)) => format!("chat id: {chat} (group {f})"),
         (Command::ChatId, None) => format!("chat id: {chat} (no group: no route takes this chat)"),
@@ -94,5 +123,23 @@ mod tests {
             "the agent's own commands pass through"
         );
         assert_eq!(parse("ping"), None);
+        assert_eq!(
+            parse(" /APPROVE ap-12ab "),
+            Some(Command::Verdict {
+                id: "ap-12ab".into(),
+                approve: true
+            })
+        );
+        assert_eq!(
+            parse("/deny ap-1"),
+            Some(Command::Verdict {
+                id: "ap-1".into(),
+                approve: false
+            })
+        );
+        assert_eq!(parse("/approve"), None);
+        assert_eq!(parse("/approve ap-1 now"), None);
+        assert_eq!(parse("/approve m-1"), None);
+        assert_eq!(parse("/stop now"), None);
     }
 }

@@ -30,6 +30,9 @@ pub enum ApiFailure {
     /// The caller's folder does not cover what it asked for.
     #[error("{0}")]
     FolderForbidden(String),
+    /// An approval request was decided before this verdict.
+    #[error("{0}")]
+    AlreadyDecided(String),
     /// Too many streams.
     #[error(transparent)]
     TooManyStreams(#[from] Full),
@@ -60,7 +63,9 @@ impl ApiFailure {
     pub fn status(&self) -> StatusCode {
         match self {
             ApiFailure::Invalid(_) | ApiFailure::InvalidGroup(_) => StatusCode::BAD_REQUEST,
-            ApiFailure::IdConflict(_) | ApiFailure::WebhookExists(_) => StatusCode::CONFLICT,
+            ApiFailure::IdConflict(_)
+            | ApiFailure::WebhookExists(_)
+            | ApiFailure::AlreadyDecided(_) => StatusCode::CONFLICT,
             ApiFailure::NotFound(_) => StatusCode::NOT_FOUND,
             ApiFailure::FolderForbidden(_) => StatusCode::FORBIDDEN,
             ApiFailure::TooManyStreams(_) | ApiFailure::TooManyGroups(_) => {
@@ -73,7 +78,7 @@ impl ApiFailure {
             ApiFailure::Api(e) => e.status,
             ApiFailure::Tool(t) => match t.code {
                 "invalid_arguments" => StatusCode::BAD_REQUEST,
-                "not_granted" => StatusCode::FORBIDDEN,
+                "not_granted" | "denied" => StatusCode::FORBIDDEN,
                 "not_found" => StatusCode::NOT_FOUND,
                 "turn_ended" | "conflict" => StatusCode::CONFLICT,
                 "rate_limited" => StatusCode::TOO_MANY_REQUESTS,
@@ -91,6 +96,7 @@ impl ApiFailure {
             ApiFailure::InvalidGroup(_) => "invalid_group",
             ApiFailure::IdConflict(_) => "id_conflict",
             ApiFailure::WebhookExists(_) => "webhook_exists",
+            ApiFailure::AlreadyDecided(_) => "already_decided",
             ApiFailure::NotFound(_) => "not_found",
             ApiFailure::FolderForbidden(_) => "folder_forbidden",
             ApiFailure::TooManyStreams(_) => "too_many_streams",

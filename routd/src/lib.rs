@@ -8,6 +8,7 @@
 #![warn(missing_docs)]
 
 mod api;
+mod approvals;
 mod commands;
 pub mod config;
 mod delivery;
@@ -105,6 +106,8 @@ pub(crate) struct Shared {
     pub sockets: sockets::TurnSockets,
     /// Wakes the task loop (a task was scheduled or cancelled).
     pub tasks_changed: Notify,
+    /// Tool calls held for a person's verdict, woken when it comes.
+    pub approval_waiters: approvals::Waiters,
 }
 
 /// The current time in Unix milliseconds.
@@ -279,6 +282,7 @@ pub async fn start(
         llm_http,
         sockets: sockets::TurnSockets::default(),
         tasks_changed: Notify::new(),
+        approval_waiters: approvals::Waiters::default(),
     });
     shared.reload_webhooks().await?;
 
@@ -312,6 +316,14 @@ pub async fn start(
         tracing::info!(
             messages = released,
             "messages left steering by an ended turn wait for the next turn"
+        );
+    }
+    // Held calls of an earlier routd were cut with its sockets: their requests are denied.
+    let abandoned = approvals::abandon_all(&shared).await?;
+    if abandoned > 0 {
+        tracing::info!(
+            requests = abandoned,
+            "approval requests left pending by an earlier routd are denied"
         );
     }
     let tasks = vec![

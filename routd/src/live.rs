@@ -27,6 +27,8 @@ pub struct LiveTurn {
     cut_off: Mutex<Option<CutOff>>,
     /// What the turn's tools wrote so far (`ROUTD_TURN_MAX_*`).
     writes: Mutex<Writes>,
+    /// Cancelled when the driver lets the turn go: calls held for approval stop waiting.
+    ended: tokio_util::sync::CancellationToken,
 }
 
 /// What a turn's tools wrote.
@@ -60,6 +62,11 @@ impl LiveTurn {
     /// The current run's container started (or not yet, for a new try).
     pub fn set_run_started(&self, started: bool) {
         self.run_started.store(started, Ordering::Release);
+    }
+
+    /// Cancelled when the turn's driver ends.
+    pub fn ended(&self) -> tokio_util::sync::CancellationToken {
+        self.ended.clone()
     }
 
     /// Whether the agent reset its session.
@@ -166,6 +173,7 @@ impl Driving {
 impl Drop for Driving {
     fn drop(&mut self) {
         lock(&self.turns.0).remove(&self.turn);
+        self.live.ended.cancel();
     }
 }
 
@@ -180,8 +188,11 @@ mod tests {
         assert!(turns.claim("t-1").is_none(), "a second driver");
         d.live().refuse([4]);
         assert!(turns.get("t-1").unwrap().refused(4));
+        let ended = d.live().ended();
+        assert!(!ended.is_cancelled());
         drop(d);
         assert!(turns.get("t-1").is_none());
+        assert!(ended.is_cancelled(), "what waits on the turn stops waiting");
         let again = turns.claim("t-1").unwrap();
         assert!(!again.live().refused(4), "a new driver starts afresh");
     }

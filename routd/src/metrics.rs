@@ -146,6 +146,35 @@ impl RoutdMetrics {
             .inc();
     }
 
+    /// An approval request was made (`requested`) or left `pending` for `result`.
+    pub fn approval(&self, result: &'static str) {
+        self.registry
+            .counter(
+                "routd_approvals_total",
+                "Approval requests made (requested) and decided, by verdict (approved, denied, timed_out, turn_ended, abandoned).",
+                &[("result", result)],
+            )
+            .inc();
+    }
+
+    /// How many approval requests wait, and the age of the oldest in seconds.
+    pub fn approvals_waiting(&self, pending: i64, oldest_seconds: i64) {
+        self.registry
+            .gauge(
+                "routd_approvals_pending",
+                "Approval requests waiting for a verdict.",
+                &[],
+            )
+            .set(pending);
+        self.registry
+            .gauge(
+                "routd_approval_oldest_pending_seconds",
+                "Age of the oldest approval request waiting for a verdict (0: none).",
+                &[],
+            )
+            .set(oldest_seconds);
+    }
+
     /// The oldest unanswered message of `folder`, in seconds.
     pub fn oldest_unanswered(&self, folder: &str, seconds: i64) {
         self.registry

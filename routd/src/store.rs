@@ -9,6 +9,9 @@
 
 use std::path::Path;
 
+mod approvals;
+pub use approvals::{ApprovalRow, Decided};
+
 use hako_shared::chat::{ChatSession, Direction, MessageKind, MessageView, TurnView};
 use hako_shared::db::{Db, DbError, Migration};
 use rusqlite::{OptionalExtension, params};
@@ -229,6 +232,63 @@ CREATE TABLE group_writes (
 );
 "#,
     },
+    // Approval requests are messages of their own kind: the log is rebuilt (SQLite cannot
+    // change a CHECK), every row and seq kept.
+    Migration {
+        version: 8,
+        name: "human approval of held tool calls: requests, verdicts, each group's policy",
+        sql: r#"
+CREATE TABLE messages_v8 (
+    seq         INTEGER PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    chat_jid    TEXT NOT NULL,
+    direction   TEXT NOT NULL CHECK (direction IN ('in', 'out')),
+    kind        TEXT NOT NULL CHECK (kind IN ('message', 'command', 'notice', 'status', 'task', 'approval')),
+    sender      TEXT NOT NULL,
+    sender_name TEXT,
+    content     TEXT NOT NULL,
+    timestamp   INTEGER NOT NULL,
+    reply_to    TEXT,
+    turn_id     TEXT,
+    state       TEXT NOT NULL,
+    body_hash   TEXT NOT NULL DEFAULT '',
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_at INTEGER,
+    created_at  INTEGER NOT NULL,
+    version     INTEGER NOT NULL DEFAULT 0,
+    steering    INTEGER NOT NULL DEFAULT 0,
+    steer_id    TEXT
+);
+INSERT INTO messages_v8 (seq, id, chat_jid, direction, kind, sender, sender_name, content,
+    timestamp, reply_to, turn_id, state, body_hash, attempts, next_try_at, created_at, version,
+    steering, steer_id)
+    SELECT seq, id, chat_jid, direction, kind, sender, sender_name, content, timestamp,
+    reply_to, turn_id, state, body_hash, attempts, next_try_at, created_at, version, steering,
+    steer_id FROM messages;
+DROP TABLE messages;
+ALTER TABLE messages_v8 RENAME TO messages;
+CREATE INDEX messages_chat ON messages (chat_jid, seq);
+CREATE INDEX messages_pending ON messages (state, chat_jid) WHERE direction = 'in';
+CREATE INDEX messages_delivering ON messages (next_try_at) WHERE state = 'delivering';
+ALTER TABLE groups ADD COLUMN approvals TEXT NOT NULL DEFAULT '{}';
+CREATE TABLE approvals (
+    id           TEXT PRIMARY KEY,
+    turn_id      TEXT NOT NULL,
+    folder       TEXT NOT NULL,
+    chat_jid     TEXT NOT NULL,
+    tool         TEXT NOT NULL,
+    target       TEXT,
+    arguments    TEXT NOT NULL,
+    state        TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'timed_out', 'turn_ended', 'abandoned')),
+    decided_by   TEXT,
+    requested_at INTEGER NOT NULL,
+    expires_at   INTEGER NOT NULL,
+    decided_at   INTEGER
+);
+CREATE INDEX approvals_pending ON approvals (turn_id) WHERE state = 'pending';
+CREATE INDEX approvals_folder ON approvals (folder, requested_at);
+"#,
+    },
 ];
 
 /// LLM usage: one group's calls of one turn, day, wire format and model.
@@ -403,6 +463,8 @@ pub struct GroupRow {
     pub grants: String,
     /// GroupSpec (JSON text).
     pub spec: String,
+    /// ApprovalPolicy (JSON text).
+    pub approvals: String,
     /// Unix ms.
     pub updated_at: i64,
 }
@@ -467,6 +529,21 @@ const MSG_COLS: &str = "seq, id, chat_jid, direction, kind, sender, sender_name,
 /// How many columns [`MSG_COLS`] names: a query selecting `{MSG_COLS}, x` reads `x` here.
 const MSG_NCOLS: usize = 13;
 
+/// The columns [`group_row`] reads, by name.
+const GROUP_COLUMNS: &str = "folder, name, system_prompt, grants, spec, approvals, updated_at";
+
+fn group_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<GroupRow> {
+    Ok(GroupRow {
+        folder: r.get("folder")?,
+        name: r.get("name")?,
+        system_prompt: r.get("system_prompt")?,
+        grants: r.get("grants")?,
+        spec: r.get("spec")?,
+        approvals: r.get("approvals")?,
+        updated_at: r.get("updated_at")?,
+    })
+}
+
 fn message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageView> {
     let direction: String = r.get(3)?;
     let kind: String = r.get(4)?;
@@ -484,6 +561,7 @@ fn message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageView> {
             "notice" => MessageKind::Notice,
             "status" => MessageKind::Status,
             "task" => MessageKind::Task,
+            "approval" => MessageKind::Approval,
             _ => MessageKind::Message,
         },
         sender: r.get(5)?,
@@ -1267,15 +1345,17 @@ impl Store {
                     .optional()?
                     .unwrap_or(false);
                 c.execute(
-                    "INSERT INTO groups (folder, name, system_prompt, grants, spec, updated_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (folder) DO UPDATE SET \
-                     name = ?2, system_prompt = ?3, grants = ?4, spec = ?5, updated_at = ?6",
+                    "INSERT INTO groups (folder, name, system_prompt, grants, spec, approvals, \
+                     updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (folder) DO \
+                     UPDATE SET name = ?2, system_prompt = ?3, grants = ?4, spec = ?5, \
+                     approvals = ?6, updated_at = ?7",
                     params![
                         g.folder,
                         g.name,
                         g.system_prompt,
                         g.grants,
                         g.spec,
+                        g.approvals,
                         g.updated_at
                     ],
                 )?;
@@ -1290,18 +1370,9 @@ impl Store {
         self.db
             .call(move |c| {
                 Ok(c.query_row(
-                    "SELECT folder, name, system_prompt, grants, spec, updated_at FROM groups WHERE folder = ?1",
+                    &format!("SELECT {GROUP_COLUMNS} FROM groups WHERE folder = ?1"),
                     [&f],
-                    |r| {
-                        Ok(GroupRow {
-                            folder: r.get(0)?,
-                            name: r.get(1)?,
-                            system_prompt: r.get(2)?,
-                            grants: r.get(3)?,
-                            spec: r.get(4)?,
-                            updated_at: r.get(5)?,
-                        })
-                    },
+                    group_row,
                 )
                 .optional()?)
             })
@@ -1312,20 +1383,11 @@ impl Store {
     pub async fn groups(&self) -> Result<Vec<GroupRow>, DbError> {
         self.db
             .call(|c| {
-                let mut st = c.prepare_cached(
-                    "SELECT folder, name, system_prompt, grants, spec, updated_at FROM groups ORDER BY folder",
-                )?;
+                let mut st = c.prepare_cached(&format!(
+                    "SELECT {GROUP_COLUMNS} FROM groups ORDER BY folder"
+                ))?;
                 let rows = st
-                    .query_map([], |r| {
-                        Ok(GroupRow {
-                            folder: r.get(0)?,
-                            name: r.get(1)?,
-                            system_prompt: r.get(2)?,
-                            grants: r.get(3)?,
-                            spec: r.get(4)?,
-                            updated_at: r.get(5)?,
-                        })
-                    })?
+                    .query_map([], group_row)?
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(rows)
             })

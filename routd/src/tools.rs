@@ -61,7 +61,7 @@ fn internal(e: impl std::fmt::Display) -> ToolError {
     ToolError::internal("routd could not complete the call; try again")
 }
 
-fn random_hex(bytes: usize) -> String {
+pub(crate) fn random_hex(bytes: usize) -> String {
     let mut b = vec![0u8; bytes];
     // getrandom fails only without an OS entropy source; a clock-derived id still works.
     if getrandom::fill(&mut b).is_err() {
@@ -385,14 +385,8 @@ impl RoutdTools {
             return Err(ToolError::invalid("system_prompt: at most 64 KiB"));
         }
         let max = self.sh.cfg.max_tenant_groups;
-        let exists = self
-            .sh
-            .store
-            .group(f.as_str())
-            .await
-            .map_err(internal)?
-            .is_some();
-        if !exists
+        let existing = self.sh.store.group(f.as_str()).await.map_err(internal)?;
+        if existing.is_none()
             && self
                 .sh
                 .store
@@ -415,6 +409,8 @@ impl RoutdTools {
             system_prompt: c.system_prompt.unwrap_or_default(),
             grants: serde_json::to_string(&grants).map_err(internal)?,
             spec: "{}".into(),
+            // Who approves its held calls stays the operator's to say.
+            approvals: existing.map_or_else(|| "{}".into(), |g| g.approvals),
             updated_at: now_ms(),
         };
         let created = self.sh.store.put_group(row).await.map_err(internal)?;
@@ -482,6 +478,15 @@ impl Backend for RoutdTools {
             self.sh.store.turn(&scope.turn_id).await,
             Ok(Some(t)) if t.state == turn::STARTING || t.state == turn::RUNNING
         )
+    }
+
+    async fn ask(
+        &self,
+        scope: &Scope,
+        call: &Call,
+        args: &serde_json::Map<String, Value>,
+    ) -> Result<(), ToolError> {
+        crate::approvals::hold(&self.sh, scope, call, args).await
     }
 
     async fn call(&self, scope: &Scope, call: Call) -> Result<Value, ToolError> {

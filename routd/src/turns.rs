@@ -792,6 +792,8 @@ async fn finish(
         sh.metrics.turn_ended(state);
         tracing::info!(state, "turn ended");
     }
+    // What it held for approval is denied with it.
+    crate::approvals::end_of_turn(sh, &t.turn_id).await?;
     sh.wake.notify_one();
     Ok(())
 }
@@ -839,6 +841,7 @@ pub(crate) async fn watch_backlog(sh: Arc<Shared>) {
             sh.metrics.oldest_unanswered(f, *age);
         }
         seen = by_folder.into_keys().collect();
+        crate::approvals::gauges(&sh).await;
     }
 }
 

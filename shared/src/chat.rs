@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::approvals::ApprovalPolicy;
 use crate::folder::GroupFolder;
 use crate::runs::GroupSpec;
 
@@ -43,6 +44,9 @@ pub enum MessageKind {
     Status,
     /// A scheduled task's prompt arriving in the chat (inbound; it starts a turn).
     Task,
+    /// routd asks the chat to approve or deny a held tool call (outbound; its id is
+    /// `<turn>.approval.<approval id>`, its text names the request and how to answer).
+    Approval,
 }
 
 impl MessageKind {
@@ -54,6 +58,7 @@ impl MessageKind {
             MessageKind::Notice => "notice",
             MessageKind::Status => "status",
             MessageKind::Task => "task",
+            MessageKind::Approval => "approval",
         }
     }
 }
@@ -204,6 +209,9 @@ pub struct GroupConfig {
     /// The container settings of the group's runs (checked as runed checks them).
     #[serde(default)]
     pub group: GroupSpec,
+    /// Who approves the calls its ask rules (`?tool`) hold, and how long they wait.
+    #[serde(default)]
+    pub approvals: ApprovalPolicy,
 }
 
 /// A group as routd serves it.
@@ -220,6 +228,8 @@ pub struct GroupView {
     pub grants: Vec<String>,
     /// The container settings of the group's runs.
     pub group: GroupSpec,
+    /// Who approves the calls its ask rules hold, and how long they wait.
+    pub approvals: ApprovalPolicy,
     /// The agent sessions its chats' next turns resume, one per chat (a group serving many
     /// chats shares its files between them, never a session), the most recent first (at
     /// most 20).

@@ -2,7 +2,7 @@
 //! used by the MCP server and by the same actions over HTTP.
 //!
 //! ```text
-//! grant  = ["!"] tool [":" target]
+//! grant  = ["!" | "?"] tool [":" target]
 //! tool   = "*" | a tool name (lowercase letters and "_")
 //! target = a glob (`*`, `?`) over what the tool acts on: the chat JID of `send_message`,
 //!          the folder of `register_group` / `spawn_group`
@@ -10,7 +10,9 @@
 //!
 //! A group with no grants gets [`DEFAULT_GRANTS`]. A call is allowed when an allow rule
 //! matches the tool (and its target, if the rule has one) and no deny rule (`!…`) does:
-//! deny wins. Some tools need more than a grant: [`Tool::needs_main`] tools run only for a
+//! deny wins. An ask rule (`?…`) that matches makes the call wait for a person's verdict
+//! ([`Gate::Ask`]): deny wins, then ask, then allow; an ask rule alone is enough to offer
+//! the tool (approved, it runs). Some tools need more than a grant: [`Tool::needs_main`] tools run only for a
 //! `main` group, whatever its grants say. What a tool may reach at all (a chat the group owns,
 //! a sub-folder of the group's own) is the caller's check on top of this one.
 
@@ -89,10 +91,18 @@ pub const DEFAULT_GRANTS: &[&str] = &["*"];
 /// The most grant rules a group may have.
 pub const MAX_GRANTS: usize = 64;
 
+/// What a matching rule does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Effect {
+    Allow,
+    Ask,
+    Deny,
+}
+
 /// One parsed rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Rule {
-    deny: bool,
+    effect: Effect,
     /// `None`: every tool.
     tool: Option<Tool>,
     /// `None`: every target.
@@ -114,6 +124,15 @@ pub struct BadGrant {
 pub struct Grants {
     rules: Vec<Rule>,
     trust: Trust,
+}
+
+/// What an allowed call needs before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    /// Nothing more: it runs.
+    Open,
+    /// A person's verdict (an ask rule matched).
+    Ask,
 }
 
 /// Why a call is refused.
@@ -163,8 +182,8 @@ impl Grants {
         }
     }
 
-    /// Whether `tool` may act (on `target`, when the tool has one).
-    pub fn check(&self, tool: Tool, target: Option<&str>) -> Result<(), Refused> {
+    /// Whether `tool` may act (on `target`, when the tool has one), and whether it must ask.
+    pub fn check(&self, tool: Tool, target: Option<&str>) -> Result<Gate, Refused> {
         if tool.needs_main() && self.trust != Trust::Main {
             return Err(Refused::NeedsMain(tool.name()));
         }
@@ -177,15 +196,31 @@ impl Grants {
                     (Some(_), None) => false,
                 }
         };
-        let denied = self.rules.iter().any(|r| r.deny && hits(r));
-        let allowed = self.rules.iter().any(|r| !r.deny && hits(r));
-        if allowed && !denied {
-            Ok(())
-        } else {
-            Err(Refused::NotGranted {
+        let any = |e: Effect| self.rules.iter().any(|r| r.effect == e && hits(r));
+        self.gate(
+            tool,
+            target,
+            any(Effect::Deny),
+            any(Effect::Ask),
+            any(Effect::Allow),
+        )
+    }
+
+    fn gate(
+        &self,
+        tool: Tool,
+        target: Option<&str>,
+        denied: bool,
+        asked: bool,
+        allowed: bool,
+    ) -> Result<Gate, Refused> {
+        match (denied, asked, allowed) {
+            (true, ..) | (false, false, false) => Err(Refused::NotGranted {
                 tool: tool.name(),
                 target: target.map(str::to_owned),
-            })
+            }),
+            (false, true, _) => Ok(Gate::Ask),
+            (false, false, true) => Ok(Gate::Open),
         }
     }
 
@@ -195,29 +230,25 @@ impl Grants {
     /// `send_message`) covers the turn's own chat only. A group serving many chats thus
     /// never lets one chat's turn write into, or schedule work in, another's unless the
     /// operator said so. Deny still wins.
-    pub fn check_beyond(&self, tool: Tool, target: &str) -> Result<(), Refused> {
+    pub fn check_beyond(&self, tool: Tool, target: &str) -> Result<Gate, Refused> {
         if tool.needs_main() && self.trust != Trust::Main {
             return Err(Refused::NeedsMain(tool.name()));
         }
         let about = |r: &&Rule| r.tool.is_none_or(|t| t == tool);
-        let denied = self
-            .rules
-            .iter()
-            .filter(about)
-            .any(|r| r.deny && r.target.as_deref().is_none_or(|p| glob(p, target)));
-        let named = self
-            .rules
-            .iter()
-            .filter(about)
-            .any(|r| !r.deny && r.target.as_deref().is_some_and(|p| glob(p, target)));
-        if named && !denied {
-            Ok(())
-        } else {
-            Err(Refused::NotGranted {
+        // Deny and ask rules without a target reach every chat; a permit needs one naming it.
+        let covers = |r: &Rule| r.target.as_deref().is_none_or(|p| glob(p, target));
+        let names = |r: &Rule| r.target.as_deref().is_some_and(|p| glob(p, target));
+        let rules = || self.rules.iter().filter(about);
+        let denied = rules().any(|r| r.effect == Effect::Deny && covers(r));
+        let asked = rules().any(|r| r.effect == Effect::Ask && covers(r));
+        let named = rules().any(|r| r.effect != Effect::Deny && names(r));
+        if !named {
+            return Err(Refused::NotGranted {
                 tool: tool.name(),
                 target: Some(target.to_owned()),
-            })
+            });
         }
+        self.gate(tool, Some(target), denied, asked, true)
     }
 
     /// Whether `tool` is usable at all (for some target): what the agent is offered.
@@ -230,8 +261,13 @@ impl Grants {
             .rules
             .iter()
             .filter(about)
-            .any(|r| r.deny && r.target.is_none());
-        !whole_deny && self.rules.iter().filter(about).any(|r| !r.deny)
+            .any(|r| r.effect == Effect::Deny && r.target.is_none());
+        !whole_deny
+            && self
+                .rules
+                .iter()
+                .filter(about)
+                .any(|r| r.effect != Effect::Deny)
     }
 }
 
@@ -246,9 +282,12 @@ fn parse_rule(raw: &str) -> Result<Rule, BadGrant> {
     if raw.chars().any(char::is_control) {
         return Err(bad("no control characters"));
     }
-    let (deny, rest) = match raw.strip_prefix('!') {
-        Some(r) => (true, r),
-        None => (false, raw),
+    let (effect, rest) = if let Some(r) = raw.strip_prefix('!') {
+        (Effect::Deny, r)
+    } else if let Some(r) = raw.strip_prefix('?') {
+        (Effect::Ask, r)
+    } else {
+        (Effect::Allow, raw)
     };
     let (tool, target) = match rest.split_once(':') {
         Some((t, "")) => return Err(bad(&format!("empty target after \"{t}:\""))),
@@ -264,7 +303,11 @@ fn parse_rule(raw: &str) -> Result<Rule, BadGrant> {
             ))
         })?),
     };
-    Ok(Rule { deny, tool, target })
+    Ok(Rule {
+        effect,
+        tool,
+        target,
+    })
 }
 
 #[cfg(test)]
@@ -354,12 +397,55 @@ mod tests {
     }
 
     #[test]
+    fn deny_wins_then_ask_then_allow() {
+        let r = g(
+            &[
+                "*",
+                "?send_message",
+                "?schedule_task:tg:*",
+                "!send_message:web:never",
+            ],
+            Trust::Untrusted,
+        );
+        assert_eq!(r.check(Tool::GetHistory, None), Ok(Gate::Open));
+        assert_eq!(r.check(Tool::SendMessage, Some("web:a")), Ok(Gate::Ask));
+        assert!(r.check(Tool::SendMessage, Some("web:never")).is_err());
+        assert_eq!(r.check(Tool::ScheduleTask, Some("tg:1")), Ok(Gate::Ask));
+        assert_eq!(r.check(Tool::ScheduleTask, Some("web:a")), Ok(Gate::Open));
+        // An ask rule alone offers the tool; approved, it runs.
+        let only = g(&["?set_status"], Trust::Untrusted);
+        assert!(only.offers(Tool::SetStatus));
+        assert!(!only.offers(Tool::SendMessage));
+        assert_eq!(only.check(Tool::SetStatus, None), Ok(Gate::Ask));
+        // Past the turn's chat: a named permit, and an untargeted ask still asks.
+        let b = g(
+            &["*", "send_message:web:ops", "?send_message"],
+            Trust::Untrusted,
+        );
+        assert_eq!(b.check_beyond(Tool::SendMessage, "web:ops"), Ok(Gate::Ask));
+        let named_ask = g(&["*", "?send_message:web:ops"], Trust::Untrusted);
+        assert_eq!(
+            named_ask.check_beyond(Tool::SendMessage, "web:ops"),
+            Ok(Gate::Ask)
+        );
+        assert!(named_ask.check_beyond(Tool::SendMessage, "web:x").is_err());
+        // The main-only tools still need main.
+        let m = g(&["?spawn_group"], Trust::Untrusted);
+        assert_eq!(
+            m.check(Tool::SpawnGroup, Some("a/b")),
+            Err(Refused::NeedsMain("spawn_group"))
+        );
+    }
+
+    #[test]
     fn bad_rules_are_named() {
         for (rule, says) in [
             ("", "1-256"),
             ("send_mesage", "unknown tool \"send_mesage\""),
             ("send_message:", "empty target"),
             ("a\u{7}", "control"),
+            ("?", "unknown tool \"\""),
+            ("?!send_message", "unknown tool"),
         ] {
             let e = Grants::parse(&[rule.to_owned()], Trust::Main).unwrap_err();
             assert!(e.to_string().contains(says), "{rule:?}: {e}");

@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod approvals;
 #[cfg(feature = "auth")]
 pub mod auth;
 pub mod chat;

@@ -40,6 +40,10 @@ pub mod scopes {
     pub const LLM_CALL: &str = "llm:call";
     /// The egress proxy: connect to the hosts in the token's `egress` claim.
     pub const EGRESS_CONNECT: &str = "egress:connect";
+    /// routd: list and read approval requests.
+    pub const APPROVALS_READ: &str = "approvals:read";
+    /// routd: approve or deny a held tool call.
+    pub const APPROVALS_WRITE: &str = "approvals:write";
 }
 
 /// The scopes a per-spawn token carries: what an agent container may do, and nothing more.
@@ -79,6 +83,7 @@ pub const SERVICE_GRANTS: &[(&str, &[&str])] = &[
             "chats:*",
             scopes::TURNS_READ,
             "webhooks:*",
+            "approvals:*",
         ],
     ),
 ];

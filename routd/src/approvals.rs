@@ -1,0 +1,466 @@
+//! Human approval of held tool calls. A call an ask rule (`?tool`) matches is held here: a
+//! request is stored (`approvals`), asked in the turn's chat as an `approval` message, and
+//! the call waits for the first verdict, from the chat (`/approve ID`, `/deny ID`) or the API
+//! (`POST /v1/approvals/{id}`, `hako approvals`). A request leaves `pending` once, by one
+//! conditional update in `routd.db` ([`conclude`]): the first verdict wins, a later one is
+//! told who was first. No verdict within the group's wait, the turn ending, or routd
+//! restarting denies it (fail closed). The database is the truth; the waiters here are only
+//! woken by it.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use hako_mcp::{Call, Scope, ToolError};
+use hako_shared::approvals::{ApprovalPolicy, ApprovalState};
+use hako_shared::chat::MessageKind;
+use serde_json::{Map, Value};
+use tokio::sync::Notify;
+
+use crate::store::{ApprovalRow, AuditRow, Decided};
+use crate::{Shared, now_ms};
+
+/// The longest text of an argument shown in a request (the rest is cut).
+const SHOWN_TEXT: usize = 400;
+
+/// The held calls waiting in this process, by request id: woken when their row changes.
+#[derive(Debug, Default)]
+pub(crate) struct Waiters(Mutex<HashMap<String, Arc<Notify>>>);
+
+impl Waiters {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wake(&self, id: &str) {
+        if let Some(n) = self.lock().get(id) {
+            // A stored permit: a waiter between its check and its wait still wakes.
+            n.notify_one();
+        }
+    }
+}
+
+/// A waiter's place in [`Waiters`], removed with it however the wait ends.
+struct Waiting<'a> {
+    waiters: &'a Waiters,
+    id: String,
+    notify: Arc<Notify>,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(waiters: &'a Waiters, id: &str) -> Self {
+        let notify = Arc::new(Notify::new());
+        waiters.lock().insert(id.to_owned(), notify.clone());
+        Waiting {
+            waiters,
+            id: id.to_owned(),
+            notify,
+        }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.waiters.lock().remove(&self.id);
+    }
+}
+
+/// Who gives a verdict.
+#[derive(Debug, Clone)]
+pub(crate) enum Judge<'a> {
+    /// A sender writing in a chat.
+    Chat { chat: &'a str, sender: &'a str },
+    /// A caller of the API: its subject, whether it is unbound (the operator) and whether its
+    /// folder covers the request's.
+    Api {
+        subject: String,
+        unbound: bool,
+        covers: bool,
+    },
+}
+
+/// Why a verdict changed nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Refusal {
+    /// No such request, or not one this judge may see (the same answer, on purpose).
+    #[error("no approval request {0} waits for this chat or caller")]
+    NotFound(String),
+    /// The judge may see it but not answer it.
+    #[error("{0}")]
+    NotAllowed(String),
+    /// Someone was first.
+    #[error("{id} is already decided: {state} (by {by})", state = .state.as_str())]
+    Decided {
+        id: String,
+        state: ApprovalState,
+        by: String,
+    },
+}
+
+/// The group's approval settings; unreadable ones deny (fail closed).
+async fn policy(sh: &Shared, folder: &str) -> Result<Option<ApprovalPolicy>, ToolError> {
+    let group = sh.store.group(folder).await.map_err(internal)?;
+    Ok(group.and_then(|g| match serde_json::from_str::<ApprovalPolicy>(&g.approvals) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::error!(folder, error = %e, "the group's approval settings do not parse; its held calls are denied");
+            None
+        }
+    }))
+}
+
+fn internal(e: impl std::fmt::Display) -> ToolError {
+    tracing::error!(error = %e, "an approval failed inside routd");
+    ToolError::internal("routd could not hold the call for approval; try again")
+}
+
+/// The arguments as people see them: long texts cut.
+fn shown(args: &Map<String, Value>) -> Value {
+    Value::Object(
+        args.iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    Value::String(s) if s.len() > SHOWN_TEXT => {
+                        let mut end = SHOWN_TEXT;
+                        while !s.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        Value::String(format!("{}… ({} bytes)", &s[..end], s.len()))
+                    }
+                    v => v.clone(),
+                };
+                (k.clone(), v)
+            })
+            .collect(),
+    )
+}
+
+fn wait_text(ms: i64) -> String {
+    let s = (ms / 1000).max(1);
+    match s {
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// Holds `call` until its verdict: `Ok` when approved.
+pub(crate) async fn hold(
+    sh: &Arc<Shared>,
+    scope: &Scope,
+    call: &Call,
+    args: &Map<String, Value>,
+) -> Result<(), ToolError> {
+    let tool = call.tool().name();
+    let Some(policy) = policy(sh, scope.folder.as_str()).await? else {
+        return Err(ToolError::denied(format!(
+            "{tool} needs approval, and the group's approval settings cannot be read: denied"
+        )));
+    };
+    let now = now_ms();
+    let wait = policy.wait().as_millis() as i64;
+    let row = ApprovalRow {
+        id: format!("ap-{}", crate::tools::random_hex(6)),
+        turn_id: scope.turn_id.clone(),
+        folder: scope.folder.to_string(),
+        chat_jid: scope.chat_jid.clone(),
+        tool: tool.to_owned(),
+        target: call.target(scope).map(str::to_owned),
+        arguments: shown(args),
+        state: ApprovalState::Pending,
+        decided_by: None,
+        requested_at: now,
+        expires_at: now.saturating_add(wait),
+        decided_at: None,
+    };
+    let id = row.id.clone();
+    // Registered before the request can be seen: no verdict can come before its waiter.
+    let waiting = Waiting::new(&sh.approval_waiters, &id);
+    sh.store.add_approval(row.clone()).await.map_err(internal)?;
+    sh.metrics.approval("requested");
+    gauges(sh).await;
+    let who = match policy.from {
+        hako_shared::approvals::Approvers::Chat => "anyone in this chat",
+        hako_shared::approvals::Approvers::Senders => "the group's named approvers",
+        hako_shared::approvals::Approvers::Operator => "the operator (hako approvals)",
+    };
+    let text = format!(
+        "Approval needed ({id}): the agent wants to run {tool}{} with {}. {who} may answer \
+         /approve {id} or /deny {id} within {}; no answer denies it.",
+        row.target
+            .as_deref()
+            .map(|t| format!(" on {t}"))
+            .unwrap_or_default(),
+        row.arguments,
+        wait_text(wait),
+    );
+    say(sh, &row, "request", text).await;
+    audit(
+        sh,
+        &format!("turn:{}", scope.turn_id),
+        "approval.request",
+        &row,
+        "pending",
+    )
+    .await;
+
+    let ended = sh.live.get(&scope.turn_id).map(|l| l.ended());
+    let expires = tokio::time::Instant::now() + std::time::Duration::from_millis(wait as u64);
+    let state = loop {
+        match sh.store.approval(&id).await.map_err(internal)? {
+            Some(r) if r.state != ApprovalState::Pending => break r.state,
+            Some(_) => {}
+            None => return Err(internal("the approval request vanished")),
+        }
+        let end = async {
+            match &ended {
+                Some(t) => t.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        let denial = tokio::select! {
+            () = waiting.notify.notified() => continue,
+            () = tokio::time::sleep_until(expires) => ApprovalState::TimedOut,
+            () = end => ApprovalState::TurnEnded,
+            () = sh.stopping.cancelled() => {
+                // routd denies what is left pending when it starts again.
+                return Err(ToolError {
+                    code: "unavailable",
+                    message: "routd is stopping; the call was not run".into(),
+                });
+            }
+        };
+        match conclude(sh, &id, denial, None).await.map_err(internal)? {
+            Some((r, _)) => break r.state,
+            None => return Err(internal("the approval request vanished")),
+        }
+    };
+    drop(waiting);
+    match state {
+        ApprovalState::Approved => Ok(()),
+        ApprovalState::Denied => Err(ToolError::denied(format!(
+            "a person denied this {tool} call ({id}); do not retry it, say what you wanted instead"
+        ))),
+        ApprovalState::TimedOut => Err(ToolError::denied(format!(
+            "no one approved this {tool} call ({id}) within {}: denied",
+            wait_text(wait)
+        ))),
+        ApprovalState::TurnEnded | ApprovalState::Abandoned | ApprovalState::Pending => Err(
+            ToolError::denied(format!("the {tool} call ({id}) was denied: its turn ended")),
+        ),
+    }
+}
+
+/// Moves request `id` out of `pending` to `state` if it still is: the one transition, with
+/// its effects (the waiter woken, the chat told, the audit row, the metric) exactly once.
+/// Answers the row as it is after, and whether this call moved it (`None`: no such request).
+pub(crate) async fn conclude(
+    sh: &Shared,
+    id: &str,
+    state: ApprovalState,
+    by: Option<String>,
+) -> Result<Option<(ApprovalRow, bool)>, hako_shared::db::DbError> {
+    match sh
+        .store
+        .decide_approval(id, state, by.clone(), now_ms())
+        .await?
+    {
+        Decided::Now(row) => {
+            sh.approval_waiters.wake(id);
+            sh.metrics.approval(state.as_str());
+            gauges(sh).await;
+            let by = by.as_deref().unwrap_or("routd");
+            let text = match state {
+                ApprovalState::Approved => format!("{id} approved by {by}: {} runs.", row.tool),
+                ApprovalState::Denied => format!("{id} denied by {by}: {} does not run.", row.tool),
+                ApprovalState::TimedOut => {
+                    format!("{id} denied: no answer in time. {} does not run.", row.tool)
+                }
+                ApprovalState::TurnEnded => {
+                    format!("{id} denied: the turn ended. {} does not run.", row.tool)
+                }
+                ApprovalState::Abandoned | ApprovalState::Pending => format!(
+                    "{id} denied: routd restarted while it waited. {} does not run.",
+                    row.tool
+                ),
+            };
+            say(sh, &row, "verdict", text).await;
+            audit(sh, by, "approval.verdict", &row, state.as_str()).await;
+            Ok(Some((row, true)))
+        }
+        Decided::Before(row) => Ok(Some((row, false))),
+        Decided::Missing => Ok(None),
+    }
+}
+
+/// A verdict from `judge` on request `id`.
+pub(crate) async fn decide(
+    sh: &Shared,
+    id: &str,
+    approve: bool,
+    judge: Judge<'_>,
+) -> Result<Result<ApprovalRow, Refusal>, hako_shared::db::DbError> {
+    let missing = || Refusal::NotFound(id.to_owned());
+    let Some(row) = sh.store.approval(id).await? else {
+        return Ok(Err(missing()));
+    };
+    let policy = sh
+        .store
+        .group(&row.folder)
+        .await?
+        .and_then(|g| serde_json::from_str::<ApprovalPolicy>(&g.approvals).ok());
+    let by = match &judge {
+        Judge::Chat { chat, sender } => {
+            // Another chat's request is not there for it to see.
+            if *chat != row.chat_jid {
+                return Ok(Err(missing()));
+            }
+            if !policy.as_ref().is_some_and(|p| p.admits_sender(sender)) {
+                audit(
+                    sh,
+                    &format!("chat:{chat}:{sender}"),
+                    "approval.verdict",
+                    &row,
+                    "not_allowed",
+                )
+                .await;
+                return Ok(Err(Refusal::NotAllowed(format!(
+                    "{sender} may not answer {id}: the group's approvals come from {}",
+                    match policy.map(|p| p.from) {
+                        Some(hako_shared::approvals::Approvers::Operator) | None => "the operator",
+                        _ => "its named approvers",
+                    }
+                ))));
+            }
+            format!("chat:{chat}:{sender}")
+        }
+        Judge::Api {
+            subject,
+            unbound,
+            covers,
+        } => {
+            if !unbound && !covers {
+                return Ok(Err(missing()));
+            }
+            let operator_only = policy
+                .as_ref()
+                .is_none_or(|p| p.from == hako_shared::approvals::Approvers::Operator);
+            if !unbound && operator_only {
+                audit(sh, subject, "approval.verdict", &row, "not_allowed").await;
+                return Ok(Err(Refusal::NotAllowed(format!(
+                    "{id}: the group's approvals come from the operator only"
+                ))));
+            }
+            subject.clone()
+        }
+    };
+    let state = if approve {
+        ApprovalState::Approved
+    } else {
+        ApprovalState::Denied
+    };
+    match conclude(sh, id, state, Some(by)).await? {
+        Some((after, true)) => Ok(Ok(after)),
+        Some((after, false)) => Ok(Err(Refusal::Decided {
+            id: id.to_owned(),
+            state: after.state,
+            by: after.decided_by.unwrap_or_else(|| "routd".into()),
+        })),
+        None => Ok(Err(missing())),
+    }
+}
+
+/// The turn ended: what it held is denied.
+pub(crate) async fn end_of_turn(
+    sh: &Shared,
+    turn_id: &str,
+) -> Result<(), hako_shared::db::DbError> {
+    for r in sh.store.pending_approvals(Some(turn_id)).await? {
+        conclude(sh, &r.id, ApprovalState::TurnEnded, None).await?;
+    }
+    Ok(())
+}
+
+/// At start: requests left pending by an earlier routd are denied. Their calls were cut when
+/// that routd's sockets closed (an agent that calls again asks again).
+pub(crate) async fn abandon_all(sh: &Shared) -> Result<usize, hako_shared::db::DbError> {
+    let left = sh.store.pending_approvals(None).await?;
+    for r in &left {
+        conclude(sh, &r.id, ApprovalState::Abandoned, None).await?;
+    }
+    Ok(left.len())
+}
+
+/// The pending gauges, now (the backlog watcher refreshes them too, as they age).
+pub(crate) async fn gauges(sh: &Shared) {
+    if let Ok((n, oldest)) = sh.store.approval_backlog().await {
+        let age = oldest.map_or(0, |at| (now_ms() - at).max(0) / 1000);
+        sh.metrics.approvals_waiting(n, age);
+    }
+}
+
+async fn say(sh: &Shared, row: &ApprovalRow, what: &str, text: String) {
+    let kind = if what == "request" {
+        MessageKind::Approval
+    } else {
+        MessageKind::Notice
+    };
+    let id = match what {
+        "request" => format!("{}.approval.{}", row.turn_id, row.id),
+        w => format!("{}.approval.{}.{w}", row.turn_id, row.id),
+    };
+    if let Err(e) = sh
+        .say(
+            id,
+            &row.chat_jid,
+            kind,
+            text,
+            Some(row.turn_id.clone()),
+            None,
+        )
+        .await
+    {
+        tracing::warn!(error = %e, approval = %row.id, "the chat was not told of an approval");
+    }
+}
+
+async fn audit(sh: &Shared, actor: &str, action: &str, row: &ApprovalRow, outcome: &str) {
+    let entry = AuditRow {
+        id: 0,
+        at: now_ms(),
+        actor: actor.to_owned(),
+        action: action.into(),
+        folder: Some(row.folder.clone()),
+        outcome: outcome.into(),
+        detail: format!(
+            "{} {}{}",
+            row.id,
+            row.tool,
+            row.target
+                .as_deref()
+                .map(|t| format!(" on {t}"))
+                .unwrap_or_default()
+        ),
+    };
+    if let Err(e) = sh.store.audit(entry).await {
+        tracing::warn!(error = %e, "audit row lost");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_arguments_are_cut_for_people() {
+        let mut args = Map::new();
+        args.insert("text".into(), Value::from("é".repeat(300)));
+        args.insert("limit".into(), Value::from(5));
+        let v = shown(&args);
+        let t = v["text"].as_str().unwrap();
+        assert!(t.len() < 450 && t.ends_with("(600 bytes)"), "{t}");
+        assert_eq!(v["limit"], 5);
+        assert_eq!(wait_text(300_000), "5m");
+        assert_eq!(wait_text(7_200_000), "2h");
+        assert_eq!(wait_text(1_500), "1s");
+    }
+}
