@@ -283,6 +283,61 @@ async fn every_operator_command_against_real_daemons() {
     assert_eq!(code, 1);
     assert!(err.contains("runed answered 404"), "{err}");
 
+    // Approvals: a held call listed (and in `status`), approved from the CLI; a second
+    // verdict is refused, naming the first.
+    let file = d.home.path().join("ask.json");
+    std::fs::write(
+        &file,
+        r#"{"name": "ask", "grants": ["*", "?send_message"]}"#,
+    )
+    .unwrap();
+    d.json(&[
+        "groups",
+        "set",
+        "team/ask",
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+    let posted = http
+        .post(format!("{}/v1/messages", d.urls[2]))
+        .bearer_auth(&token)
+        .json(&json!({"chat_jid": "web:team/ask", "sender": "t",
+                      "content": r#"/mcp send_message {"text":"ok by ops"}"#}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 201);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let held = loop {
+        let v = d.json(&["approvals", "list"]);
+        if let Some(a) = v["approvals"].as_array().and_then(|a| a.first()) {
+            break a.clone();
+        }
+        assert!(Instant::now() < deadline, "no approval request");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let ap = held["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        (&held["tool"], &held["state"]),
+        (&json!("send_message"), &json!("pending"))
+    );
+    let (code, out, _) = d.hako(&["approvals", "list"]);
+    assert!(
+        code == 0 && out.contains(&ap) && out.contains("ok by ops"),
+        "{out}"
+    );
+    let (_, out, _) = d.hako(&["status"]);
+    assert!(out.contains("approvals") && out.contains(&ap), "{out}");
+    assert_eq!(d.json(&["approvals", "approve", &ap])["state"], "approved");
+    let (code, _, err) = d.hako(&["approvals", "deny", &ap]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("409 already_decided") && err.contains("approved"),
+        "{err}"
+    );
+    let all = d.json(&["approvals", "list", "--all"]);
+    assert_eq!(all["approvals"][0]["decided_by"], "operator", "{all}");
+
     // Tokens: another identity's, and a downscoped one.
     let ch = d.json(&["token", "service", "channel"]);
     assert_eq!(claims(ch["token"].as_str().unwrap())["sub"], "channel");
