@@ -196,6 +196,33 @@ pub struct SpawnGroup {
     pub prompt: String,
 }
 
+/// `agent_tool`: Claude Code's permission prompt (`--permission-prompt-tool`), asking whether
+/// one of its own tools may run. Unknown fields are ignored: the caller is a program whose
+/// prompt format may grow.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct AgentTool {
+    /// The agent's tool (`Bash`, `Write`, …): the target of grant rules.
+    pub tool_name: String,
+    /// What it would be called with (shown to the person who decides).
+    #[serde(default)]
+    pub input: Value,
+    /// The agent's id of the call.
+    #[serde(default)]
+    pub tool_use_id: Option<String>,
+}
+
+impl AgentTool {
+    /// The answer Claude Code's permission prompt expects: allowed, unchanged.
+    pub fn allow(&self) -> Value {
+        json!({"behavior": "allow", "updatedInput": self.input})
+    }
+
+    /// The answer for a refusal: denied, and why (the model reads it).
+    pub fn deny(message: &str) -> Value {
+        json!({"behavior": "deny", "message": message})
+    }
+}
+
 /// A parsed call.
 #[derive(Debug, Clone, PartialEq)]
 #[allow(missing_docs)]
@@ -209,6 +236,7 @@ pub enum Call {
     ResetSession(ResetSession),
     RegisterGroup(RegisterGroup),
     SpawnGroup(SpawnGroup),
+    AgentTool(AgentTool),
 }
 
 impl Call {
@@ -228,6 +256,7 @@ impl Call {
             Tool::ResetSession => Call::ResetSession(p(args)?),
             Tool::RegisterGroup => Call::RegisterGroup(p(args)?),
             Tool::SpawnGroup => Call::SpawnGroup(p(args)?),
+            Tool::AgentTool => Call::AgentTool(p(args)?),
         };
         call.check_sizes()?;
         Ok(call)
@@ -245,6 +274,7 @@ impl Call {
             Call::ResetSession(_) => Tool::ResetSession,
             Call::RegisterGroup(_) => Tool::RegisterGroup,
             Call::SpawnGroup(_) => Tool::SpawnGroup,
+            Call::AgentTool(_) => Tool::AgentTool,
         }
     }
 
@@ -255,6 +285,7 @@ impl Call {
             Call::ScheduleTask(c) => Some(c.chat_jid.as_deref().unwrap_or(&scope.chat_jid)),
             Call::RegisterGroup(c) => Some(&c.folder),
             Call::SpawnGroup(c) => Some(&c.folder),
+            Call::AgentTool(c) => Some(&c.tool_name),
             _ => None,
         }
     }
@@ -296,6 +327,16 @@ impl Call {
             Call::SetStatus(c) => text("text", &c.text),
             Call::ScheduleTask(c) => text("prompt", &c.prompt),
             Call::SpawnGroup(c) => text("prompt", &c.prompt),
+            Call::AgentTool(c) => {
+                if c.tool_name.is_empty()
+                    || c.tool_name.len() > 128
+                    || c.tool_name.chars().any(char::is_control)
+                {
+                    Err(ToolError::invalid("tool_name: 1-128 printable characters"))
+                } else {
+                    Ok(())
+                }
+            }
             Call::RegisterGroup(c) => text("name", &c.name),
             Call::GetHistory(c) => match c.limit {
                 Some(n) if n == 0 || n > MAX_HISTORY => {
@@ -350,26 +391,52 @@ pub async fn dispatch<B: Backend>(
 ) -> Result<Value, ToolError> {
     let outcome = async {
         let call = Call::parse(tool, args.clone())?;
-        let gate = match call.other_chat(scope) {
-            // Past the turn's own chat: only a grant that names the chat.
-            Some(chat) => scope.grants.check_beyond(tool, chat)?,
-            None => scope.grants.check(tool, call.target(scope))?,
-        };
-        if !backend.is_live(scope).await {
-            return Err(ToolError::turn_ended(&scope.turn_id));
+        if let Call::AgentTool(c) = &call {
+            // The agent program asks, and reads a decision: a refusal is a `deny` it acts
+            // on, never an error it might take for "no prompt tool".
+            // Claude Code reads one text block holding the decision's JSON (structured
+            // content beside it is refused), so the answer is that text.
+            return match gate_of(backend, scope, &call, &args).await {
+                Ok(()) => Ok(Value::String(c.allow().to_string())),
+                Err(e) if matches!(e.code, "not_granted" | "denied" | "turn_ended") => {
+                    Ok(Value::String(AgentTool::deny(&e.message).to_string()))
+                }
+                Err(e) => Err(e),
+            };
         }
-        if gate == Gate::Ask {
-            backend.ask(scope, &call, &args).await?;
-            // The wait may have outlived the turn.
-            if !backend.is_live(scope).await {
-                return Err(ToolError::turn_ended(&scope.turn_id));
-            }
-        }
+        gate_of(backend, scope, &call, &args).await?;
         backend.call(scope, call).await
     }
     .await;
     backend.record(tool, outcome.as_ref().map(drop).map_err(|e| e.code));
     outcome
+}
+
+/// The grants, the turn being live, and a person's verdict where an ask rule matched: `Ok`
+/// when the call may run.
+async fn gate_of<B: Backend>(
+    backend: &B,
+    scope: &Scope,
+    call: &Call,
+    args: &Map<String, Value>,
+) -> Result<(), ToolError> {
+    let tool = call.tool();
+    let gate = match call.other_chat(scope) {
+        // Past the turn's own chat: only a grant that names the chat.
+        Some(chat) => scope.grants.check_beyond(tool, chat)?,
+        None => scope.grants.check(tool, call.target(scope))?,
+    };
+    if !backend.is_live(scope).await {
+        return Err(ToolError::turn_ended(&scope.turn_id));
+    }
+    if gate == Gate::Ask {
+        backend.ask(scope, call, args).await?;
+        // The wait may have outlived the turn.
+        if !backend.is_live(scope).await {
+            return Err(ToolError::turn_ended(&scope.turn_id));
+        }
+    }
+    Ok(())
 }
 
 /// A tool as an agent is offered it.
@@ -469,6 +536,21 @@ pub fn definition(tool: Tool) -> ToolDef {
                 &["folder", "prompt"],
             ),
         ),
+        Tool::AgentTool => (
+            "For the agent program, not the model: asks whether one of the agent's own tools may run (Claude Code's permission prompt). Answers {\"behavior\": \"allow\"|\"deny\", …}.",
+            {
+                let mut m = schema(
+                    json!({
+                        "tool_name": {"type": "string", "description": "The agent's tool, e.g. Bash."},
+                        "input": {"type": "object", "description": "Its input."},
+                        "tool_use_id": {"type": "string", "description": "The agent's id of the call."}
+                    }),
+                    &["tool_name"],
+                );
+                m.insert("additionalProperties".into(), json!(true));
+                m
+            },
+        ),
     };
     ToolDef {
         tool,
@@ -497,6 +579,7 @@ mod tests {
             Some("string") => json!("2026-12-01T09:00:00Z"),
             Some("integer") => json!(5),
             Some("array") => json!(["get_history"]),
+            Some("object") => json!({}),
             other => panic!("no sample for {other:?}"),
         }
     }
@@ -518,6 +601,12 @@ mod tests {
             }
             let mut more = all.clone();
             more.insert("surprise".into(), json!(1));
+            if tool == Tool::AgentTool {
+                // A third-party program's prompt format: unknown fields pass.
+                assert_eq!(def.input_schema["additionalProperties"], true);
+                Call::parse(tool, more).unwrap();
+                continue;
+            }
             let e = Call::parse(tool, more).unwrap_err();
             assert!(e.message.contains("surprise"), "{tool:?}: {e}");
         }
@@ -551,6 +640,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.target(&scope), Some("web:a"));
-        assert_eq!(offered(&scope.grants).len(), 7);
+        assert_eq!(offered(&scope.grants).len(), 8);
     }
 }

@@ -84,7 +84,8 @@ async fn the_official_python_sdk_initializes_lists_and_calls() {
             "schedule_task",
             "list_tasks",
             "cancel_task",
-            "reset_session"
+            "reset_session",
+            "agent_tool"
         ]
     );
     for t in tools {

@@ -180,7 +180,8 @@ async fn every_protocol_version_agents_speak_lists_and_calls() {
                 "schedule_task",
                 "list_tasks",
                 "cancel_task",
-                "reset_session"
+                "reset_session",
+                "agent_tool"
             ]
         );
         for tool in list["result"]["tools"].as_array().unwrap() {
@@ -326,5 +327,55 @@ async fn connections_are_bounded() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(b);
+    t.stop.cancel();
+}
+
+/// Claude Code's permission prompt on the turn's socket: the grants decide, in the decision
+/// format it reads (`allow` with the input unchanged, or `deny` with why), and an ask rule
+/// with no one to ask is a deny, never an error.
+#[tokio::test]
+async fn the_agents_own_tools_are_decided_by_the_grants() {
+    let t = turn(
+        &["*", "!agent_tool:WebFetch", "?agent_tool:Bash"],
+        Trust::Untrusted,
+        ServeOptions::default(),
+    );
+    let mut c = Conn::open(&t.path).await;
+    c.init("2025-06-18").await;
+    let decide = |r: &Value| -> Value {
+        assert_eq!(r["result"]["isError"], false, "{r}");
+        serde_json::from_str(r["result"]["content"][0]["text"].as_str().unwrap()).unwrap()
+    };
+    let input = json!({"file_path": "/workspace/a.txt", "content": "x"});
+    let r = c
+        .call(
+            "agent_tool",
+            json!({"tool_name": "Write", "input": input, "tool_use_id": "toolu_1", "later_field": 1}),
+        )
+        .await;
+    assert_eq!(
+        decide(&r),
+        json!({"behavior": "allow", "updatedInput": input})
+    );
+    let r = c
+        .call(
+            "agent_tool",
+            json!({"tool_name": "WebFetch", "input": {"url": "https://x"}}),
+        )
+        .await;
+    let d = decide(&r);
+    assert_eq!(d["behavior"], "deny", "{d}");
+    assert!(d["message"].as_str().unwrap().contains("WebFetch"), "{d}");
+    let r = c
+        .call(
+            "agent_tool",
+            json!({"tool_name": "Bash", "input": {"command": "ls"}}),
+        )
+        .await;
+    let d = decide(&r);
+    assert_eq!(d["behavior"], "deny", "{d}");
+    assert!(d["message"].as_str().unwrap().contains("approval"), "{d}");
+    let r = c.call("agent_tool", json!({"tool_name": ""})).await;
+    assert_eq!(r["result"]["isError"], true, "{r}");
     t.stop.cancel();
 }

@@ -500,6 +500,8 @@ impl Backend for RoutdTools {
             Call::ResetSession(_) => self.reset_session(scope).await,
             Call::RegisterGroup(c) => self.register_group(scope, c).await,
             Call::SpawnGroup(c) => self.spawn_group(scope, c).await,
+            // Answered by the dispatch itself.
+            Call::AgentTool(c) => Ok(c.allow()),
         }
     }
 }

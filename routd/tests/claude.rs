@@ -152,6 +152,16 @@ impl Stub {
                                 json!({"text": "a note from Claude Code"}),
                             )],
                         )
+                    } else if text.contains("run the command") {
+                        answer(
+                            &[],
+                            &[(
+                                "toolu_bash",
+                                "Bash",
+                                json!({"command": "echo from-bash >> proof.txt",
+                                       "description": "Write the proof file"}),
+                            )],
+                        )
                     } else if text.contains("never answer") {
                         // A model that takes forever: the connection stays open, silent.
                         tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -456,5 +466,131 @@ async fn a_model_that_never_answers_ends_in_a_summary_before_the_ceiling() {
     );
     let turn = rig.turn(h[0].turn_id.as_deref().unwrap()).await;
     assert_eq!(turn["attempt"], 1, "{turn}");
+    rig.stop().await;
+}
+
+/// The text of every tool result the model was sent.
+fn tool_results(seen: &[Seen]) -> Vec<String> {
+    seen.iter()
+        .flat_map(|s| s.body["messages"].as_array().cloned().unwrap_or_default())
+        .flat_map(|m| m["content"].as_array().cloned().unwrap_or_default())
+        .filter(|b| b["type"] == "tool_result")
+        .map(|b| b["content"].to_string())
+        .collect()
+}
+
+/// Claude Code's own tools ask where the group says so: with `?agent_tool:Bash`, its Bash
+/// call is held (Claude Code's permission prompt is the turn's `agent_tool`) and asked in the
+/// chat with the command; approved, the command runs in the box (its file appears in the
+/// folder's workspace); denied, it does not run and the model reads why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claude_codes_own_tools_wait_for_a_persons_verdict() {
+    let (stub, url) = Stub::start().await;
+    let rig = rig(&url, &[]).await;
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            "/v1/groups/ccask",
+            json!({"name": "ccask", "grants": ["*", "?agent_tool:Bash"],
+                   "group": {"agent": "claude", "llm": {"model": MODEL}}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let chat = "web:ccask";
+    let proof = folder_dir(&rig, "ccask", FolderDir::Workspace).join("proof.txt");
+    let request = |n: usize| {
+        let rig = &rig;
+        async move {
+            let h = rig
+                .wait_for(chat, "Claude Code's approval request", |h| {
+                    h.iter()
+                        .filter(|m| m.kind == hako_shared::chat::MessageKind::Approval)
+                        .count()
+                        >= n
+                })
+                .await;
+            let m = h
+                .iter()
+                .filter(|m| m.kind == hako_shared::chat::MessageKind::Approval)
+                .nth(n - 1)
+                .unwrap();
+            m.id.rsplit('.').next().unwrap().to_owned()
+        }
+    };
+    let verdict = |id: String, approve: bool| {
+        let rig = &rig;
+        async move {
+            let (s, v) = rig
+                .api()
+                .post(
+                    &rig.operator,
+                    &format!("/v1/approvals/{id}"),
+                    json!({"approve": approve}),
+                )
+                .await;
+            assert_eq!(s, 200, "{v}");
+            v
+        }
+    };
+
+    rig.say(chat, "b-1", "please run the command").await;
+    let id = request(1).await;
+    assert!(!proof.exists(), "held: the command has not run");
+    let v = verdict(id, true).await;
+    assert_eq!(
+        (&v["tool"], &v["target"]),
+        (&json!("agent_tool"), &json!("Bash")),
+        "{v}"
+    );
+    assert!(
+        v["arguments"]["input"]["command"]
+            .as_str()
+            .unwrap()
+            .contains("from-bash"),
+        "{v}"
+    );
+    rig.wait_for(chat, "the answer after the command", |h| {
+        replies(h)
+            .iter()
+            .any(|r| r.contains("Done, with the tool."))
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(&proof).ok().as_deref(),
+        Some("from-bash\n"),
+        "the approved command ran in the workspace: {:#?}",
+        tool_results(&stub.seen())
+    );
+    rig.wait_idle("ccask").await;
+
+    rig.say(chat, "b-2", "run the command again").await;
+    let id = request(2).await;
+    verdict(id.clone(), false).await;
+    rig.wait_for(chat, "the answer after the denial", |h| {
+        replies(h).len() >= 2
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(&proof).unwrap(),
+        "from-bash\n",
+        "the denied command did not run"
+    );
+    // Claude Code (this version) ends the tool use on a denial: the call never ran, and no
+    // result of it reached the model.
+    let (_, a) = rig
+        .api()
+        .get(&rig.operator, &format!("/v1/approvals/{id}"))
+        .await;
+    assert_eq!(a["state"], "denied", "{a}");
+    assert_eq!(
+        tool_results(&stub.seen())
+            .iter()
+            .filter(|r| r.contains("Bash completed"))
+            .collect::<std::collections::HashSet<_>>()
+            .len(),
+        1,
+        "only the approved command ran"
+    );
     rig.stop().await;
 }

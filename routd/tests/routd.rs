@@ -861,7 +861,7 @@ async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
     .unwrap();
     assert_eq!(seen["sent"]["is_error"], false, "{seen}");
     assert_eq!(seen["refused"]["is_error"], true, "{seen}");
-    assert_eq!(seen["tools"].as_array().unwrap().len(), 7, "{seen}");
+    assert_eq!(seen["tools"].as_array().unwrap().len(), 8, "{seen}");
     // HTTP, with a spawn token of this turn (runed mints them so for each run).
     let client = AuthdClient::new(&rig.authd_url()).unwrap();
     let runed_token = client

@@ -5,7 +5,8 @@
 //! grant  = ["!" | "?"] tool [":" target]
 //! tool   = "*" | a tool name (lowercase letters and "_")
 //! target = a glob (`*`, `?`) over what the tool acts on: the chat JID of `send_message`,
-//!          the folder of `register_group` / `spawn_group`
+//!          the folder of `register_group` / `spawn_group`, the agent's own tool for
+//!          `agent_tool` (`?agent_tool:Bash` asks before Claude Code runs a command)
 //! ```
 //!
 //! A group with no grants gets [`DEFAULT_GRANTS`]. A call is allowed when an allow rule
@@ -43,11 +44,14 @@ pub enum Tool {
     RegisterGroup,
     /// Start a turn in a sub-folder's group.
     SpawnGroup,
+    /// Whether the agent program may use one of its own tools (Claude Code's permission
+    /// prompt: Bash, Write, WebFetch, …); the target is that tool's name.
+    AgentTool,
 }
 
 impl Tool {
     /// Every tool, in the order they are listed to an agent.
-    pub const ALL: [Tool; 9] = [
+    pub const ALL: [Tool; 10] = [
         Tool::SendMessage,
         Tool::GetHistory,
         Tool::SetStatus,
@@ -57,6 +61,7 @@ impl Tool {
         Tool::ResetSession,
         Tool::RegisterGroup,
         Tool::SpawnGroup,
+        Tool::AgentTool,
     ];
 
     /// The tool's name on the wire.
@@ -71,6 +76,7 @@ impl Tool {
             Tool::ResetSession => "reset_session",
             Tool::RegisterGroup => "register_group",
             Tool::SpawnGroup => "spawn_group",
+            Tool::AgentTool => "agent_tool",
         }
     }
 

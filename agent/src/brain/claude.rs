@@ -14,9 +14,11 @@
 //! - **The turn's tools.** The MCP servers of the seeded `.claude/settings.json` (the turn's
 //!   `mcp.sock`, each sidecar's), each reached by `hako-agent mcp-bridge` instead of `socat`,
 //!   are passed with `--strict-mcp-config`: nothing else can attach an MCP server to the run.
-//! - **Permissions.** The box is the boundary: `--permission-mode bypassPermissions` (never
-//!   an interactive prompt). The seam for a human approval step is `--permission-prompt-tool`
-//!   naming a tool on the turn's socket, for another issue.
+//! - **Permissions.** Never an interactive prompt: where Claude Code would ask, it calls the
+//!   turn's `agent_tool` (`--permission-prompt-tool mcp__arizuko__agent_tool`), so the
+//!   group's grants decide, and an ask rule (`?agent_tool:Bash`) holds the call for a
+//!   person's verdict in the chat. Without the turn's server: `bypassPermissions` (the box
+//!   is the boundary).
 //! - **Blocks.** Text the model writes before a tool call goes out as an `ok` block at once;
 //!   the `result` is the query's reply, `newSessionId` Claude Code's session id (its
 //!   transcript lives under `$HOME`, which persists per folder), resumed with `--resume`.
@@ -38,6 +40,8 @@ use super::{Brain, BrainError, Io, Outcome, Query, Reply};
 use crate::output::log;
 use hako_shared::contract::OutputBlock;
 
+/// The name of the turn's MCP server in Claude Code's configuration (the seeded settings').
+const TURN_SERVER: &str = "arizuko";
 /// The longest line of Claude Code's output accepted (a tool result can be large).
 const MAX_LINE: usize = 32 << 20;
 /// How much of the child's stderr is kept for an error message.
@@ -105,7 +109,7 @@ impl ClaudeBrain {
         }
         if servers.is_empty() {
             let socket = self.cfg.mcp_socket.display().to_string();
-            servers.insert("arizuko".into(), self.bridge(&socket));
+            servers.insert(TURN_SERVER.into(), self.bridge(&socket));
         }
         json!({ "mcpServers": servers })
     }
@@ -124,6 +128,7 @@ impl ClaudeBrain {
             .await
             .map_err(|e| BrainError::Fatal(format!("cannot serve the model relay: {e}")))?;
         let model = &self.cfg.model;
+        let mcp = self.mcp_config();
         let mut cmd = tokio::process::Command::new(&self.cfg.program);
         cmd.args([
             "-p",
@@ -134,12 +139,22 @@ impl ClaudeBrain {
             "--verbose",
             "--model",
             model,
-            "--permission-mode",
-            "bypassPermissions",
-            "--strict-mcp-config",
-            "--mcp-config",
-        ])
-        .arg(self.mcp_config().to_string());
+        ]);
+        // Where Claude Code would ask a person, it asks the turn's `agent_tool`: the group's
+        // grants decide (`*` allows, `?agent_tool:Bash` holds it for a person's verdict).
+        // Without the turn's server there is no one to ask, and the box is the boundary.
+        if mcp["mcpServers"].get(TURN_SERVER).is_some() {
+            cmd.args([
+                "--permission-mode",
+                "default",
+                "--permission-prompt-tool",
+                &format!("mcp__{TURN_SERVER}__agent_tool"),
+            ]);
+        } else {
+            cmd.args(["--permission-mode", "bypassPermissions"]);
+        }
+        cmd.args(["--strict-mcp-config", "--mcp-config"])
+            .arg(mcp.to_string());
         let resume = Some(query.input.session_id.as_str()).filter(|s| valid_session(s));
         if let Some(sid) = resume {
             cmd.args(["--resume", sid]);

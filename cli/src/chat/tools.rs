@@ -224,6 +224,8 @@ impl Backend for Handle {
                 "there is no other chat; write your answer as your reply",
             )),
             Call::SpawnGroup(_) => Err(unavailable("spawn_group", "it needs routd")),
+            // Answered by the dispatch itself.
+            Call::AgentTool(c) => Ok(c.allow()),
             Call::RegisterGroup(_) => Err(unavailable(
                 "register_group",
                 "there is no group registry without routd",

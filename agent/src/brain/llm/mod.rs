@@ -125,10 +125,12 @@ impl LlmBrain {
         }
         let tools = match mcp::Client::connect(&io.mcp_socket).await {
             Ok(c) => {
-                let t = c.tools().await.unwrap_or_else(|e| {
+                let mut t = c.tools().await.unwrap_or_else(|e| {
                     log(format_args!("tools: listing failed: {e}"));
                     Vec::new()
                 });
+                // The agent program's own permission prompt, not a tool for the model.
+                t.retain(|t| t.name != "agent_tool");
                 self.mcp = Some(c);
                 t
             }
