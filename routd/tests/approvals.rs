@@ -102,7 +102,8 @@ async fn an_ask_call_is_held_asked_and_approved_once() {
         let url = format!("{}/v1/chats/{}/events", rig.base(), enc(chat));
         let token = rig.operator.clone();
         // The user's message, then the question.
-        tokio::spawn(async move { sse(&url, &token, None, 2).await })
+        // From the log's start (`Last-Event-ID: 0`): the stream may connect after the post.
+        tokio::spawn(async move { sse(&url, &token, Some(0), 2).await })
     };
     rig.say(
         chat,
