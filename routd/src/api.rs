@@ -17,7 +17,8 @@ use hako_shared::approvals::ApprovalPolicy;
 use hako_shared::auth::{Principal, Verifier, scopes};
 use hako_shared::chat::{
     GroupConfig, GroupList, GroupView, MessageKind, MessagePage, MessageView, NewRoute, NewWebhook,
-    PostMessage, Posted, RouteList, RouteView, TurnList, TurnView, WebhookList, WebhookView,
+    PostMessage, Posted, RouteList, RouteView, TurnList, TurnState, TurnView, WebhookList,
+    WebhookView,
 };
 use hako_shared::http::{ApiInfo, ApiJson, ApiQuery, ErrorBody, api_router};
 use hako_shared::ids::is_valid_id;
@@ -486,9 +487,9 @@ async fn group_view(sh: &Shared, g: GroupRow) -> Result<GroupView, ApiFailure> {
         folder: GroupFolder::new(&g.folder).map_err(ApiFailure::internal)?,
         name: g.name,
         system_prompt: g.system_prompt,
-        grants: serde_json::from_str(&g.grants).unwrap_or_default(),
-        group: serde_json::from_str(&g.spec).unwrap_or_default(),
-        approvals: serde_json::from_str(&g.approvals).unwrap_or_default(),
+        grants: g.grants,
+        group: g.spec,
+        approvals: g.approvals,
         sessions,
         updated_at: g.updated_at,
     })
@@ -552,9 +553,9 @@ async fn put_group(
             folder: folder.to_string(),
             name: cfg.name,
             system_prompt: cfg.system_prompt,
-            grants: serde_json::to_string(&cfg.grants).map_err(ApiFailure::internal)?,
-            spec: serde_json::to_string(&cfg.group).map_err(ApiFailure::internal)?,
-            approvals: serde_json::to_string(&cfg.approvals).map_err(ApiFailure::internal)?,
+            grants: cfg.grants,
+            spec: cfg.group,
+            approvals: cfg.approvals,
             updated_at: now_ms(),
         };
         let created = sh.store.put_group(row.clone()).await?;
@@ -625,19 +626,14 @@ async fn tenant_put(
     }
     let (grants, spec, approvals) = match parent {
         Some(p) => {
-            let mut spec: GroupSpec =
-                serde_json::from_str(&p.spec).map_err(ApiFailure::internal)?;
+            let mut spec = p.spec;
             if spec.trust == hako_shared::runs::Trust::Main {
                 spec.trust = hako_shared::runs::Trust::Untrusted;
             }
-            (
-                p.grants,
-                serde_json::to_string(&spec).map_err(ApiFailure::internal)?,
-                // Its ask rules keep their approvers: a sub-group is no way around them.
-                p.approvals,
-            )
+            // Its ask rules keep their approvers: a sub-group is no way around them.
+            (p.grants, spec, p.approvals)
         }
-        None => ("[]".to_owned(), "{}".to_owned(), "{}".to_owned()),
+        None => Default::default(),
     };
     let row = GroupRow {
         folder: folder.to_string(),
@@ -1011,8 +1007,8 @@ struct TurnsQuery {
     /// Only this folder (and those below it).
     #[param(value_type = Option<GroupFolder>)]
     folder: Option<String>,
-    /// Only turns in this state.
-    state: Option<String>,
+    /// Only turns in this state (another answers 400 `invalid_query`).
+    state: Option<TurnState>,
     /// The previous page's `next_before`.
     before: Option<i64>,
     /// At most this many, 1-1000 (default 100; others are clamped).
@@ -1024,7 +1020,7 @@ struct TurnsQuery {
     params(TurnsQuery),
     responses(
         (status = 200, description = "A page of turns", body = TurnList),
-        (status = 400, description = "`invalid_query`, `invalid_request` (a folder filter that is not a folder)", body = ErrorBody),
+        (status = 400, description = "`invalid_query` (an unknown state), `invalid_request` (a folder filter that is not a folder)", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
     ))]

@@ -96,16 +96,11 @@ pub(crate) enum Refusal {
     },
 }
 
-/// The group's approval settings; unreadable ones deny (fail closed).
+/// The group's approval settings (a group row that does not read is an error: the call is
+/// refused, never let through).
 async fn policy(sh: &Shared, folder: &str) -> Result<Option<ApprovalPolicy>, ToolError> {
     let group = sh.store.group(folder).await.map_err(internal)?;
-    Ok(group.and_then(|g| match serde_json::from_str::<ApprovalPolicy>(&g.approvals) {
-        Ok(p) => Some(p),
-        Err(e) => {
-            tracing::error!(folder, error = %e, "the group's approval settings do not parse; its held calls are denied");
-            None
-        }
-    }))
+    Ok(group.map(|g| g.approvals))
 }
 
 fn internal(e: impl std::fmt::Display) -> ToolError {
@@ -303,11 +298,7 @@ pub(crate) async fn decide(
     let Some(row) = sh.store.approval(id).await? else {
         return Ok(Err(missing()));
     };
-    let policy = sh
-        .store
-        .group(&row.folder)
-        .await?
-        .and_then(|g| serde_json::from_str::<ApprovalPolicy>(&g.approvals).ok());
+    let policy = sh.store.group(&row.folder).await?.map(|g| g.approvals);
     let by = match &judge {
         Judge::Chat { chat, sender } => {
             // Another chat's request is not there for it to see.

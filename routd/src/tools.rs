@@ -11,6 +11,7 @@ use hako_mcp::tools::{
 use hako_mcp::{Backend, Scope, ToolError};
 use hako_shared::GroupFolder;
 use hako_shared::chat::MessageKind;
+use hako_shared::chat::TurnState;
 use hako_shared::cron::Cron;
 use hako_shared::grants::Grants;
 use hako_shared::runs::Trust;
@@ -18,7 +19,7 @@ use hako_shared::time::{from_unix_millis, parse_rfc3339, rfc3339};
 use serde_json::{Value, json};
 
 use crate::live::Writes;
-use crate::store::{AuditRow, GroupRow, NewInbound, TaskRow, turn};
+use crate::store::{AuditRow, GroupRow, NewInbound, TaskRow};
 use crate::{Appended, Shared, now_ms};
 
 /// The furthest a one-off task may be scheduled ahead.
@@ -37,11 +38,10 @@ pub(crate) async fn scope_of(
     let Ok(folder) = GroupFolder::new(&t.folder) else {
         return Ok(None);
     };
-    let spec: hako_shared::runs::GroupSpec = serde_json::from_str(&group.spec).unwrap_or_default();
-    let rules: Vec<String> = serde_json::from_str(&group.grants).unwrap_or_default();
-    let grants = Grants::parse(&rules, spec.trust).unwrap_or_else(|e| {
+    let trust = group.spec.trust;
+    let grants = Grants::parse(&group.grants, trust).unwrap_or_else(|e| {
         tracing::error!(%folder, error = %e, "the group's grants do not parse; its turn gets no tools");
-        Grants::none(spec.trust)
+        Grants::none(trust)
     });
     Ok(Some(Scope {
         folder,
@@ -407,10 +407,10 @@ impl RoutdTools {
             folder: f.to_string(),
             name: c.name,
             system_prompt: c.system_prompt.unwrap_or_default(),
-            grants: serde_json::to_string(&grants).map_err(internal)?,
-            spec: "{}".into(),
+            grants,
+            spec: Default::default(),
             // Who approves its held calls stays the operator's to say.
-            approvals: existing.map_or_else(|| "{}".into(), |g| g.approvals),
+            approvals: existing.map(|g| g.approvals).unwrap_or_default(),
             updated_at: now_ms(),
         };
         let created = self.sh.store.put_group(row).await.map_err(internal)?;
@@ -476,7 +476,7 @@ impl Backend for RoutdTools {
     async fn is_live(&self, scope: &Scope) -> bool {
         matches!(
             self.sh.store.turn(&scope.turn_id).await,
-            Ok(Some(t)) if t.state == turn::STARTING || t.state == turn::RUNNING
+            Ok(Some(t)) if matches!(t.state, TurnState::Starting | TurnState::Running)
         )
     }
 

@@ -28,18 +28,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hako_shared::GroupFolder;
-use hako_shared::chat::{MessageKind, MessageView};
+use hako_shared::chat::{MessageKind, MessageView, TurnState};
 use hako_shared::contract::{BlockStatus, Message, OutputBlock};
 use hako_shared::db::DbError;
 use hako_shared::ids::TurnId;
-use hako_shared::runs::{
-    GroupSpec, Outcome, RunRequest, RunState, RunStatus, RunStreamEvent, SteerState,
-};
+use hako_shared::runs::{Outcome, RunRequest, RunState, RunStatus, RunStreamEvent, SteerState};
 use sha2::{Digest, Sha256};
 
 use crate::live::LiveTurn;
 use crate::runed::RunedError;
-use crate::store::{TurnRow, inbound, turn};
+use crate::store::{Step, TurnRow};
 use crate::{Shared, now_ms};
 
 /// The turn id of a batch: `t-` and 24 hex digits of the SHA-256 of the chat and the first
@@ -92,7 +90,7 @@ async fn schedule(sh: &Arc<Shared>) -> Result<(), DbError> {
             continue;
         };
         if let Some(live) = sh.store.folder_busy(&folder).await? {
-            if live.chat_jid == chat && live.state == turn::RUNNING && live.run_id.is_some() {
+            if live.chat_jid == chat && live.state == TurnState::Running && live.run_id.is_some() {
                 spawn_steer(sh, live);
             }
             continue;
@@ -106,7 +104,7 @@ async fn schedule(sh: &Arc<Shared>) -> Result<(), DbError> {
             turn_id: turn_id_for(&chat, &first.id, &last.id),
             folder,
             chat_jid: chat.clone(),
-            state: turn::STARTING.into(),
+            state: TurnState::Starting,
             attempt: 1,
             run_id: None,
             outcome: None,
@@ -330,71 +328,49 @@ async fn pause(sh: &Shared, d: Duration) -> bool {
     }
 }
 
+/// Drives a turn through its states until it is over (or routd stops): each cycle works
+/// out the next [`Step`] from what runed says, and [`advance`] makes it the turn's.
 async fn drive(sh: &Arc<Shared>, mem: &LiveTurn, turn_id: &str) -> Result<(), DbError> {
+    let Some(mut t) = sh.store.turn(turn_id).await? else {
+        return Ok(());
+    };
     let mut outage = Outage(Duration::from_millis(500));
     loop {
         if sh.stopping.is_cancelled() {
             return Ok(());
         }
-        let Some(t) = sh.store.turn(turn_id).await? else {
-            return Ok(());
-        };
-        match t.state.as_str() {
-            turn::STARTING => match start_run(sh, &t).await? {
+        let next = match t.state {
+            TurnState::Done | TurnState::Failed | TurnState::Killed => return Ok(()),
+            TurnState::Starting => match start_run(sh, &t).await? {
                 Ok(run_id) => {
                     sh.metrics.runed_down.set(0);
                     outage = Outage(Duration::from_millis(500));
                     tracing::info!(run = %run_id, attempt = t.attempt, "run started");
-                    sh.store
-                        .update_turn(
-                            turn_id,
-                            &[turn::STARTING],
-                            turn::RUNNING,
-                            None,
-                            Some(Some(run_id)),
-                            None,
-                            None,
-                        )
-                        .await?;
+                    Next::step(Step::Started { run_id })
                 }
                 Err(RunedError::Unavailable(why)) => {
                     sh.metrics.runed_down.set(1);
                     tracing::warn!(%why, "cannot start the run yet; the turn waits");
-                    if !pause(sh, outage.next()).await {
-                        return Ok(());
-                    }
+                    Next::Pause(outage.next())
                 }
                 Err(e @ RunedError::Busy { .. }) => {
                     // runed's queue is full: the run is asked for again, backing off, as in
                     // an outage (failing the turn on a transient 429 lost the user's message).
                     tracing::info!(error = %e, "runed is busy; the turn waits");
-                    if !pause(sh, outage.next()).await {
-                        return Ok(());
-                    }
+                    Next::Pause(outage.next())
                 }
-                Err(e @ RunedError::Refused { .. }) => {
-                    let why = format!("could not start: {e}");
-                    finish(
-                        sh,
-                        &t,
-                        turn::FAILED,
-                        None,
-                        Some(why.clone()),
-                        inbound::FAILED,
-                    )
-                    .await?;
-                    notice(
-                        sh,
-                        &t,
-                        "failed",
-                        format!("The agent could not be started ({e})."),
-                    )
-                    .await?;
-                }
+                Err(e @ RunedError::Refused { .. }) => Next::Step(
+                    Step::End {
+                        state: TurnState::Failed,
+                        outcome: None,
+                        error: Some(format!("could not start: {e}")),
+                    },
+                    Some(("failed", format!("The agent could not be started ({e})."))),
+                ),
             },
-            turn::RUNNING => {
+            TurnState::Running => {
                 let run_id = t.run_id.clone().unwrap_or_default();
-                match follow(sh, mem, &t, &run_id).await {
+                match follow(sh, mem, &mut t, &run_id).await {
                     Ok(status) => {
                         sh.metrics.runed_down.set(0);
                         // A steer under way finishes first; then the run's own record says
@@ -402,53 +378,90 @@ async fn drive(sh: &Arc<Shared>, mem: &LiveTurn, turn_id: &str) -> Result<(), Db
                         let _steers = mem.steer.lock().await;
                         mem.set_run_started(false);
                         resolve_steers(sh, turn_id, Some(&status)).await?;
-                        settle(sh, mem, turn_id, status).await?;
+                        settle(sh, mem, &t, status)
                     }
                     Err(RunedError::Refused { status: 404, .. }) => {
                         let _steers = mem.steer.lock().await;
                         mem.set_run_started(false);
                         resolve_steers(sh, turn_id, None).await?;
                         // runed has no such run (its database was reset): a try without output.
-                        settle_failed_try(
-                            sh,
-                            turn_id,
-                            None,
-                            "runed no longer knows the run".into(),
-                        )
-                        .await?;
+                        failed_try(sh, &t, None, "runed no longer knows the run".into())
                     }
                     Err(e) => {
                         if matches!(e, RunedError::Unavailable(_)) {
                             sh.metrics.runed_down.set(1);
                         }
                         tracing::warn!(error = %e, "lost the run's events; following again shortly");
-                        if !pause(sh, outage.next()).await {
-                            return Ok(());
-                        }
+                        Next::Pause(outage.next())
                     }
                 }
             }
-            turn::WAITING => {
+            TurnState::Waiting => {
                 let wait = t.next_try_at.map_or(0, |at| (at - now_ms()).max(0)) as u64;
                 if !pause(sh, Duration::from_millis(wait)).await {
                     return Ok(());
                 }
-                sh.store
-                    .update_turn(
-                        turn_id,
-                        &[turn::WAITING],
-                        turn::STARTING,
-                        Some(t.attempt + 1),
-                        Some(None),
-                        Some(0),
-                        Some(None),
-                    )
-                    .await?;
                 tracing::info!(attempt = t.attempt + 1, "trying the turn again");
+                Next::step(Step::Retry)
             }
-            _ => return Ok(()),
+        };
+        match next {
+            Next::Pause(d) => {
+                if !pause(sh, d).await {
+                    return Ok(());
+                }
+            }
+            Next::Step(step, notice) => {
+                let Some(moved) = advance(sh, &t, step).await? else {
+                    return Ok(());
+                };
+                t = moved;
+                if let Some((what, text)) = notice {
+                    say_notice(sh, &t, what, text).await?;
+                }
+            }
         }
     }
+}
+
+/// What a driver's cycle comes to.
+enum Next {
+    /// Nothing changes yet: ask again after a while (runed or authd did not answer).
+    Pause(Duration),
+    /// The turn moves, and the chat may be told why (a notice's kind and text).
+    Step(Step, Option<(&'static str, String)>),
+}
+
+impl Next {
+    fn step(step: Step) -> Next {
+        Next::Step(step, None)
+    }
+}
+
+/// Moves the driver's turn by `step`: the store's transition, and what an end does beside
+/// it (the count, the calls it held for approval denied, the scheduler woken: the folder is
+/// free). `None` when the turn is gone.
+async fn advance(sh: &Shared, t: &TurnRow, step: Step) -> Result<Option<TurnRow>, DbError> {
+    let ending = matches!(step, Step::End { .. });
+    let next = match sh.store.advance(t, step, now_ms()).await? {
+        Some(next) => {
+            if next.state.is_over() {
+                sh.metrics.turn_ended(next.state.as_str());
+                tracing::info!(state = %next.state, "turn ended");
+            } else if next.state == TurnState::Waiting {
+                sh.metrics.turn_retried();
+            }
+            Some(next)
+        }
+        // The stored turn moved meanwhile (there is one driver per turn, so it should not):
+        // the driver goes on from what is stored.
+        None => sh.store.turn(&t.turn_id).await?,
+    };
+    if ending {
+        crate::approvals::end_of_turn(sh, &t.turn_id).await?;
+        sh.wake.notify_one();
+    }
+    Ok(next)
 }
 
 /// Asks runed for try `attempt`'s run. The outer error is routd's own (its database).
@@ -458,11 +471,22 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<String, RunedError
         code: "invalid_turn".into(),
         message,
     };
-    let Some(group) = sh.store.group(&t.folder).await? else {
-        return Ok(Err(refused(format!(
-            "the group {} no longer exists",
-            t.folder
-        ))));
+    let group = match sh.store.group(&t.folder).await {
+        Ok(Some(g)) => g,
+        Ok(None) => {
+            return Ok(Err(refused(format!(
+                "the group {} no longer exists",
+                t.folder
+            ))));
+        }
+        // Settings this build cannot read (a newer hako's, a hand edit): the turn fails
+        // with a notice instead of running with defaults (empty grants would grant all).
+        Err(DbError::Sqlite(rusqlite::Error::FromSqlConversionFailure(_, _, e))) => {
+            return Ok(Err(refused(format!(
+                "the group's stored settings do not read: {e}"
+            ))));
+        }
+        Err(e) => return Err(e),
     };
     let (Ok(folder), Ok(turn_id)) = (
         GroupFolder::new(&t.folder),
@@ -484,8 +508,6 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<String, RunedError
             msg
         })
         .collect();
-    let group_spec: GroupSpec = serde_json::from_str(&group.spec).unwrap_or_default();
-    let grants: Vec<String> = serde_json::from_str(&group.grants).unwrap_or_default();
     let req = RunRequest {
         folder,
         turn_id,
@@ -496,13 +518,13 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<String, RunedError
             .unwrap_or_default(),
         messages,
         system_prompt: group.system_prompt,
-        grants,
+        grants: group.grants,
         sender_jid: covered
             .first()
             .map(|m| m.sender.clone())
             .unwrap_or_default(),
         secrets: Default::default(),
-        group: group_spec,
+        group: group.spec,
     };
     Ok(sh.runed.create_run(&req).await.map(|c| c.run_id))
 }
@@ -512,7 +534,7 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<String, RunedError
 async fn follow(
     sh: &Shared,
     mem: &LiveTurn,
-    t: &TurnRow,
+    t: &mut TurnRow,
     run_id: &str,
 ) -> Result<RunStatus, RunedError> {
     let mut events = sh.runed.events(run_id).await?;
@@ -563,7 +585,7 @@ async fn follow(
 async fn on_block(
     sh: &Shared,
     mem: &LiveTurn,
-    t: &TurnRow,
+    t: &mut TurnRow,
     index: usize,
     b: &OutputBlock,
 ) -> Result<(), DbError> {
@@ -597,7 +619,7 @@ async fn on_block(
         .last()
         .map(|m| m.id.clone());
     let id = format!("{}.{}.{}", t.turn_id, t.attempt, index);
-    if sh
+    let said = sh
         .say(
             id,
             &t.chat_jid,
@@ -606,10 +628,12 @@ async fn on_block(
             Some(t.turn_id.clone()),
             reply_to,
         )
-        .await?
-        .is_some()
-        && sh.store.add_reply(&t.turn_id).await? == 1
-    {
+        .await?;
+    if said.is_none() {
+        return Ok(());
+    }
+    t.replies = sh.store.add_reply(&t.turn_id).await?;
+    if t.replies == 1 {
         let latency = (now_ms() - t.first_in_at).max(0) as f64 / 1000.0;
         sh.metrics.turn_latency.observe(latency);
     }
@@ -617,86 +641,44 @@ async fn on_block(
 }
 
 /// What the run's end does to the turn and its chat.
-async fn settle(
-    sh: &Shared,
-    mem: &LiveTurn,
-    turn_id: &str,
-    status: RunStatus,
-) -> Result<(), DbError> {
-    let Some(t) = sh.store.turn(turn_id).await? else {
-        return Ok(());
-    };
+fn settle(sh: &Shared, mem: &LiveTurn, t: &TurnRow, status: RunStatus) -> Next {
     let answered = t.replies > 0;
     let outcome = status.outcome.map(|o| o.as_str().to_owned());
+    let end = |state, error| Step::End {
+        state,
+        outcome: outcome.clone(),
+        error,
+    };
     // The model refused in a way no retry can fix (its key, no key, the budget): the turn
     // ends now, once, and the chat is told what the operator must do. Another try would only
     // ask the provider again and wait out the backoffs.
     if let Some(cut) = mem.cut_off_reason()
         && status.outcome != Some(Outcome::Killed)
     {
-        let (state, messages) = if answered {
-            (turn::DONE, inbound::ANSWERED)
+        let state = if answered {
+            TurnState::Done
         } else {
-            (turn::FAILED, inbound::FAILED)
+            TurnState::Failed
         };
-        finish(sh, &t, state, outcome, Some(cut.message.clone()), messages).await?;
-        notice(
-            sh,
-            &t,
-            "model",
-            format!("The agent could not reach its model: {}", cut.message),
-        )
-        .await?;
-        return Ok(());
+        let text = format!("The agent could not reach its model: {}", cut.message);
+        return Next::Step(end(state, Some(cut.message)), Some(("model", text)));
     }
     match status.outcome {
-        Some(Outcome::Ok) => {
-            finish(sh, &t, turn::DONE, outcome, None, inbound::ANSWERED).await?;
-        }
+        Some(Outcome::Ok) => Next::step(end(TurnState::Done, None)),
         Some(Outcome::Error) => {
-            finish(
-                sh,
-                &t,
-                turn::DONE,
-                outcome,
-                status.error.clone(),
-                inbound::ANSWERED,
-            )
-            .await?;
-            if !answered {
-                let why = status.error.unwrap_or_else(|| "no detail".into());
-                notice(
-                    sh,
-                    &t,
-                    "error",
-                    format!("The agent could not answer: {why}"),
-                )
-                .await?;
-            }
+            let notice = (!answered).then(|| {
+                let why = status.error.as_deref().unwrap_or("no detail");
+                ("error", format!("The agent could not answer: {why}"))
+            });
+            Next::Step(end(TurnState::Done, status.error.clone()), notice)
         }
-        Some(Outcome::Killed) => {
-            finish(
-                sh,
-                &t,
-                turn::KILLED,
-                outcome,
-                status.error.clone(),
-                inbound::ANSWERED,
-            )
-            .await?;
-            notice(sh, &t, "killed", "The agent was stopped.".into()).await?;
-        }
+        Some(Outcome::Killed) => Next::Step(
+            end(TurnState::Killed, status.error.clone()),
+            Some(("killed", "The agent was stopped.".into())),
+        ),
         // A timeout or a fatal end after a reply: the reply stands, nothing is rolled back.
         Some(Outcome::TimedOut | Outcome::Fatal) | None if answered => {
-            finish(
-                sh,
-                &t,
-                turn::DONE,
-                outcome,
-                status.error.clone(),
-                inbound::ANSWERED,
-            )
-            .await?;
+            Next::step(end(TurnState::Done, status.error.clone()))
         }
         _ => {
             let why = status.error.clone().unwrap_or_else(|| {
@@ -705,63 +687,36 @@ async fn settle(
                     outcome.as_deref().unwrap_or("without an outcome")
                 )
             });
-            settle_failed_try(sh, turn_id, outcome, why).await?;
+            failed_try(sh, t, outcome, why)
         }
     }
-    Ok(())
 }
 
 /// A try that gave the chat nothing: wait and try again (a new run), or, after the last try,
 /// fail the turn's messages and tell the chat.
-async fn settle_failed_try(
-    sh: &Shared,
-    turn_id: &str,
-    outcome: Option<String>,
-    why: String,
-) -> Result<(), DbError> {
-    let Some(t) = sh.store.turn(turn_id).await? else {
-        return Ok(());
-    };
+fn failed_try(sh: &Shared, t: &TurnRow, outcome: Option<String>, why: String) -> Next {
     let tries = i64::from(sh.cfg.max_turn_retries) + 1;
     if t.attempt < tries {
         let exp = 2u32.saturating_pow(u32::try_from(t.attempt - 1).unwrap_or(u32::MAX));
         let base = sh.cfg.retry_base.saturating_mul(exp).min(sh.cfg.retry_max);
         let delay = base + jitter(base / 4);
-        sh.store
-            .note_try(turn_id, outcome, Some(why.clone()))
-            .await?;
-        sh.store
-            .update_turn(
-                turn_id,
-                &[turn::RUNNING, turn::STARTING],
-                turn::WAITING,
-                None,
-                None,
-                None,
-                Some(Some(now_ms() + delay.as_millis() as i64)),
-            )
-            .await?;
-        sh.metrics.turn_retried();
         tracing::info!(attempt = t.attempt, ?delay, %why, "no reply; the turn is tried again");
-    } else {
-        finish(
-            sh,
-            &t,
-            turn::FAILED,
+        Next::step(Step::TryFailed {
             outcome,
-            Some(why.clone()),
-            inbound::FAILED,
+            error: why,
+            retry_at: now_ms() + delay.as_millis() as i64,
+        })
+    } else {
+        let text = format!("The agent could not answer after {tries} tries ({why}).");
+        Next::Step(
+            Step::End {
+                state: TurnState::Failed,
+                outcome,
+                error: Some(why),
+            },
+            Some(("failed", text)),
         )
-        .await?;
-        notice(
-            sh,
-            &t,
-            "failed",
-            format!("The agent could not answer after {tries} tries ({why})."),
-        )
-        .await?;
     }
-    Ok(())
 }
 
 /// Up to `max` of random delay.
@@ -775,31 +730,8 @@ fn jitter(max: Duration) -> Duration {
     Duration::from_millis(u64::from(u32::from_le_bytes(b)) % ms)
 }
 
-/// Ends a turn and wakes the scheduler (the folder is free).
-async fn finish(
-    sh: &Shared,
-    t: &TurnRow,
-    state: &'static str,
-    outcome: Option<String>,
-    error: Option<String>,
-    message_state: &'static str,
-) -> Result<(), DbError> {
-    if sh
-        .store
-        .end_turn(&t.turn_id, state, outcome, error, message_state, now_ms())
-        .await?
-    {
-        sh.metrics.turn_ended(state);
-        tracing::info!(state, "turn ended");
-    }
-    // What it held for approval is denied with it.
-    crate::approvals::end_of_turn(sh, &t.turn_id).await?;
-    sh.wake.notify_one();
-    Ok(())
-}
-
 /// A notice from routd to the turn's chat (once per turn and kind).
-async fn notice(sh: &Shared, t: &TurnRow, what: &str, text: String) -> Result<(), DbError> {
+async fn say_notice(sh: &Shared, t: &TurnRow, what: &str, text: String) -> Result<(), DbError> {
     sh.say(
         format!("{}.notice.{what}", t.turn_id),
         &t.chat_jid,

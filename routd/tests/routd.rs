@@ -550,7 +550,10 @@ async fn a_full_runed_queue_delays_the_turn_instead_of_failing_it() {
                 if v["state"] == "running" {
                     break;
                 }
-                assert!(tokio::time::Instant::now() < deadline, "hold never ran: {v}");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "hold never ran: {v}"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }

@@ -529,3 +529,55 @@ async fn webhooks_to_private_addresses_need_the_operators_opt_in() {
     assert_eq!(s, 201, "{v}");
     rig.stop().await;
 }
+
+/// A group whose stored grants this build cannot read (a hand edit, a newer hako) fails
+/// closed: its turn ends with a notice instead of running with every tool (unreadable grants
+/// used to read as `[]`, which means `*`), and its API view is an error, not defaults. An
+/// unknown turn state in a query is refused, not read as "no such turns".
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unreadable_group_settings_fail_closed() {
+    let rig = Rig::new(&[], &[]).await;
+    let chat = "web:garbled";
+    rig.put_group(
+        "garbled",
+        json!({"name": "garbled", "grants": ["send_message"]}),
+    )
+    .await;
+    rig.route(chat, "garbled").await;
+    let db = rusqlite::Connection::open(rig.data().join("routd.db")).unwrap();
+    let n = db
+        .execute(
+            "UPDATE groups SET grants = '{not json' WHERE folder = 'garbled'",
+            [],
+        )
+        .unwrap();
+    assert_eq!(n, 1);
+    drop(db);
+    rig.say(chat, "g-1", r#"/mcp reset_session {}"#).await;
+    let h = rig
+        .wait_for(chat, "a notice", |h| !notices(h).is_empty())
+        .await;
+    assert!(
+        replies(&h).iter().all(|r| !r.contains("reset_session")),
+        "{h:?}"
+    );
+    assert!(
+        notices(&h)[0].contains("could not be started")
+            && notices(&h)[0].contains("settings do not read"),
+        "{:?}",
+        notices(&h)
+    );
+    assert_eq!(h[0].state, "failed", "{h:?}");
+    let (s, v) = rig.api().get(&rig.operator, "/v1/groups/garbled").await;
+    assert_eq!(s, 500, "{v}");
+    let (s, v) = rig.api().get(&rig.operator, "/v1/turns?state=bogus").await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (400, Some("invalid_query")),
+        "{v}"
+    );
+    let (s, v) = rig.api().get(&rig.operator, "/v1/turns?state=failed").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["turns"][0]["state"], "failed", "{v}");
+    rig.stop().await;
+}

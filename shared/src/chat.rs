@@ -26,6 +26,13 @@ impl Direction {
             Direction::Out => "out",
         }
     }
+
+    /// Parses the wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [Direction::In, Direction::Out]
+            .into_iter()
+            .find(|d| d.as_str() == s)
+    }
 }
 
 /// What a message is.
@@ -60,6 +67,82 @@ impl MessageKind {
             MessageKind::Task => "task",
             MessageKind::Approval => "approval",
         }
+    }
+
+    /// Parses the wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            MessageKind::Message,
+            MessageKind::Command,
+            MessageKind::Notice,
+            MessageKind::Status,
+            MessageKind::Task,
+            MessageKind::Approval,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+    }
+}
+
+/// The life of a turn: `starting` → `running` → `done`, `failed` or `killed`, with
+/// `waiting` (a retry's backoff) between a try that gave the chat nothing and the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum TurnState {
+    /// About to ask runed for the try's run (its id is not known yet).
+    Starting,
+    /// The try's run is live on runed.
+    Running,
+    /// Waiting out a retry's backoff.
+    Waiting,
+    /// Answered.
+    Done,
+    /// Every try failed, or the run could not be started at all.
+    Failed,
+    /// Stopped on request.
+    Killed,
+}
+
+impl TurnState {
+    /// Every state, in the order of a turn's life.
+    pub const ALL: [TurnState; 6] = [
+        TurnState::Starting,
+        TurnState::Running,
+        TurnState::Waiting,
+        TurnState::Done,
+        TurnState::Failed,
+        TurnState::Killed,
+    ];
+    /// The states of a turn that is not over.
+    pub const LIVE: [TurnState; 3] = [TurnState::Starting, TurnState::Running, TurnState::Waiting];
+
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TurnState::Starting => "starting",
+            TurnState::Running => "running",
+            TurnState::Waiting => "waiting",
+            TurnState::Done => "done",
+            TurnState::Failed => "failed",
+            TurnState::Killed => "killed",
+        }
+    }
+
+    /// Parses the wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// Whether the turn is over.
+    pub fn is_over(self) -> bool {
+        !Self::LIVE.contains(&self)
+    }
+}
+
+impl std::fmt::Display for TurnState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 
@@ -369,8 +452,8 @@ pub struct TurnView {
     pub folder: String,
     /// The chat.
     pub chat_jid: String,
-    /// `starting`, `running`, `waiting` (a retry's backoff), `done`, `failed` or `killed`.
-    pub state: String,
+    /// Where the turn stands.
+    pub state: TurnState,
     /// Attempts made so far (1 for the first run).
     pub attempt: i64,
     /// The current (or last) run on runed.

@@ -27,7 +27,7 @@ use hako_shared::GroupFolder;
 use hako_shared::auth::{AuthError, TokenType, scopes};
 use hako_shared::db::DbError;
 use hako_shared::http::ApiError;
-use hako_shared::runs::{GroupSpec, LlmApi};
+use hako_shared::runs::LlmApi;
 use serde_json::Value;
 
 use crate::Shared;
@@ -376,7 +376,7 @@ impl GatewayTurn {
             let Some(g) = self.sh.store.group(&folder).await? else {
                 continue;
             };
-            let spec: GroupSpec = serde_json::from_str(&g.spec).unwrap_or_default();
+            let spec = g.spec;
             let budget = spec
                 .llm
                 .as_ref()

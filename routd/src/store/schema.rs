@@ -1,0 +1,277 @@
+//! The schema of `routd.db`, migration by migration (each applied once, in order).
+
+use hako_shared::db::Migration;
+
+/// The schema, in order.
+pub static MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "messages, chats, groups, sessions, routes, turns, webhooks, deliveries, audit",
+        sql: r#"
+CREATE TABLE messages (
+    seq         INTEGER PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    chat_jid    TEXT NOT NULL,
+    direction   TEXT NOT NULL CHECK (direction IN ('in', 'out')),
+    kind        TEXT NOT NULL CHECK (kind IN ('message', 'command', 'notice')),
+    sender      TEXT NOT NULL,
+    sender_name TEXT,
+    content     TEXT NOT NULL,
+    timestamp   INTEGER NOT NULL,
+    reply_to    TEXT,
+    turn_id     TEXT,
+    state       TEXT NOT NULL,
+    body_hash   TEXT NOT NULL DEFAULT '',
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_at INTEGER,
+    created_at  INTEGER NOT NULL
+);
+CREATE INDEX messages_chat ON messages (chat_jid, seq);
+CREATE INDEX messages_pending ON messages (state, chat_jid) WHERE direction = 'in';
+CREATE INDEX messages_delivering ON messages (next_try_at) WHERE state = 'delivering';
+CREATE TABLE chats (
+    jid        TEXT PRIMARY KEY,
+    cursor     INTEGER NOT NULL DEFAULT 0,
+    pending    INTEGER NOT NULL DEFAULT 0,
+    updated_at INTEGER NOT NULL
+);
+CREATE INDEX chats_pending ON chats (jid) WHERE pending > 0;
+CREATE TABLE groups (
+    folder        TEXT PRIMARY KEY,
+    name          TEXT NOT NULL,
+    system_prompt TEXT NOT NULL DEFAULT '',
+    grants        TEXT NOT NULL DEFAULT '[]',
+    spec          TEXT NOT NULL DEFAULT '{}',
+    updated_at    INTEGER NOT NULL
+);
+CREATE TABLE sessions (
+    folder     TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+CREATE TABLE routes (
+    id         INTEGER PRIMARY KEY,
+    position   INTEGER NOT NULL,
+    pattern    TEXT NOT NULL,
+    folder     TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE turns (
+    turn_id     TEXT PRIMARY KEY,
+    folder      TEXT NOT NULL,
+    chat_jid    TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    attempt     INTEGER NOT NULL DEFAULT 0,
+    run_id      TEXT,
+    outcome     TEXT,
+    error       TEXT,
+    replies     INTEGER NOT NULL DEFAULT 0,
+    next_try_at INTEGER,
+    first_in_at INTEGER NOT NULL,
+    created_at  INTEGER NOT NULL,
+    ended_at    INTEGER
+);
+CREATE INDEX turns_live ON turns (state) WHERE state IN ('starting', 'running', 'waiting');
+CREATE INDEX turns_folder ON turns (folder, created_at);
+CREATE TABLE webhooks (
+    id         INTEGER PRIMARY KEY,
+    prefix     TEXT NOT NULL UNIQUE,
+    url        TEXT NOT NULL,
+    secret     TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+);
+CREATE TABLE deliveries (
+    id          INTEGER PRIMARY KEY,
+    message_seq INTEGER NOT NULL,
+    webhook_id  INTEGER NOT NULL,
+    attempt     INTEGER NOT NULL,
+    at          INTEGER NOT NULL,
+    status      INTEGER,
+    outcome     TEXT NOT NULL,
+    detail      TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX deliveries_message ON deliveries (message_seq);
+CREATE TABLE audit_log (
+    id      INTEGER PRIMARY KEY,
+    at      INTEGER NOT NULL,
+    actor   TEXT NOT NULL,
+    action  TEXT NOT NULL,
+    folder  TEXT,
+    outcome TEXT NOT NULL,
+    detail  TEXT NOT NULL DEFAULT ''
+);
+"#,
+    },
+    Migration {
+        version: 2,
+        name: "status and task messages with versions; scheduled tasks",
+        // SQLite cannot change a CHECK: the log is rebuilt, every row and seq kept.
+        sql: r#"
+CREATE TABLE messages_v2 (
+    seq         INTEGER PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    chat_jid    TEXT NOT NULL,
+    direction   TEXT NOT NULL CHECK (direction IN ('in', 'out')),
+    kind        TEXT NOT NULL CHECK (kind IN ('message', 'command', 'notice', 'status', 'task')),
+    sender      TEXT NOT NULL,
+    sender_name TEXT,
+    content     TEXT NOT NULL,
+    timestamp   INTEGER NOT NULL,
+    reply_to    TEXT,
+    turn_id     TEXT,
+    state       TEXT NOT NULL,
+    body_hash   TEXT NOT NULL DEFAULT '',
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_at INTEGER,
+    created_at  INTEGER NOT NULL,
+    version     INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO messages_v2 (seq, id, chat_jid, direction, kind, sender, sender_name, content,
+    timestamp, reply_to, turn_id, state, body_hash, attempts, next_try_at, created_at)
+    SELECT seq, id, chat_jid, direction, kind, sender, sender_name, content, timestamp,
+    reply_to, turn_id, state, body_hash, attempts, next_try_at, created_at FROM messages;
+DROP TABLE messages;
+ALTER TABLE messages_v2 RENAME TO messages;
+CREATE INDEX messages_chat ON messages (chat_jid, seq);
+CREATE INDEX messages_pending ON messages (state, chat_jid) WHERE direction = 'in';
+CREATE INDEX messages_delivering ON messages (next_try_at) WHERE state = 'delivering';
+CREATE TABLE tasks (
+    id            TEXT PRIMARY KEY,
+    folder        TEXT NOT NULL,
+    chat_jid      TEXT NOT NULL,
+    prompt        TEXT NOT NULL,
+    cron          TEXT,
+    next_at       INTEGER,
+    state         TEXT NOT NULL CHECK (state IN ('active', 'done', 'cancelled')),
+    fired         INTEGER NOT NULL DEFAULT 0,
+    last_fired_at INTEGER,
+    created_by    TEXT NOT NULL,
+    created_at    INTEGER NOT NULL,
+    updated_at    INTEGER NOT NULL
+);
+CREATE INDEX tasks_due ON tasks (next_at) WHERE state = 'active';
+CREATE INDEX tasks_folder ON tasks (folder, state);
+"#,
+    },
+    Migration {
+        version: 3,
+        name: "LLM usage through the gateway, per group, day, turn and model",
+        sql: r#"
+CREATE TABLE llm_usage (
+    folder        TEXT NOT NULL,
+    day           TEXT NOT NULL,
+    turn_id       TEXT NOT NULL,
+    api           TEXT NOT NULL,
+    model         TEXT NOT NULL,
+    calls         INTEGER NOT NULL DEFAULT 0,
+    input_tokens  INTEGER NOT NULL DEFAULT 0,
+    output_tokens INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (folder, day, turn_id, api, model)
+);
+CREATE INDEX llm_usage_day ON llm_usage (day, folder);
+"#,
+    },
+    Migration {
+        version: 4,
+        name: "messages being steered into a live run: answered only once the agent took them",
+        sql: r#"
+ALTER TABLE messages ADD COLUMN steering INTEGER NOT NULL DEFAULT 0;
+"#,
+    },
+    // `steering`: 0 no, 1 handed to runed without an answer yet, 2 placed in the run.
+    // `steer_id` names the follow-up at runed, which answers a repeat with the same one.
+    Migration {
+        version: 5,
+        name: "the follow-up a steered message went out in",
+        sql: r#"
+ALTER TABLE messages ADD COLUMN steer_id TEXT;
+"#,
+    },
+    // The agent's session is per chat: a group serving many chats (a glob route) kept one
+    // session for all, so one customer's words were in another's model context. The old
+    // per-folder sessions mixed chats and are not carried over: each chat starts afresh.
+    Migration {
+        version: 6,
+        name: "agent sessions per group and chat",
+        sql: r#"
+CREATE TABLE chat_sessions (
+    folder     TEXT NOT NULL,
+    chat_jid   TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (folder, chat_jid)
+);
+DROP TABLE sessions;
+"#,
+    },
+    Migration {
+        version: 7,
+        name: "what each group's turns wrote per UTC day (bounded)",
+        sql: r#"
+CREATE TABLE group_writes (
+    folder   TEXT NOT NULL,
+    day      TEXT NOT NULL,
+    messages INTEGER NOT NULL DEFAULT 0,
+    bytes    INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (folder, day)
+);
+"#,
+    },
+    // Approval requests are messages of their own kind: the log is rebuilt (SQLite cannot
+    // change a CHECK), every row and seq kept.
+    Migration {
+        version: 8,
+        name: "human approval of held tool calls: requests, verdicts, each group's policy",
+        sql: r#"
+CREATE TABLE messages_v8 (
+    seq         INTEGER PRIMARY KEY,
+    id          TEXT NOT NULL UNIQUE,
+    chat_jid    TEXT NOT NULL,
+    direction   TEXT NOT NULL CHECK (direction IN ('in', 'out')),
+    kind        TEXT NOT NULL CHECK (kind IN ('message', 'command', 'notice', 'status', 'task', 'approval')),
+    sender      TEXT NOT NULL,
+    sender_name TEXT,
+    content     TEXT NOT NULL,
+    timestamp   INTEGER NOT NULL,
+    reply_to    TEXT,
+    turn_id     TEXT,
+    state       TEXT NOT NULL,
+    body_hash   TEXT NOT NULL DEFAULT '',
+    attempts    INTEGER NOT NULL DEFAULT 0,
+    next_try_at INTEGER,
+    created_at  INTEGER NOT NULL,
+    version     INTEGER NOT NULL DEFAULT 0,
+    steering    INTEGER NOT NULL DEFAULT 0,
+    steer_id    TEXT
+);
+INSERT INTO messages_v8 (seq, id, chat_jid, direction, kind, sender, sender_name, content,
+    timestamp, reply_to, turn_id, state, body_hash, attempts, next_try_at, created_at, version,
+    steering, steer_id)
+    SELECT seq, id, chat_jid, direction, kind, sender, sender_name, content, timestamp,
+    reply_to, turn_id, state, body_hash, attempts, next_try_at, created_at, version, steering,
+    steer_id FROM messages;
+DROP TABLE messages;
+ALTER TABLE messages_v8 RENAME TO messages;
+CREATE INDEX messages_chat ON messages (chat_jid, seq);
+CREATE INDEX messages_pending ON messages (state, chat_jid) WHERE direction = 'in';
+CREATE INDEX messages_delivering ON messages (next_try_at) WHERE state = 'delivering';
+ALTER TABLE groups ADD COLUMN approvals TEXT NOT NULL DEFAULT '{}';
+CREATE TABLE approvals (
+    id           TEXT PRIMARY KEY,
+    turn_id      TEXT NOT NULL,
+    folder       TEXT NOT NULL,
+    chat_jid     TEXT NOT NULL,
+    tool         TEXT NOT NULL,
+    target       TEXT,
+    arguments    TEXT NOT NULL,
+    state        TEXT NOT NULL CHECK (state IN ('pending', 'approved', 'denied', 'timed_out', 'turn_ended', 'abandoned')),
+    decided_by   TEXT,
+    requested_at INTEGER NOT NULL,
+    expires_at   INTEGER NOT NULL,
+    decided_at   INTEGER
+);
+CREATE INDEX approvals_pending ON approvals (turn_id) WHERE state = 'pending';
+CREATE INDEX approvals_folder ON approvals (folder, requested_at);
+"#,
+    },
+];
