@@ -101,10 +101,7 @@ fn check_text(field: &str, value: &str, min: usize, max: usize) -> Result<(), Ap
 }
 
 fn new_message_id() -> String {
-    let mut b = [0u8; 12];
-    let _ = getrandom::fill(&mut b);
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("m-{hex}")
+    hako_shared::ids::random_id("m-", 12)
 }
 
 async fn audit_row(

@@ -14,6 +14,7 @@ use hako_shared::chat::MessageKind;
 use hako_shared::chat::TurnState;
 use hako_shared::cron::Cron;
 use hako_shared::grants::Grants;
+use hako_shared::ids::random_id;
 use hako_shared::runs::Trust;
 use hako_shared::time::{from_unix_millis, parse_rfc3339, rfc3339};
 use serde_json::{Value, json};
@@ -59,18 +60,6 @@ pub(crate) struct RoutdTools {
 fn internal(e: impl std::fmt::Display) -> ToolError {
     tracing::error!(error = %e, "a tool call failed inside routd");
     ToolError::internal("routd could not complete the call; try again")
-}
-
-pub(crate) fn random_hex(bytes: usize) -> String {
-    let mut b = vec![0u8; bytes];
-    // getrandom fails only without an OS entropy source; a clock-derived id still works.
-    if getrandom::fill(&mut b).is_err() {
-        let t = now_ms().to_le_bytes();
-        for (i, x) in b.iter_mut().enumerate() {
-            *x = t[i % t.len()] ^ (i as u8);
-        }
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 fn task_json(t: &TaskRow) -> Value {
@@ -191,7 +180,7 @@ impl RoutdTools {
         // A caller's key makes the id stable: a retry appends nothing.
         let id = match &c.idempotency_key {
             Some(k) => format!("{}.send.{k}", scope.turn_id),
-            None => format!("{}.send.{}", scope.turn_id, random_hex(8)),
+            None => random_id(&format!("{}.send.", scope.turn_id), 8),
         };
         let seq = self
             .sh
@@ -312,7 +301,7 @@ impl RoutdTools {
             });
         }
         let row = TaskRow {
-            id: format!("task-{}", random_hex(6)),
+            id: random_id("task-", 6),
             folder: scope.folder.to_string(),
             chat_jid: chat,
             prompt: c.prompt,
@@ -439,7 +428,7 @@ impl RoutdTools {
             )));
         }
         let chat = format!("web:{f}");
-        let id = format!("spawn:{}:{}", scope.turn_id, random_hex(6));
+        let id = random_id(&format!("spawn:{}:", scope.turn_id), 6);
         let now = now_ms();
         self.sh
             .store

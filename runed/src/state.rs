@@ -172,15 +172,7 @@ pub(crate) fn connect(cfg: &Config) -> Result<Runner, String> {
 
 /// A new run id: `run-` and 16 random hex digits.
 pub fn new_run_id() -> String {
-    let mut b = [0u8; 8];
-    if getrandom::fill(&mut b).is_err() {
-        // No randomness: fall back to time and a counter (unique within this process).
-        static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        b = (unix_millis(SystemTime::now()) as u64 ^ (n << 40)).to_be_bytes();
-    }
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("run-{hex}")
+    hako_shared::ids::random_id("run-", 8)
 }
 
 impl Shared {

@@ -219,15 +219,7 @@ impl tower_http::request_id::MakeRequestId for MakeId {
         &mut self,
         _req: &axum::http::Request<B>,
     ) -> Option<tower_http::request_id::RequestId> {
-        let mut b = [0u8; 8];
-        if getrandom::fill(&mut b).is_err() {
-            static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            b = N
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-                .to_be_bytes();
-        }
-        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-        HeaderValue::from_str(&format!("req-{hex}"))
+        HeaderValue::from_str(&crate::ids::random_id("req-", 8))
             .ok()
             .map(tower_http::request_id::RequestId::new)
     }

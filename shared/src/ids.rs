@@ -16,6 +16,41 @@ pub fn is_valid_id(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
 }
 
+/// A fresh random id: `prefix` then `2 * bytes` hex digits (`random_id("m-", 12)`). The one
+/// constructor of every random id and name hako makes. Without an OS entropy source (the
+/// only way getrandom fails) the digits come from the clock and a process-wide counter run
+/// through a mixer: unique within the process and never all zeros, where the fallbacks this
+/// replaced gave every id the same zeros.
+pub fn random_id(prefix: &str, bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    if getrandom::fill(&mut b).is_err() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static N: AtomicU64 = AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let mut state = nanos ^ N.fetch_add(1, Ordering::Relaxed).rotate_left(32);
+        for chunk in b.chunks_mut(8) {
+            state = splitmix64(state);
+            chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
+        }
+    }
+    let mut out = String::with_capacity(prefix.len() + 2 * bytes);
+    out.push_str(prefix);
+    for x in b {
+        out.push_str(&format!("{x:02x}"));
+    }
+    out
+}
+
+/// SplitMix64's step: a bijection, so distinct inputs give distinct outputs.
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// A string that failed the id grammar.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {kind}: {ID_GRAMMAR}")]
@@ -121,6 +156,16 @@ id_type!(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_ids_are_valid_and_distinct() {
+        let a = random_id("m-", 12);
+        assert_eq!(a.len(), 2 + 24);
+        assert!(a.starts_with("m-") && is_valid_id(&a), "{a}");
+        let many: std::collections::HashSet<String> = (0..1000).map(|_| random_id("", 8)).collect();
+        assert_eq!(many.len(), 1000);
+        assert_ne!(random_id("", 8), "0".repeat(16));
+    }
 
     #[test]
     fn grammar() {

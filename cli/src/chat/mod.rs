@@ -534,11 +534,5 @@ async fn wait_end(live: &mut Option<Live>) -> RunEnd {
 }
 
 fn random_hex() -> String {
-    let mut b = [0u8; 6];
-    // Without randomness the time still makes the id unique enough for one CLI.
-    if getrandom::fill(&mut b).is_err() {
-        let t = hako_shared::time::unix_millis(SystemTime::now()).to_le_bytes();
-        b.copy_from_slice(&t[..6]);
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    hako_shared::ids::random_id("", 6)
 }

@@ -524,10 +524,7 @@ fn chown_fd(fd: impl AsFd, o: Owner, path: &Path) -> io::Result<()> {
 
 /// A short random hex string for temp names.
 pub fn random_suffix() -> String {
-    let mut b = [0u8; 6];
-    // An unavailable RNG only makes names less unique; O_EXCL still prevents clobbering.
-    let _ = getrandom::fill(&mut b);
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    hako_shared::ids::random_id("", 6)
 }
 
 /// Whether `name` is a plain component (helper for callers validating input).

@@ -24,18 +24,7 @@ pub fn valid_id(id: &str) -> bool {
 
 /// A fresh session id.
 pub fn new_id() -> String {
-    let mut b = [0u8; 12];
-    // Without an entropy source, the time still makes a usable id.
-    if getrandom::fill(&mut b).is_err() {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-            .to_le_bytes();
-        b.copy_from_slice(&t[..12]);
-    }
-    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!("s-{hex}")
+    hako_shared::ids::random_id("s-", 12)
 }
 
 /// Where sessions live.
