@@ -124,6 +124,17 @@ impl RoutdMetrics {
             .inc();
     }
 
+    /// runed answered a turn's start with 429 (its queue full): the turn waits and asks again.
+    pub fn runed_busy(&self) {
+        self.registry
+            .counter(
+                "routd_runed_busy_total",
+                "Starts of turns runed refused with its queue full (429); each waits and asks again.",
+                &[],
+            )
+            .inc();
+    }
+
     /// A try of a turn was retried.
     pub fn turn_retried(&self) {
         self.registry

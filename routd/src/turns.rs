@@ -357,6 +357,7 @@ async fn drive(sh: &Arc<Shared>, mem: &LiveTurn, turn_id: &str) -> Result<(), Db
                     // runed's queue is full: the run is asked for again, backing off, as in
                     // an outage (failing the turn on a transient 429 lost the user's message).
                     tracing::info!(error = %e, "runed is busy; the turn waits");
+                    sh.metrics.runed_busy();
                     Next::Pause(outage.next())
                 }
                 Err(e @ RunedError::Refused { .. }) => Next::Step(

@@ -82,14 +82,6 @@ fn sent(h: &[MessageView], text: &str) -> usize {
     replies(h).iter().filter(|r| *r == text).count()
 }
 
-async fn metric(rig: &Rig, line: &str) -> Option<f64> {
-    let m = rig.metrics().await;
-    m.lines()
-        .find(|l| l.starts_with(line))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
 /// An ask call is held and asked on the chat's stream; `/approve` from the chat releases it
 /// and its effect shows, once; a second verdict changes nothing (409 from the API, a notice
 /// in the chat); the request, its verdict, the metric and the audit say so.
@@ -142,7 +134,10 @@ async fn an_ask_call_is_held_asked_and_approved_once() {
             .any(|x| x["id"] == id.as_str()),
         "{list}"
     );
-    assert_eq!(metric(&rig, "routd_approvals_pending ").await, Some(1.0));
+    assert_eq!(
+        rig.metric_value("routd_approvals_pending ").await,
+        Some(1.0)
+    );
 
     post_as(&rig, chat, "a-2", "alice", &format!("/approve {id}")).await;
     let results = send_results(&rig, chat, 1).await;
@@ -179,10 +174,14 @@ async fn an_ask_call_is_held_asked_and_approved_once() {
     assert_eq!(sent(&h, "launch at noon"), 1);
     assert_eq!(request(&rig, &id).await["state"], "approved");
     assert_eq!(
-        metric(&rig, "routd_approvals_total{result=\"approved\"}").await,
+        rig.metric_value("routd_approvals_total{result=\"approved\"}")
+            .await,
         Some(1.0)
     );
-    assert_eq!(metric(&rig, "routd_approvals_pending ").await, Some(0.0));
+    assert_eq!(
+        rig.metric_value("routd_approvals_pending ").await,
+        Some(0.0)
+    );
     let (s, audit) = rig.api().get(&rig.operator, "/v1/audit?limit=100").await;
     assert_eq!(s, 200, "{audit}");
     let actions: Vec<(String, String)> = audit["entries"]

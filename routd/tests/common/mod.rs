@@ -311,6 +311,16 @@ impl Rig {
             .unwrap()
     }
 
+    /// The value of the first sample whose line starts with `series` (a name followed by a
+    /// space, or a name with its labels), if routd exports it yet.
+    pub async fn metric_value(&self, series: &str) -> Option<f64> {
+        let m = self.metrics().await;
+        m.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+    }
+
     pub async fn mint(&self, scope: &[&str], folder: Option<&str>, ttl: u64) -> String {
         AuthdClient::new(&self.authd_url())
             .unwrap()
