@@ -58,12 +58,31 @@ pub enum DockerError {
     /// A call did not finish in time.
     #[error("docker call {0} timed out after {1:?}")]
     Timeout(&'static str, Duration),
-    /// Anything else the daemon said.
-    #[error("docker: {0}")]
-    Api(String),
+    /// Anything else the daemon said: its HTTP status when it answered one (judged by
+    /// number, never by reading the text), and its message.
+    #[error("docker: {}{message}", status.map(|s| format!("{s}: ")).unwrap_or_default())]
+    Api {
+        /// The daemon's HTTP status, when the failure is an answer of the daemon.
+        status: Option<u16>,
+        /// What it said.
+        message: String,
+    },
 }
 
 impl DockerError {
+    /// A failure that is no answer of the daemon's (no HTTP status).
+    pub fn api(message: impl Into<String>) -> Self {
+        DockerError::Api {
+            status: None,
+            message: message.into(),
+        }
+    }
+
+    /// The daemon answered `status`.
+    pub fn is_status(&self, status: u16) -> bool {
+        matches!(self, DockerError::Api { status: Some(s), .. } if *s == status)
+    }
+
     /// Classifies a bollard error from a call about `what`.
     pub fn from_bollard(e: BollardError, what: &str) -> Self {
         match e {
@@ -84,7 +103,10 @@ impl DockerError {
             BollardError::DockerResponseServerError {
                 status_code,
                 message,
-            } => DockerError::Api(format!("{status_code}: {message}")),
+            } => DockerError::Api {
+                status: Some(status_code),
+                message,
+            },
             BollardError::IOError { err } => DockerError::Unavailable {
                 socket: socket_path(),
                 message: err.to_string(),
@@ -115,7 +137,7 @@ impl DockerError {
                         message: text,
                     }
                 } else {
-                    DockerError::Api(text)
+                    DockerError::api(text)
                 }
             }
         }
@@ -334,7 +356,7 @@ pub async fn remove(docker: &Docker, id: &str, limit: Duration) -> Result<(), Do
     match bounded("remove", limit, id, docker.remove_container(id, Some(opts))).await {
         Ok(()) | Err(DockerError::NotFound(_)) => {}
         // "removal already in progress" resolves by itself; the check below waits for it.
-        Err(DockerError::Api(m)) if m.contains("in progress") => {}
+        Err(DockerError::Api { message, .. }) if message.contains("in progress") => {}
         Err(e) => return Err(e),
     }
     // Check that it is gone: a container left behind is how a run burns for nine hours.
@@ -344,7 +366,7 @@ pub async fn remove(docker: &Docker, id: &str, limit: Duration) -> Result<(), Do
             Err(DockerError::NotFound(_)) => return Ok(()),
             Err(e) if e.is_unavailable() => return Err(e),
             _ if tokio::time::Instant::now() >= deadline => {
-                return Err(DockerError::Api(format!(
+                return Err(DockerError::api(format!(
                     "container {id} still present after removal"
                 )));
             }

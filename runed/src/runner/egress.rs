@@ -394,7 +394,7 @@ impl Egress {
         {
             Ok(()) => Ok(()),
             // Joined already (a retry after a partial failure).
-            Err(DockerError::Api(m)) if m.contains("already exists") => Ok(()),
+            Err(DockerError::Api { message, .. }) if message.contains("already exists") => Ok(()),
             Err(e) => Err(e),
         }
     }
@@ -487,7 +487,8 @@ impl Egress {
         {
             Ok(_) => {}
             // A retry of the same run after a partial failure: the network is there.
-            Err(DockerError::Api(m)) if m.starts_with("409") || m.contains("already exists") => {}
+            Err(e @ DockerError::Api { .. })
+                if e.is_status(409) || e.to_string().contains("already exists") => {}
             Err(e) => return Err(e),
         }
         let proxy = self.container_name();
@@ -518,7 +519,8 @@ impl Egress {
         {
             Ok(()) | Err(DockerError::NotFound(_)) => {}
             // Not connected (the proxy was recreated without it, or never joined).
-            Err(DockerError::Api(m)) if m.contains("not connected") || m.starts_with("403") => {}
+            Err(e @ DockerError::Api { .. })
+                if e.is_status(403) || e.to_string().contains("not connected") => {}
             Err(e) => tracing::debug!(network = name, error = %e, "disconnecting the proxy"),
         }
         match docker::bounded(

@@ -106,7 +106,7 @@ impl RunError {
     pub fn is_terminal(&self) -> bool {
         match self {
             RunError::Docker(DockerError::ImageMissing(_)) => true,
-            RunError::Docker(DockerError::Api(m)) => m.starts_with("400"),
+            RunError::Docker(e @ DockerError::Api { .. }) => e.is_status(400),
             RunError::Docker(_) => false,
             RunError::Io(_) | RunError::NotLive(_) => false,
             RunError::Mount(_)
@@ -603,11 +603,19 @@ mod tests {
     fn only_permanent_failures_are_terminal() {
         let d = |e: DockerError| RunError::Docker(e).is_terminal();
         assert!(d(DockerError::ImageMissing("x".into())));
-        assert!(d(DockerError::Api("400: invalid mount config".into())));
-        assert!(!d(DockerError::Api("500: failed to create shim".into())));
-        assert!(!d(DockerError::Api(
-            "409: Conflict. The container name is in use".into()
-        )));
+        let answer = |status, message: &str| DockerError::Api {
+            status: Some(status),
+            message: message.into(),
+        };
+        assert!(d(answer(400, "invalid mount config")));
+        assert!(!d(answer(500, "failed to create shim")));
+        assert!(!d(answer(409, "Conflict. The container name is in use")));
+        assert!(
+            !d(DockerError::api(
+                "400: a message that only looks like a status"
+            )),
+            "judged by the daemon's status, not by the text"
+        );
         assert!(!d(DockerError::NotFound("c".into())));
         assert!(!d(DockerError::Timeout("create", Duration::from_secs(1))));
         assert!(RunError::Invalid("x".into()).is_terminal());

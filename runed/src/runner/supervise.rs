@@ -274,9 +274,7 @@ impl<'a> Supervisor<'a> {
                     Ok(code)
                 }
                 Some(Err(e)) => Err(DockerError::from_bollard(e, &wait_id)),
-                None => Err(DockerError::Api(
-                    "wait stream ended without a status".into(),
-                )),
+                None => Err(DockerError::api("wait stream ended without a status")),
             }
         });
         Self {
