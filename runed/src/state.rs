@@ -10,10 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use hako_shared::auth::Verifier;
-use hako_shared::contract::{OutputBlock, Secrets};
+use hako_shared::contract::Secrets;
 use hako_shared::runs::{Outcome, RunState};
 use hako_shared::time::unix_millis;
-use serde::Serialize;
 use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
@@ -24,37 +23,8 @@ use crate::runner::{CloseWhen, LiveRun, RunControl, Runner};
 use crate::store::{Finish, Store};
 use crate::tokens::Broker;
 
-/// What SSE subscribers and long-polls hear.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Event {
-    /// A run changed state.
-    State {
-        /// The run.
-        run_id: String,
-        /// Its new state.
-        state: RunState,
-    },
-    /// A run produced an output block.
-    Output {
-        /// The run.
-        run_id: String,
-        /// Its position.
-        index: usize,
-        /// The block, when it is small ([`INLINE_BLOCK`]); larger ones are read from the
-        /// store by whoever needs them, so the broadcast ring stays small.
-        block: Option<OutputBlock>,
-    },
-}
-
-impl Event {
-    /// The run concerned.
-    pub fn run_id(&self) -> &str {
-        match self {
-            Event::State { run_id, .. } | Event::Output { run_id, .. } => run_id,
-        }
-    }
-}
+/// What SSE subscribers and long-polls hear: the wire's own type.
+pub type Event = hako_shared::runs::RunStreamEvent;
 
 /// Blocks up to this many text bytes travel inside their event; the ring of recent events
 /// (`EVENT_RING` of them) therefore holds at most a few MiB, whoever lags behind it.

@@ -699,8 +699,10 @@ pub struct RunStatus {
 }
 
 /// One event of `GET /v1/runs/{run_id}/events` (the `data` of each server-sent event; the
-/// event name is the `type`).
+/// event name is the `type`). runed sends these very values, and routd reads them: one type
+/// on both sides of the wire.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RunStreamEvent {
     /// The run changed state.
@@ -716,9 +718,19 @@ pub enum RunStreamEvent {
         run_id: String,
         /// The block's place among the run's blocks, from 0.
         index: usize,
-        /// The block.
+        /// The block, when it is small (runed's `INLINE_BLOCK`); a larger one is `null` here
+        /// and read from the run's status.
         block: Option<OutputBlock>,
     },
+}
+
+impl RunStreamEvent {
+    /// The run concerned.
+    pub fn run_id(&self) -> &str {
+        match self {
+            RunStreamEvent::State { run_id, .. } | RunStreamEvent::Output { run_id, .. } => run_id,
+        }
+    }
 }
 
 /// `POST /v1/runs` and `POST /v1/holds` answer (202).
