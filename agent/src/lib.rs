@@ -1,6 +1,6 @@
 //! hako-agent: the reference in-container agent.
 //!
-//! It speaks the full container contract of `ARCHITECTURE.md`: one JSON line on stdin, output
+//! It speaks the full container contract (`specs/runner.md`): one JSON line on stdin, output
 //! blocks between markers on stdout, log lines on stderr, follow-up files in the input
 //! directory (poll, SIGUSR1 wake, exactly-once claim, `_close`), the query deadline and
 //! SIGTERM. Its default brain is the deterministic script brain (`specs/agent-script.md`), so

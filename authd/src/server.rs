@@ -1,4 +1,4 @@
-//! authd's routes (CONTRACTS.md, authd). Each handler authenticates by hand rather than
+//! authd's routes (`specs/tokens.md`, `authd/openapi.json`). Each handler authenticates by hand rather than
 //! through the `Principal` extractor so that every denial, including a bad token, lands in
 //! the audit log.
 

@@ -1,4 +1,4 @@
-//! The HTTP API (CONTRACTS.md, routd; `specs/routd.md`). Every route checks its scope; a
+//! The HTTP API (`specs/routd.md`, `routd/openapi.json`). Every route checks its scope; a
 //! folder-bound caller reaches only chats that route to its folders, and its groups and turns
 //! (others answer 404, or 403 where it asks to write). JIDs and folders in a path are
 //! percent-encoded (`web:acme%2Fsupport`).

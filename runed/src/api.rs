@@ -1,4 +1,4 @@
-//! The HTTP API (CONTRACTS.md, runed). Every route checks its scope; a folder-bound caller
+//! The HTTP API (`specs/runed.md`, `runed/openapi.json`). Every route checks its scope; a folder-bound caller
 //! sees only runs of its folders (others answer 404) and can never ask for more than a
 //! group's defaults (trust, mounts, network, image, sidecars, env passthrough).
 

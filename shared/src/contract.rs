@@ -1,8 +1,8 @@
 //! The container contract: what an agent image reads and writes.
 //!
-//! Field names follow ARCHITECTURE.md exactly (camelCase on the wire), so that existing agent
-//! images work unchanged. Secrets travel only inside [`ContainerInput`] on stdin; the types
-//! here never print them in `Debug` output.
+//! Field names are those the agent images of the systems hako replaces already speak
+//! (camelCase on the wire), so that those images work unchanged. Secrets travel only inside
+//! [`ContainerInput`] on stdin; the types here never print them in `Debug` output.
 
 use std::collections::BTreeMap;
 use std::fmt;

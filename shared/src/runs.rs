@@ -1,5 +1,5 @@
 //! Wire types of runs: what a caller asks runed for (`RunRequest`, `GroupSpec`) and what it
-//! reports back (`RunState`, `Outcome`, `RunStatus`). Field names follow CONTRACTS.md.
+//! reports back (`RunState`, `Outcome`, `RunStatus`). Field names are the wire's (`runed/openapi.json`).
 
 use std::fmt;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! The claims of a hako token (ARCHITECTURE.md, Tokens).
+//! The claims of a hako token (`specs/tokens.md`).
 
 use serde::{Deserialize, Serialize};
 
