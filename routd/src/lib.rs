@@ -407,8 +407,11 @@ mod tests {
                 schemas[name]
             );
         }
-        // Top-level modules only: `gateway/` serves the turn's `api.sock`, not this API.
-        for entry in std::fs::read_dir(dir.join("src")).unwrap() {
+        // Top-level modules and `api/`: `gateway/` serves the turn's `api.sock`, not this API.
+        let files = ["src", "src/api"]
+            .iter()
+            .flat_map(|d| std::fs::read_dir(dir.join(d)).unwrap());
+        for entry in files {
             let p = entry.unwrap().path();
             if p.extension().is_some_and(|e| e == "rs") {
                 let text = std::fs::read_to_string(&p).unwrap();

@@ -1,0 +1,134 @@
+//! `/v1/routes`: which group a chat's messages go to.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use hako_shared::auth::{Principal, scopes};
+use hako_shared::chat::{NewRoute, RouteList, RouteView};
+use hako_shared::http::{ApiJson, ErrorBody};
+
+use super::{AppState, MAX_POSITION, audit_row};
+use crate::error::ApiFailure;
+use crate::now_ms;
+use crate::routing::check_jid;
+
+/// Add a route rule (unbound callers: a route decides where any chat goes).
+#[utoipa::path(post, path = "/v1/routes", tag = "routes", security(("bearer" = [])),
+    request_body = NewRoute,
+    responses(
+        (status = 201, description = "Added", body = RouteView),
+        (status = 400, description = "`invalid_json`, `invalid_request`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden` (a folder-bound caller)", body = ErrorBody),
+    ))]
+pub(super) async fn add_route(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    ApiJson(r): ApiJson<NewRoute>,
+) -> Result<(StatusCode, Json<RouteView>), ApiFailure> {
+    who.require(scopes::GROUPS_WRITE)?;
+    if !who.is_unbound() {
+        return Err(ApiFailure::FolderForbidden(
+            "routes decide where any chat goes: only an unbound caller adds them".into(),
+        ));
+    }
+    check_jid("pattern", &r.pattern).map_err(ApiFailure::Invalid)?;
+    if r.position.is_some_and(|p| p.abs() > MAX_POSITION) {
+        return Err(ApiFailure::Invalid(format!(
+            "position must be between -{MAX_POSITION} and {MAX_POSITION}"
+        )));
+    }
+    let row = sh
+        .store
+        .add_route(r.pattern, r.folder.to_string(), r.position, now_ms())
+        .await?;
+    sh.routing.reload(&sh.store).await?;
+    sh.wake.notify_one();
+    audit_row(
+        &sh,
+        &who,
+        "route.add",
+        Some(&row.folder),
+        "ok",
+        row.pattern.clone(),
+    )
+    .await;
+    Ok((
+        StatusCode::CREATED,
+        Json(RouteView {
+            id: row.id,
+            pattern: row.pattern,
+            folder: row.folder,
+            position: row.position,
+        }),
+    ))
+}
+
+/// The route rules, in the order they are tried (a folder-bound caller sees its folders').
+#[utoipa::path(get, path = "/v1/routes", tag = "routes", security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The rules", body = RouteList),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`groups:read`)", body = ErrorBody),
+    ))]
+pub(super) async fn list_routes(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+) -> Result<Json<RouteList>, ApiFailure> {
+    who.require(scopes::GROUPS_READ)?;
+    let routes = sh
+        .store
+        .routes()
+        .await?
+        .into_iter()
+        .filter(|r| who.covers_folder(&r.folder))
+        .map(|r| RouteView {
+            id: r.id,
+            pattern: r.pattern,
+            folder: r.folder,
+            position: r.position,
+        })
+        .collect();
+    Ok(Json(RouteList { routes }))
+}
+
+/// Remove a route rule.
+#[utoipa::path(delete, path = "/v1/routes/{id}", tag = "routes", security(("bearer" = [])),
+    params(("id" = i64, Path, description = "The rule")),
+    responses(
+        (status = 200, description = "The rule removed", body = RouteView),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden`", body = ErrorBody),
+        (status = 404, description = "No such rule", body = ErrorBody),
+    ))]
+pub(super) async fn delete_route(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<RouteView>, ApiFailure> {
+    who.require(scopes::GROUPS_WRITE)?;
+    if !who.is_unbound() {
+        return Err(ApiFailure::FolderForbidden(
+            "only an unbound caller removes routes".into(),
+        ));
+    }
+    let missing = || ApiFailure::NotFound(format!("no route {id}"));
+    let n: i64 = id.parse().map_err(|_| missing())?;
+    let row = sh.store.delete_route(n).await?.ok_or_else(missing)?;
+    sh.routing.reload(&sh.store).await?;
+    audit_row(
+        &sh,
+        &who,
+        "route.delete",
+        Some(&row.folder),
+        "ok",
+        row.pattern.clone(),
+    )
+    .await;
+    Ok(Json(RouteView {
+        id: row.id,
+        pattern: row.pattern,
+        folder: row.folder,
+        position: row.position,
+    }))
+}

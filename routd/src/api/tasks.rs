@@ -1,0 +1,127 @@
+//! `/v1/tasks`: scheduled tasks, listed and cancelled.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use hako_shared::GroupFolder;
+use hako_shared::auth::{Principal, scopes};
+use hako_shared::http::{ApiQuery, ErrorBody};
+use hako_shared::ids::is_valid_id;
+use serde::{Deserialize, Serialize};
+
+use super::{AppState, audit_row, parse_folder};
+use crate::error::ApiFailure;
+use crate::now_ms;
+
+/// Task filters.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TaskQuery {
+    /// Only this group and the groups below it.
+    #[param(value_type = Option<GroupFolder>)]
+    folder: Option<String>,
+    /// Also the tasks that are done or cancelled.
+    all: Option<bool>,
+}
+
+/// A scheduled task as the API shows it.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(super) struct TaskView {
+    /// `task-<hex>`.
+    id: String,
+    /// The group it belongs to.
+    folder: String,
+    /// The chat its prompt arrives in.
+    chat_jid: String,
+    /// The prompt.
+    prompt: String,
+    /// Its cron schedule (UTC), for a repeating task.
+    cron: Option<String>,
+    /// Its next firing (RFC 3339), while active.
+    next_at: Option<String>,
+    /// `active`, `done` or `cancelled`.
+    state: String,
+    /// How many times it fired.
+    fired: i64,
+    /// The turn that scheduled it.
+    created_by: String,
+}
+
+/// `GET /v1/tasks` answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(super) struct TaskList {
+    /// Soonest first (at most 1000).
+    tasks: Vec<TaskView>,
+}
+
+pub(super) fn task_view(t: crate::store::TaskRow) -> TaskView {
+    let at = |ms: i64| hako_shared::time::rfc3339(hako_shared::time::from_unix_millis(ms));
+    TaskView {
+        id: t.id,
+        folder: t.folder,
+        chat_jid: t.chat_jid,
+        prompt: t.prompt,
+        cron: t.cron,
+        next_at: t.next_at.map(at),
+        state: t.state,
+        fired: t.fired,
+        created_by: t.created_by,
+    }
+}
+
+/// The scheduled tasks the caller's groups have (a folder-bound caller sees its folders').
+#[utoipa::path(get, path = "/v1/tasks", tag = "groups", security(("bearer" = [])),
+    params(TaskQuery),
+    responses(
+        (status = 200, description = "The tasks, soonest first", body = TaskList),
+        (status = 400, description = "`invalid_query`, `invalid_request` (the folder)", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`groups:read`)", body = ErrorBody),
+    ))]
+pub(super) async fn list_tasks(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    ApiQuery(q): ApiQuery<TaskQuery>,
+) -> Result<Json<TaskList>, ApiFailure> {
+    who.require(scopes::GROUPS_READ)?;
+    let folder = match q.folder {
+        Some(f) => Some(parse_folder(&f)?.to_string()),
+        None => who.folder().map(str::to_owned),
+    };
+    let mut rows = sh.store.tasks_under(folder, q.all.unwrap_or(false)).await?;
+    rows.retain(|t| who.covers_folder(&t.folder));
+    Ok(Json(TaskList {
+        tasks: rows.into_iter().map(task_view).collect(),
+    }))
+}
+
+/// Cancel a scheduled task (the operator, or a tenant whose folder covers the task's group).
+#[utoipa::path(delete, path = "/v1/tasks/{id}", tag = "groups", security(("bearer" = [])),
+    params(("id" = String, Path, description = "The task")),
+    responses(
+        (status = 200, description = "Cancelled (or already over: its state says which)", body = TaskView),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`groups:write`)", body = ErrorBody),
+        (status = 404, description = "No such task, or not the caller's", body = ErrorBody),
+    ))]
+pub(super) async fn cancel_task(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path(id): Path<String>,
+) -> Result<Json<TaskView>, ApiFailure> {
+    who.require(scopes::GROUPS_WRITE)?;
+    let missing = || ApiFailure::NotFound(format!("no task {id}"));
+    if !is_valid_id(&id) {
+        return Err(missing());
+    }
+    let t = sh.store.task(&id).await?.ok_or_else(missing)?;
+    if !who.covers_folder(&t.folder) {
+        return Err(missing());
+    }
+    if sh.store.cancel_task(&t.folder, &id, now_ms()).await? {
+        sh.tasks_changed.notify_one();
+        audit_row(&sh, &who, "task.cancel", Some(&t.folder), "ok", id.clone()).await;
+    }
+    let t = sh.store.task(&id).await?.ok_or_else(missing)?;
+    Ok(Json(task_view(t)))
+}

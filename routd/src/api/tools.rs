@@ -1,0 +1,123 @@
+//! `/v1/turns/{turn_id}/tools/{tool}` and `/send`: the turn's tools over HTTP, for the turn's own spawn token.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use hako_shared::auth::{Principal, scopes};
+use hako_shared::http::{ApiJson, ErrorBody};
+use hako_shared::ids::is_valid_id;
+
+use super::AppState;
+use crate::Shared;
+use crate::error::ApiFailure;
+use crate::turns::routd_turn;
+
+/// The turn a spawn token may act for: only its own turn, in its own folder, while it is
+/// live. Anyone else gets 404 (the same answer as for no such turn).
+pub(super) async fn acting_turn(
+    sh: &Shared,
+    who: &Principal,
+    turn_id: &str,
+) -> Result<hako_mcp::Scope, ApiFailure> {
+    who.require(scopes::TURNS_ACT)?;
+    let turn_id = routd_turn(turn_id);
+    let missing = || ApiFailure::NotFound(format!("no turn {turn_id}"));
+    if !is_valid_id(turn_id) {
+        return Err(missing());
+    }
+    if let Some(c) = who.claims() {
+        let own = c.typ == hako_shared::auth::TokenType::Spawn
+            && c.turn_id.as_deref().map(routd_turn) == Some(turn_id);
+        if !own {
+            return Err(missing());
+        }
+    }
+    let t = sh.store.turn(turn_id).await?.ok_or_else(missing)?;
+    if !who.covers_folder(&t.folder) {
+        return Err(missing());
+    }
+    crate::tools::scope_of(sh, &t).await?.ok_or_else(missing)
+}
+
+pub(super) async fn act(
+    sh: &Arc<Shared>,
+    who: &Principal,
+    turn_id: &str,
+    tool: hako_shared::grants::Tool,
+    args: serde_json::Map<String, serde_json::Value>,
+) -> Result<Json<serde_json::Value>, ApiFailure> {
+    let scope = acting_turn(sh, who, turn_id).await?;
+    let backend = crate::tools::RoutdTools { sh: sh.clone() };
+    Ok(Json(
+        hako_mcp::dispatch(&backend, &scope, tool, args).await?,
+    ))
+}
+
+/// One of the turn's tools over HTTP, with the run's spawn token: the same call, checks and
+/// answer as over the turn's MCP socket (`mcp.sock`). The body is the tool's arguments.
+#[utoipa::path(post, path = "/v1/turns/{turn_id}/tools/{tool}", tag = "tools", security(("bearer" = [])),
+    params(
+        ("turn_id" = String, Path, description = "The turn (routd's id, or runed's `<turn>.<try>` from the agent's input)"),
+        ("tool" = String, Path, description = "send_message, get_history, set_status, schedule_task, list_tasks, cancel_task, reset_session, register_group, spawn_group"),
+    ),
+    request_body(content = Object, description = "The tool's arguments, as its MCP input schema says"),
+    responses(
+        (status = 200, description = "The tool's result", body = Object),
+        (status = 400, description = "`invalid_arguments`, `invalid_json`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`turns:act`), `not_granted`", body = ErrorBody),
+        (status = 404, description = "No such turn or tool, or not the caller's; `not_found`", body = ErrorBody),
+        (status = 409, description = "`turn_ended`, `conflict`", body = ErrorBody),
+    ))]
+pub(super) async fn turn_tool(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path((turn_id, tool)): Path<(String, String)>,
+    ApiJson(args): ApiJson<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Json<serde_json::Value>, ApiFailure> {
+    let tool = hako_shared::grants::Tool::from_name(&tool)
+        .ok_or_else(|| ApiFailure::NotFound(format!("no tool {tool:?}")))?;
+    act(&sh, &who, &turn_id, tool, args).await
+}
+
+/// `send_message` by its contract name: an `Idempotency-Key` header makes a retry send
+/// nothing twice.
+#[utoipa::path(post, path = "/v1/turns/{turn_id}/send", tag = "tools", security(("bearer" = [])),
+    params(
+        ("turn_id" = String, Path, description = "The turn"),
+        ("Idempotency-Key" = Option<String>, Header, description = "A retry with the same key sends nothing"),
+    ),
+    request_body(content = Object, description = "`{\"text\", \"chat_jid\"?}`"),
+    responses(
+        (status = 200, description = "The message (`duplicate: true` for a retry)", body = Object),
+        (status = 400, description = "`invalid_arguments`, `invalid_json`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`turns:act`), `not_granted`", body = ErrorBody),
+        (status = 404, description = "No such turn, or not the caller's; `not_found`", body = ErrorBody),
+        (status = 409, description = "`turn_ended`", body = ErrorBody),
+    ))]
+pub(super) async fn turn_send(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path(turn_id): Path<String>,
+    headers: HeaderMap,
+    ApiJson(mut args): ApiJson<serde_json::Map<String, serde_json::Value>>,
+) -> Result<Json<serde_json::Value>, ApiFailure> {
+    if let Some(k) = headers.get("idempotency-key") {
+        let k = k
+            .to_str()
+            .map_err(|_| ApiFailure::Invalid("Idempotency-Key: printable text".into()))?;
+        args.entry("idempotency_key")
+            .or_insert_with(|| serde_json::Value::from(k));
+    }
+    act(
+        &sh,
+        &who,
+        &turn_id,
+        hako_shared::grants::Tool::SendMessage,
+        args,
+    )
+    .await
+}
