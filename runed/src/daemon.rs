@@ -15,7 +15,7 @@ use crate::adopt;
 use crate::queue::Kind;
 use crate::record::{end_without_container, finalize, forward, remove_containers, revoke_tokens};
 use crate::runner::{LiveRun, RunControl, RunEnd, RunReport, RunSpec};
-use crate::state::{Event, Live, Pending, Shared, lock};
+use crate::state::{Event, Live, Pending, Shared, Slot, lock};
 use crate::tokens::BrokerError;
 
 /// The scheduler: starts whatever the queue allows, whenever something changes.
@@ -109,6 +109,7 @@ pub(crate) async fn scheduler(sh: Arc<Shared>) {
 
 /// A hold keeps its folder's slot until released, its TTL passes, or shutdown.
 pub(crate) async fn hold(sh: Arc<Shared>, run_id: String, control: RunControl, ttl: Duration) {
+    let _slot = Slot::new(&sh, &run_id);
     match sh
         .store
         .mark_running(&run_id, "", unix_millis(SystemTime::now()))
@@ -118,21 +119,14 @@ pub(crate) async fn hold(sh: Arc<Shared>, run_id: String, control: RunControl, t
             run_id: run_id.clone(),
             state: RunState::Running,
         }),
-        _ => {
-            sh.release(&run_id);
-            return;
-        }
+        _ => return,
     }
     let (state, outcome) = tokio::select! {
         () = control.kill.cancelled() => (RunState::Exited, Outcome::Ok),
         () = tokio::time::sleep(ttl) => (RunState::TimedOut, Outcome::TimedOut),
-        () = control.detach.cancelled() => {
-            sh.release(&run_id);
-            return;
-        }
+        () = control.detach.cancelled() => return,
     };
     end_without_container(&sh, &run_id, state, outcome, None).await;
-    sh.release(&run_id);
 }
 
 /// One run, from the queue to its end.
@@ -144,6 +138,9 @@ async fn run_one(
     control: RunControl,
     live: Arc<LiveRun>,
 ) {
+    // The folder's slot goes back on every way out, but for the three that hand the run on
+    // (back to the queue, re-attached after an outage, detached at shutdown).
+    let slot = Slot::new(&sh, &run_id);
     // The request waited on disk; only its secrets waited in memory.
     let stored = match sh.store.get(&run_id).await {
         Ok(row) => row
@@ -164,7 +161,6 @@ async fn run_one(
             Some("the run's request was lost".into()),
         )
         .await;
-        sh.release(&run_id);
         return;
     };
     req.secrets = p.map(|p| p.secrets).unwrap_or_default();
@@ -177,14 +173,10 @@ async fn run_one(
             run_id: run_id.clone(),
             state: RunState::Starting,
         }),
-        Ok(false) => {
-            // Killed while waiting: never started.
-            sh.release(&run_id);
-            return;
-        }
+        // Killed while waiting: never started.
+        Ok(false) => return,
         Err(e) => {
             tracing::error!(run = run_id, error = %e, "recording a start failed");
-            sh.release(&run_id);
             return;
         }
     }
@@ -209,6 +201,7 @@ async fn run_one(
         Err(BrokerError::Unavailable(why)) => {
             tracing::warn!(run = run_id, error = %why, "no spawn token; the run stays queued");
             *lock(&sh.broker_pause) = Some((Instant::now() + Duration::from_secs(1), why));
+            slot.keep();
             sh.back_to_queue(&run_id, &folder, req.secrets).await;
             return;
         }
@@ -221,7 +214,6 @@ async fn run_one(
                 Some(e.to_string()),
             )
             .await;
-            sh.release(&run_id);
             return;
         }
     };
@@ -245,7 +237,6 @@ async fn run_one(
             Some(format!("recording the spawn token failed: {e}")),
         )
         .await;
-        sh.release(&run_id);
         return;
     }
     let input = ContainerInput {
@@ -294,8 +285,8 @@ async fn run_one(
     let _ = fwd.await;
     match end {
         RunEnd::Detached => {
-            let mut s = sh.sched();
-            s.live.remove(&run_id);
+            slot.keep();
+            sh.sched().live.remove(&run_id);
         }
         RunEnd::Finished(report) => {
             let never_started = report.state == RunState::Error
@@ -309,6 +300,7 @@ async fn run_one(
                     "docker unavailable; the run goes back to the queue"
                 );
                 revoke_tokens(&sh, &run_id).await;
+                slot.keep();
                 sh.back_to_queue(&run_id, &folder, req.secrets).await;
                 return;
             }
@@ -326,12 +318,12 @@ async fn run_one(
                     container = cid,
                     "docker unavailable mid-run; re-attaching when it is back"
                 );
+                slot.keep();
                 adopt::readopt_after_outage(sh.clone(), run_id, cid, control).await;
                 return;
             }
             finalize(&sh, &folder, req.turn_id.as_str(), &req.session_id, &report).await;
             remove_containers(&sh, &report).await;
-            sh.release(&run_id);
         }
     }
 }

@@ -102,6 +102,38 @@ impl Drop for Reserved<'_> {
     }
 }
 
+/// A started run's (or hold's) folder slot: given back when this is dropped, on every way
+/// out of the run, unless the run hands it on ([`Slot::keep`]: back to the queue, re-attached
+/// after a Docker outage, detached at shutdown), so no path can forget it.
+pub(crate) struct Slot<'a> {
+    sh: &'a Shared,
+    run_id: &'a str,
+    kept: bool,
+}
+
+impl<'a> Slot<'a> {
+    pub(crate) fn new(sh: &'a Shared, run_id: &'a str) -> Self {
+        Slot {
+            sh,
+            run_id,
+            kept: false,
+        }
+    }
+
+    /// The run hands its slot on: dropping this gives nothing back.
+    pub(crate) fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.sh.release(self.run_id);
+        }
+    }
+}
+
 /// Everything the daemon's tasks share.
 pub struct Shared {
     pub(crate) cfg: Config,
