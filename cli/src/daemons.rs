@@ -298,30 +298,32 @@ pub fn encode(s: &str) -> String {
 }
 
 /// The innermost cause of an error, which says what went wrong (refused, timed out).
-/// The JSON `data:` payloads of a server-sent event stream, fed chunk by chunk; an event
-/// longer than `MAX_EVENT` is an error, not a growing buffer.
-#[derive(Default)]
+/// The JSON `data:` payloads of a server-sent event stream, fed chunk by chunk (through the
+/// one event-stream parser); an event longer than `MAX_EVENT` is an error, not a growing
+/// buffer, and events whose data is not JSON are skipped.
 struct SseData {
-    buf: String,
+    parser: hako_shared::sse::Parser,
+}
+
+impl Default for SseData {
+    fn default() -> Self {
+        SseData {
+            parser: hako_shared::sse::Parser::new(MAX_EVENT),
+        }
+    }
 }
 
 impl SseData {
     /// The payloads of the events `chunk` completes (`what` names the stream in errors).
     fn feed(&mut self, chunk: &[u8], what: &str) -> anyhow::Result<Vec<Value>> {
-        self.buf.push_str(&String::from_utf8_lossy(chunk));
-        if self.buf.len() > MAX_EVENT {
+        let mut events = Vec::new();
+        if self.parser.feed(chunk, &mut events).is_err() {
             bail!("an event of {what} longer than {MAX_EVENT} bytes");
         }
-        let mut out = Vec::new();
-        while let Some(end) = self.buf.find("\n\n") {
-            let ev: String = self.buf.drain(..end + 2).collect();
-            out.extend(
-                ev.lines()
-                    .filter_map(|l| l.strip_prefix("data:"))
-                    .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok()),
-            );
-        }
-        Ok(out)
+        Ok(events
+            .iter()
+            .filter_map(|e| serde_json::from_str::<Value>(&e.data).ok())
+            .collect())
     }
 }
 
@@ -345,6 +347,12 @@ mod tests {
             .feed(b": 1}\n\nevent: x\ndata: not json\n\ndata: 2\n\n", "c")
             .unwrap();
         assert_eq!(got, vec![serde_json::json!({"a": 1}), serde_json::json!(2)]);
+        // A character split between chunks, and `\r\n` line ends (a proxy's): read whole.
+        // (Each chunk was decoded on its own, so "é" became two replacement characters,
+        // and a `\r\n\r\n` event never ended.)
+        assert!(e.feed(b"data: \"h\xc3", "c").unwrap().is_empty());
+        let got = e.feed(b"\xa9\"\r\n\r\n", "c").unwrap();
+        assert_eq!(got, vec![serde_json::json!("h\u{e9}")]);
         let big = vec![b'x'; MAX_EVENT + 1];
         assert!(
             e.feed(&big, "c")

@@ -288,7 +288,8 @@ impl RunedClient {
         }
         Ok(EventStream {
             resp,
-            buf: Vec::new(),
+            parser: hako_shared::sse::Parser::new(MAX_ANSWER),
+            ready: Default::default(),
         })
     }
 }
@@ -313,7 +314,8 @@ async fn read_bounded(mut resp: reqwest::Response) -> Result<Vec<u8>, RunedError
 /// A run's server-sent events, parsed.
 pub struct EventStream {
     resp: reqwest::Response,
-    buf: Vec<u8>,
+    parser: hako_shared::sse::Parser,
+    ready: std::collections::VecDeque<hako_shared::sse::Event>,
 }
 
 impl EventStream {
@@ -321,58 +323,22 @@ impl EventStream {
     /// event with data that does not parse is an error (the stream is dropped and reopened).
     pub async fn next(&mut self) -> Result<Option<RunStreamEvent>, RunedError> {
         loop {
-            if let Some(end) = find_event_end(&self.buf) {
-                let raw: Vec<u8> = self.buf.drain(..end.0 + end.1).collect();
-                let text = String::from_utf8_lossy(&raw[..end.0]);
-                let data: Vec<&str> = text
-                    .lines()
-                    .filter_map(|l| l.strip_prefix("data:"))
-                    .map(|d| d.strip_prefix(' ').unwrap_or(d))
-                    .collect();
-                if data.is_empty() {
-                    continue;
-                }
-                let json = data.join("\n");
-                return serde_json::from_str(&json).map(Some).map_err(|e| {
+            if let Some(e) = self.ready.pop_front() {
+                return serde_json::from_str(&e.data).map(Some).map_err(|e| {
                     RunedError::Unavailable(format!("runed event did not parse: {e}"))
                 });
             }
-            match self.resp.chunk().await.map_err(|e| {
+            let chunk = self.resp.chunk().await.map_err(|e| {
                 RunedError::Unavailable(format!("runed stream: {}", e.without_url()))
-            })? {
-                Some(chunk) => {
-                    if self.buf.len() + chunk.len() > MAX_ANSWER {
-                        return Err(RunedError::Unavailable("runed event too large".into()));
-                    }
-                    self.buf.extend_from_slice(&chunk);
-                }
-                None => return Ok(None),
-            }
+            })?;
+            let Some(chunk) = chunk else {
+                return Ok(None);
+            };
+            let mut out = Vec::new();
+            self.parser
+                .feed(&chunk, &mut out)
+                .map_err(|e| RunedError::Unavailable(format!("runed stream: {e}")))?;
+            self.ready.extend(out);
         }
-    }
-}
-
-/// Where the first event in `buf` ends: (the event's length, the separator's length).
-fn find_event_end(buf: &[u8]) -> Option<(usize, usize)> {
-    for i in 0..buf.len() {
-        if buf[i..].starts_with(b"\n\n") {
-            return Some((i, 2));
-        }
-        if buf[i..].starts_with(b"\r\n\r\n") {
-            return Some((i, 4));
-        }
-    }
-    None
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn event_boundaries() {
-        assert_eq!(find_event_end(b"data: x\n\nrest"), Some((7, 2)));
-        assert_eq!(find_event_end(b"data: x\r\n\r\n"), Some((7, 4)));
-        assert_eq!(find_event_end(b"data: x\n"), None);
     }
 }

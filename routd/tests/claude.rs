@@ -195,7 +195,13 @@ async fn rig(url: &str, runed_env: &[(&str, &str)]) -> Rig {
     let image = hako_deploy::ensure_claude_image()
         .await
         .expect("the Claude Code image");
-    let mut env: Vec<(&str, &str)> = vec![("RUNED_CLAUDE_IMAGE", image.as_str())];
+    // Claude Code starts slowly on two busy cores (the suite runs beside it): the agent's
+    // query gets 110 s (under the tests' 120 s wait) instead of the rig's 45 s. A test waits
+    // only as long as the answer takes; one that sets its own ceiling (below) overrides this.
+    let mut env: Vec<(&str, &str)> = vec![
+        ("RUNED_RUN_TIMEOUT", "140s"),
+        ("RUNED_CLAUDE_IMAGE", image.as_str()),
+    ];
     env.extend_from_slice(runed_env);
     Rig::new(
         &env,

@@ -14,7 +14,7 @@
 
 pub mod http;
 pub mod session;
-pub mod sse;
+pub use hako_shared::sse;
 pub mod wire;
 
 use std::path::PathBuf;

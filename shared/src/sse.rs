@@ -2,7 +2,9 @@
 //!
 //! `event:` names the event, `data:` lines are joined by `\n`, a blank line ends the event,
 //! comments (`:`) and other fields are ignored; `\n` and `\r\n` both end lines. A line longer
-//! than the bound is an error, so a broken provider cannot make the agent buffer forever.
+//! than the bound is an error, so a broken peer cannot make a reader buffer forever. The one
+//! reader of event streams: the agent's of its model, routd's of runed's run events, the
+//! CLI's of routd's chats and runed's runs.
 
 /// One event.
 #[derive(Debug, Clone, PartialEq, Eq)]
