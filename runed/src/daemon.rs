@@ -11,9 +11,9 @@ use hako_shared::time::unix_millis;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::adopt;
 use crate::queue::Kind;
 use crate::record::{end_without_container, finalize, forward, remove_containers, revoke_tokens};
+use crate::recover;
 use crate::runner::{LiveRun, RunControl, RunEnd, RunReport, RunSpec};
 use crate::state::{Event, Live, Pending, Shared, Slot, lock};
 use crate::tokens::BrokerError;
@@ -35,7 +35,7 @@ pub(crate) async fn scheduler(sh: Arc<Shared>) {
                 continue;
             }
             if !sh.adopted.load(std::sync::atomic::Ordering::SeqCst) {
-                adopt::adopt_all(&sh).await;
+                recover::adopt_all(&sh).await;
             }
         }
         if let Some((until, _)) = lock(&sh.broker_pause).clone()
@@ -319,7 +319,7 @@ async fn run_one(
                     "docker unavailable mid-run; re-attaching when it is back"
                 );
                 slot.keep();
-                adopt::readopt_after_outage(sh.clone(), run_id, cid, control).await;
+                recover::readopt_after_outage(sh.clone(), run_id, cid, control).await;
                 return;
             }
             finalize(&sh, &folder, req.turn_id.as_str(), &req.session_id, &report).await;

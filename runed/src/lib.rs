@@ -7,7 +7,6 @@
 
 pub mod runner;
 
-mod adopt;
 mod api;
 pub mod config;
 mod daemon;
@@ -17,6 +16,7 @@ mod gc;
 pub mod metrics;
 pub mod queue;
 mod record;
+mod recover;
 mod state;
 pub mod store;
 pub mod tokens;
@@ -205,7 +205,7 @@ pub async fn start(
         {
             return Err(StartError::Runtime(e.to_string()));
         }
-        adopt::adopt_all(&shared).await;
+        recover::adopt_all(&shared).await;
     }
 
     let ready = Arc::downgrade(&shared);
@@ -260,7 +260,7 @@ pub async fn start(
 #[cfg(test)]
 mod tests {
     /// The daemon's modules depend on each other one way: `state` at the bottom, then
-    /// `record`, `adopt`, `daemon`; the runner (shared with the CLI) on none of them. A
+    /// `record`, `recover`, `daemon`; the runner (shared with the CLI) on none of them. A
     /// `crate::x` in module `m` is an edge m → x; the graph must have no cycle.
     #[test]
     fn module_dependencies_have_no_cycle() {
@@ -300,8 +300,8 @@ mod tests {
                 }
             }
         }
-        assert!(edges.contains_key("state") && edges.contains_key("adopt"));
-        for m in ["daemon", "adopt", "record", "state", "api"] {
+        assert!(edges.contains_key("state") && edges.contains_key("recover"));
+        for m in ["daemon", "recover", "record", "state", "api"] {
             assert!(
                 !edges["runner"].contains(m),
                 "the runner must not depend on the daemon's {m}"

@@ -1,7 +1,7 @@
 //! What runed records of a run: its events as they come (into the store and out to
 //! subscribers), and its end, whichever way it ends: the end recorded, then its spawn tokens
 //! revoked, then its containers removed. The scheduler's runs (`daemon`) and re-adopted runs
-//! (`adopt`) end through here.
+//! (`recover`) end through here.
 
 use std::sync::Arc;
 use std::time::SystemTime;

@@ -14,8 +14,8 @@ use tokio::time::Instant;
 use super::docker::{self, DockerError};
 use super::launch::LABEL_DEADLINE;
 use super::outcome::Ending;
+use super::output::RunOutput;
 use super::supervise::Supervisor;
-use super::supervision::Supervision;
 use super::{Adoption, LiveRun, RunControl, RunEnd, RunEvent, Runner};
 
 impl Runner {
@@ -30,7 +30,7 @@ impl Runner {
         control: RunControl,
         live: Arc<LiveRun>,
     ) -> RunEnd {
-        let mut st = Supervision::adopted(&self.cfg, &a.run_id, &a.folder, a.prior);
+        let mut st = RunOutput::adopted(&self.cfg, &a.run_id, &a.folder, a.prior);
         st.container_id = Some(a.container_id.clone());
         live.set_container(&a.container_id);
         let t = self.cfg.docker_timeout;

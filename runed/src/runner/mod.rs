@@ -8,7 +8,7 @@
 //! | check the group, create and seed the folder's directories, write the env file | `prepare` |
 //! | start the sidecars; create, attach and start the agent; write its input line | `launch` |
 //! | follow it to its end: output, the ceiling, kill, detach, idle close (a state machine) | `supervise` |
-//! | keep what it said within the caps; render its log | `supervision` |
+//! | keep what it said within the caps; render its log | `output` |
 //! | decide the outcome, write the log, report; remove the containers afterwards | `finish` (`outcome`) |
 //! | steer it and tell it to finish while it runs | `steer` |
 //! | supervise a container again after a restart | `adopt` |
@@ -33,9 +33,9 @@ pub mod seed;
 pub mod sentinel;
 mod steer;
 pub use steer::{FollowUpFate, StagedFollowUp};
+mod output;
 pub mod storage;
 mod supervise;
-mod supervision;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -55,10 +55,10 @@ use docker::{DockerError, labels};
 use launch::Launched;
 use mounts::Layout;
 use outcome::Ending;
+use output::{RunOutput, secrets_of};
 use safefs::Owner;
 use storage::Storage;
 use supervise::Supervisor;
-use supervision::{Supervision, secrets_of};
 
 /// Errors before a run could be attempted, and around steering.
 #[derive(Debug, thiserror::Error)]
@@ -286,7 +286,7 @@ pub struct RunReport {
 pub enum RunEnd {
     /// The run is over.
     Finished(Box<RunReport>),
-    /// Supervision stopped on request; the container keeps running and can be adopted.
+    /// RunOutput stopped on request; the container keeps running and can be adopted.
     Detached,
 }
 
@@ -512,7 +512,7 @@ impl Runner {
         control: RunControl,
         live: Arc<LiveRun>,
     ) -> RunEnd {
-        let mut st = Supervision::new(
+        let mut st = RunOutput::new(
             &self.cfg,
             &spec.run_id,
             &spec.folder,

@@ -22,7 +22,7 @@
 //! idle close, the run's record) is the [`Supervisor`]. The output is read in every state
 //! until it closes: blocks that arrive while the container is being stopped still count.
 //!
-//! (`supervision.rs` is the record this fills: parser, blocks within the cap, stderr tail.)
+//! (`output.rs` is the record this fills: parser, blocks within the cap, stderr tail.)
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,7 +38,7 @@ use tokio::time::Instant;
 
 use super::docker::{self, DockerError};
 use super::outcome::Ending;
-use super::supervision::Supervision;
+use super::output::RunOutput;
 use super::{CloseWhen, LiveRun, RunControl, RunEvent, Runner};
 
 /// The container's output: attach (a new run) or logs (a re-adopted one).
@@ -80,14 +80,14 @@ enum Phase {
     },
     /// Over.
     Done(Ending),
-    /// Supervision stopped on request; the container keeps running.
+    /// RunOutput stopped on request; the container keeps running.
     Detached,
 }
 
 /// What every phase of one run's supervision shares.
 pub(super) struct Supervisor<'a> {
     runner: &'a Runner,
-    st: &'a mut Supervision,
+    st: &'a mut RunOutput,
     id: &'a str,
     /// The output, until it closes.
     output: Option<OutputStream>,
@@ -252,7 +252,7 @@ impl<'a> Supervisor<'a> {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         runner: &'a Runner,
-        st: &'a mut Supervision,
+        st: &'a mut RunOutput,
         id: &'a str,
         output: OutputStream,
         deadline: Instant,

@@ -64,7 +64,7 @@ fn same(stored: &OutputBlock, parsed: &OutputBlock) -> bool {
 }
 
 /// One run's record.
-pub(super) struct Supervision {
+pub(super) struct RunOutput {
     pub run_id: String,
     pub folder: GroupFolder,
     parser: SentinelParser,
@@ -94,7 +94,7 @@ pub(super) struct Supervision {
     pub sidecars: bool,
 }
 
-impl Supervision {
+impl RunOutput {
     /// The record of a new run.
     pub fn new(
         cfg: &RunnerConfig,
@@ -322,7 +322,7 @@ mod tests {
         format!("\n{}\n{body}\n{}\n", m.start, m.end).into_bytes()
     }
 
-    fn feed(st: &mut Supervision, bytes: Vec<u8>) -> Vec<(usize, OutputBlock)> {
+    fn feed(st: &mut RunOutput, bytes: Vec<u8>) -> Vec<(usize, OutputBlock)> {
         st.frame(LogOutput::StdOut {
             message: bytes.into(),
         })
@@ -336,7 +336,7 @@ mod tests {
     /// were stored under a 64 KiB cap. Every field counts; past the cap nothing is kept.
     #[test]
     fn every_field_counts_against_the_cap() {
-        let mut st = Supervision::new(&cfg(2000, 100), "r", &folder(), Vec::new());
+        let mut st = RunOutput::new(&cfg(2000, 100), "r", &folder(), Vec::new());
         let big = "x".repeat(600);
         let mut kept = 0;
         for _ in 0..50 {
@@ -358,7 +358,7 @@ mod tests {
 
     #[test]
     fn blocks_per_run_are_bounded() {
-        let mut st = Supervision::new(&cfg(1 << 20, 10), "r", &folder(), Vec::new());
+        let mut st = RunOutput::new(&cfg(1 << 20, 10), "r", &folder(), Vec::new());
         for i in 0..100 {
             feed(&mut st, block("ok", &format!("b{i}"), "", ""));
         }
@@ -377,7 +377,7 @@ mod tests {
             })
             .collect();
         // The whole log replayed, then a new block.
-        let mut st = Supervision::adopted(&cfg(1 << 20, 100), "r", &folder(), stored.clone());
+        let mut st = RunOutput::adopted(&cfg(1 << 20, 100), "r", &folder(), stored.clone());
         let mut new = Vec::new();
         for i in 0..4 {
             new.extend(feed(&mut st, block("ok", &format!("b{i}"), "", "")));
@@ -385,7 +385,7 @@ mod tests {
         assert_eq!(new.len(), 1);
         assert_eq!((new[0].0, new[0].1.result.as_deref()), (3, Some("b3")));
         // Rotation dropped the first two blocks from the log.
-        let mut st = Supervision::adopted(&cfg(1 << 20, 100), "r", &folder(), stored.clone());
+        let mut st = RunOutput::adopted(&cfg(1 << 20, 100), "r", &folder(), stored.clone());
         let mut new = Vec::new();
         for i in 2..5 {
             new.extend(feed(&mut st, block("ok", &format!("b{i}"), "", "")));
@@ -393,14 +393,14 @@ mod tests {
         let idx: Vec<usize> = new.iter().map(|n| n.0).collect();
         assert_eq!(idx, vec![3, 4], "indexes continue after the stored blocks");
         // The cap counts what was stored before the restart.
-        let mut st = Supervision::adopted(&cfg(6, 100), "r", &folder(), stored);
+        let mut st = RunOutput::adopted(&cfg(6, 100), "r", &folder(), stored);
         assert!(st.truncated);
         assert!(feed(&mut st, block("ok", "b9", "", "")).is_empty());
     }
 
     #[test]
     fn an_adopted_runs_log_keeps_no_stderr() {
-        let mut st = Supervision::adopted(&cfg(100, 10), "r", &folder(), Vec::new());
+        let mut st = RunOutput::adopted(&cfg(100, 10), "r", &folder(), Vec::new());
         st.frame(LogOutput::StdErr {
             message: b"token=sk-secret-value-123".to_vec().into(),
         });
