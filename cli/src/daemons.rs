@@ -54,6 +54,7 @@ impl Daemons {
         let http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(Duration::from_secs(5))
+            .pool_idle_timeout(hako_shared::http::CLIENT_POOL_IDLE)
             .build()
             .context("cannot build an HTTP client")?;
         Ok(Self {

@@ -103,6 +103,7 @@ impl RunedClient {
             let b = reqwest::Client::builder()
                 .no_proxy()
                 .connect_timeout(Duration::from_secs(5))
+                .pool_idle_timeout(hako_shared::http::CLIENT_POOL_IDLE)
                 .tcp_keepalive(Duration::from_secs(30));
             let b = match t {
                 Some(t) => b.timeout(t),

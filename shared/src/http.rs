@@ -743,6 +743,12 @@ pub async fn serve(
     serve_with(listener, router, shutdown, ServeLimits::default()).await
 }
 
+/// How long hako's HTTP clients keep an idle connection to a hako daemon for reuse: well
+/// under the daemons' idle close (`HAKO_HEADER_TIMEOUT`, 10 s by default), so a client never
+/// sends on a connection the daemon is closing at that moment ("error sending request": a
+/// CLI command failed that way after a restart left its pooled connection idle for 10-30 s).
+pub const CLIENT_POOL_IDLE: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// Serves `router` on `listener` until `shutdown` resolves: HTTP/1.1, at most
 /// `limits.max_connections` at once, each closed when a request's headers (or the next
 /// request on a kept-alive connection) take longer than `limits.header_timeout`. On

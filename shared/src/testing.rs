@@ -63,6 +63,7 @@ impl ApiClient {
             http: reqwest::Client::builder()
                 .no_proxy()
                 .timeout(Duration::from_secs(120))
+                .pool_idle_timeout(crate::http::CLIENT_POOL_IDLE)
                 .build()
                 .expect("http client"),
             base: base.into(),

@@ -103,7 +103,7 @@ impl AuthdClient {
             .no_proxy()
             .timeout(timeout)
             .connect_timeout(timeout)
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(crate::http::CLIENT_POOL_IDLE)
             .build()
             .map_err(|e| ClientError::Transport(e.to_string()))?;
         Ok(Self {
