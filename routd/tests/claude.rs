@@ -458,20 +458,20 @@ async fn a_model_that_never_answers_ends_in_a_summary_before_the_ceiling() {
     let rig = rig(&url, &[("RUNED_RUN_TIMEOUT", "40s")]).await;
     claude_group(&rig, "ccslow").await;
     let chat = "web:ccslow";
-    let t = Instant::now();
     rig.say(chat, "s-1", "never answer").await;
     let h = rig
         .wait_for(chat, "the summary", |h| !replies(h).is_empty())
         .await;
     let r = replies(&h);
     assert!(r[0].starts_with("query timeout after"), "{r:?}");
-    assert!(
-        t.elapsed() < Duration::from_secs(40),
-        "before the ceiling: {:?}",
-        t.elapsed()
-    );
+    // Before the ceiling: the run ended by itself, not stopped by runed at the ceiling
+    // (`timed_out`). (Wall time from the message is no measure on a busy machine: the
+    // ceiling counts from the container's start.)
+    rig.wait_idle("ccslow").await;
     let turn = rig.turn(h[0].turn_id.as_deref().unwrap()).await;
     assert_eq!(turn["attempt"], 1, "{turn}");
+    assert_eq!(turn["state"], "done", "{turn}");
+    assert_ne!(turn["outcome"], "timed_out", "{turn}");
     rig.stop().await;
 }
 
