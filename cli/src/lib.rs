@@ -14,6 +14,7 @@ pub mod chat;
 pub mod daemons;
 pub mod ops;
 pub mod stack;
+pub mod web;
 
 /// Command-line arguments.
 #[derive(Debug, Parser)]
@@ -53,10 +54,12 @@ pub enum Command {
     Tasks(ops::TasksArgs),
     /// Held tool calls waiting for a person: list, approve, deny.
     Approvals(ops::ApprovalsArgs),
-    /// Tokens from authd: service, mint.
+    /// Tokens from authd: service, mint, revoke.
     Token(ops::TokenArgs),
     /// Talk to a group's agent: one line of stdin is one turn in a fresh container.
     Chat(chat::ChatArgs),
+    /// A one-time link that signs a browser in to hako's web page.
+    Web(web::WebArgs),
 }
 
 /// Runs the command; the exit code says whether every turn succeeded.
@@ -80,6 +83,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Approvals(args) => ops::approvals(args).await.map(ok),
         Command::Token(args) => ops::token(args).await.map(ok),
         Command::Chat(args) => chat::chat(args).await,
+        Command::Web(args) => web::web(args).await.map(ok),
     }
 }
 
@@ -120,5 +124,23 @@ mod safe_text_tests {
             safe,
             "ok\\u{1b}]0;pwned\\u{7}\\u{1b}[2Jgone\\u{d}fake\\u{9b}31m"
         );
+    }
+}
+
+#[cfg(test)]
+mod parse_tests {
+    use super::*;
+    use clap::Parser as _;
+
+    #[test]
+    fn a_token_id_may_start_with_a_dash() {
+        let cli = Cli::try_parse_from(["hako", "token", "revoke", "-Pq3_x"]).unwrap();
+        match cli.command {
+            Command::Token(t) => match t.command {
+                ops::TokenCommand::Revoke { jti } => assert_eq!(jti, "-Pq3_x"),
+                other => panic!("{other:?}"),
+            },
+            other => panic!("{other:?}"),
+        }
     }
 }

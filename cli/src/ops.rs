@@ -987,6 +987,15 @@ pub enum TokenCommand {
         #[arg(long, default_value = "1h", value_parser = hako_shared::config::parse_duration)]
         ttl: Duration,
     },
+    /// Revokes a token (and every token minted from it) by its id: a web session opened
+    /// with that link ends too.
+    #[command(after_help = "Examples:\n  hako token revoke j-0123abcd")]
+    Revoke {
+        /// The token's id (`jti`), as `hako web` or `hako token mint --json` print it (an id
+        /// may start with `-`).
+        #[arg(allow_hyphen_values = true)]
+        jti: String,
+    },
 }
 
 /// `hako token`.
@@ -1031,6 +1040,16 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
                 )
                 .await?;
             emit(json, &v, |v| println!("{}", s(v, "token")));
+        }
+        TokenCommand::Revoke { jti } => {
+            let token = d.operator_token().await?;
+            let client = hako_shared::auth::AuthdClient::new(&d.ep.authd)
+                .map_err(|e| anyhow::anyhow!("authd at {}: {e}", d.ep.authd))?;
+            let v = client.revoke(&token, &jti).await.map_err(|e| {
+                anyhow::anyhow!("authd at {} did not revoke {jti}: {e}", d.ep.authd)
+            })?;
+            let v = serde_json::to_value(&v)?;
+            emit(json, &v, |_| println!("revoked {jti}"));
         }
     }
     Ok(true)

@@ -443,6 +443,7 @@ pub async fn up_command(args: UpArgs) -> anyhow::Result<()> {
     writeln!(
         out,
         "\nhako is up: routd's API at {}.\nNext:\n  \
+         {hako} web                                a link that opens the chat page in a browser\n  \
          {hako} send web:demo 'what can you do?'   talk to the demo group's agent\n  \
          {hako} status                             what runs, what waits\n  \
          {hako} down                               stop the stack (or: {} down)",

@@ -384,3 +384,72 @@ async fn every_operator_command_against_real_daemons() {
         let _ = a.shutdown().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hako_web_prints_a_link_that_signs_in_once_and_revoke_ends_its_session() {
+    let d = Daemons::start().await;
+    let routd = &d.urls[2];
+    let v = d.json(&["web", "--folder", "acme"]);
+    let url = v["url"].as_str().unwrap();
+    let prefix = format!("{routd}/web/signin#");
+    assert!(url.starts_with(&prefix), "{url}");
+    let token = &url[prefix.len()..];
+    let c = claims(token);
+    assert_eq!(c["folder"], "acme");
+    assert_eq!(c["typ"], "user");
+    assert!(
+        c["exp"].as_i64().unwrap() - c["iat"].as_i64().unwrap() <= 600,
+        "{c}"
+    );
+    assert_eq!(v["jti"], c["jti"]);
+
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let exchange = || async {
+        http.post(format!("{routd}/web/session"))
+            .json(&json!({"token": token}))
+            .send()
+            .await
+            .unwrap()
+    };
+    let r = exchange().await;
+    assert_eq!(r.status(), 201);
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let view: Value = r.json().await.unwrap();
+    assert_eq!(view["folder"], "acme");
+    assert_eq!(exchange().await.status(), 409, "a link signs in once");
+
+    let (code, out, err) = d.hako(&["token", "revoke", v["jti"].as_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("revoked"), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let r = http
+            .get(format!("{routd}/web/session"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap();
+        if r.status() == 401 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the session outlived its revoked link"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // A link is short-lived; a folder must be one.
+    let (code, _, err) = d.hako(&["web", "--ttl", "1h"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("15m"), "{err}");
+    let (code, _, err) = d.hako(&["web", "--folder", "../etc"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--folder"), "{err}");
+}

@@ -77,6 +77,31 @@ pub struct Config {
     pub webhook_allow_private: bool,
     /// The LLM gateway: providers, budget, bounds.
     pub llm: LlmConfig,
+    /// The web page's sessions (`specs/web.md`).
+    pub web: WebConfig,
+}
+
+/// The web page's sign-in and sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebConfig {
+    /// `ROUTD_WEB_SESSION_TTL`, default 12h: how long a browser stays signed in.
+    pub session_ttl: Duration,
+    /// `ROUTD_WEB_LINK_MAX_TTL`, default 15m: the longest life a sign-in link's token may have
+    /// (a longer-lived token is an API credential, not a link, and is refused).
+    pub link_max_ttl: Duration,
+    /// `ROUTD_WEB_COOKIE_SECURE`, default off: mark the session cookie `Secure` (set it when
+    /// the page is served over TLS, behind a proxy that terminates it).
+    pub cookie_secure: bool,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        Self {
+            session_ttl: Duration::from_secs(12 * 3600),
+            link_max_ttl: Duration::from_secs(15 * 60),
+            cookie_secure: false,
+        }
+    }
 }
 
 /// Bounds on what one turn's tools write.
@@ -267,6 +292,7 @@ impl Config {
             channel_chats: vec!["*".into()],
             webhook_allow_private: false,
             llm: LlmConfig::default(),
+            web: WebConfig::default(),
         }
     }
 
@@ -332,6 +358,21 @@ impl Config {
             env.size_or("ROUTD_GROUP_MAX_BYTES_PER_DAY", c.group_bytes_per_day)?;
         c.webhook_allow_private =
             env.bool_or("ROUTD_WEBHOOK_ALLOW_PRIVATE", c.webhook_allow_private)?;
+        c.web.session_ttl = env.duration_or("ROUTD_WEB_SESSION_TTL", c.web.session_ttl)?;
+        c.web.link_max_ttl = env.duration_or("ROUTD_WEB_LINK_MAX_TTL", c.web.link_max_ttl)?;
+        c.web.cookie_secure = env.bool_or("ROUTD_WEB_COOKIE_SECURE", c.web.cookie_secure)?;
+        for (var, zero) in [
+            ("ROUTD_WEB_SESSION_TTL", c.web.session_ttl.is_zero()),
+            ("ROUTD_WEB_LINK_MAX_TTL", c.web.link_max_ttl.is_zero()),
+        ] {
+            if zero {
+                return Err(ConfigError::Invalid {
+                    var: var.into(),
+                    value: "0".into(),
+                    reason: "must be above zero".into(),
+                });
+            }
+        }
         if let Some(list) = env.get("ROUTD_CHANNEL_CHATS") {
             let globs: Vec<String> = list
                 .split(',')

@@ -23,6 +23,7 @@ pub mod store;
 mod tasks;
 mod tools;
 mod turns;
+mod web;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -108,6 +109,8 @@ pub(crate) struct Shared {
     pub tasks_changed: Notify,
     /// Tool calls held for a person's verdict, woken when it comes.
     pub approval_waiters: approvals::Waiters,
+    /// Browser sessions signed out while this routd runs (their streams end).
+    pub signed_out: web::SignedOut,
 }
 
 /// The current time in Unix milliseconds.
@@ -283,6 +286,7 @@ pub async fn start(
         sockets: sockets::TurnSockets::default(),
         tasks_changed: Notify::new(),
         approval_waiters: approvals::Waiters::default(),
+        signed_out: web::SignedOut::default(),
     });
     shared.reload_webhooks().await?;
 
@@ -304,11 +308,18 @@ pub async fn start(
             })
         }),
     };
-    let (router, _doc) = finish(
-        api::documented().with_state(api::AppState(shared.clone())),
-        ops,
-        shared.cfg.body_limit,
-    );
+    // The API, behind the layer that lets a browser session act as its link's token; then
+    // the web page, which the API document does not list.
+    let api = api::documented()
+        .layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            web::session::api_layer,
+        ))
+        .with_state(api::AppState(shared.clone()))
+        .merge(utoipa_axum::router::OpenApiRouter::from(web::router(
+            shared.clone(),
+        )));
+    let (router, _doc) = finish(api, ops, shared.cfg.body_limit);
     // Before any task steers: messages left steering by a turn that is over wait for a turn
     // again (a live turn's follow-ups are settled by its run's end).
     let released = shared.store.release_steering().await?;
@@ -407,7 +418,8 @@ mod tests {
                 schemas[name]
             );
         }
-        // Top-level modules and `api/`: `gateway/` serves the turn's `api.sock`, not this API.
+        // Top-level modules and `api/`: `gateway/` serves the turn's `api.sock`, and `web/`
+        // the page (not API: `specs/web.md`), not this API.
         let files = ["src", "src/api"]
             .iter()
             .flat_map(|d| std::fs::read_dir(dir.join(d)).unwrap());

@@ -9,8 +9,8 @@ use std::time::Duration;
 use hako_shared::GroupFolder;
 use hako_shared::auth::{AuthdClient, ClientError, ServiceTokenSource};
 use hako_shared::runs::{
-    CreatedRun, RunRequest, RunStatus, RunStreamEvent, SteerMessage, SteerReply, SteerRequest,
-    StopReply, StopRequest,
+    CreatedRun, RunList, RunRequest, RunState, RunStatus, RunStreamEvent, SteerMessage, SteerReply,
+    SteerRequest, StopReply, StopRequest,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -256,6 +256,40 @@ impl RunedClient {
         } else {
             Err(format!("runed at {} answered {}", self.base, resp.status()))
         }
+    }
+
+    /// runed's own readiness (`/ready`: its database and Docker), for the watch page.
+    pub async fn ready(&self) -> Result<(), String> {
+        let resp = self
+            .request(&self.http, reqwest::Method::GET, "/ready")
+            .send()
+            .await
+            .map_err(|e| format!("runed at {}: {}", self.base, e.without_url()))?;
+        if resp.status().is_success() {
+            return Ok(());
+        }
+        let status = resp.status().as_u16();
+        let bytes = read_bounded(resp).await.unwrap_or_default();
+        Err(refusal(status, &bytes).to_string())
+    }
+
+    /// authd's readiness (`/ready`), through the client routd gets its token from; open mode
+    /// has no authd.
+    pub async fn authd_health(&self) -> Option<Result<(), String>> {
+        match &self.auth {
+            Auth::Open => None,
+            Auth::Service(src) => Some(src.client().ready().await.map_err(|e| e.to_string())),
+        }
+    }
+
+    /// Runs in `state` (newest first, at most 1000).
+    pub async fn runs(&self, state: RunState) -> Result<RunList, RunedError> {
+        self.send(
+            reqwest::Method::GET,
+            &format!("/v1/runs?state={}&limit=1000", state.as_str()),
+            None::<&()>,
+        )
+        .await
     }
 
     /// Whether routd can get its service token (for `/ready`); open mode always can.

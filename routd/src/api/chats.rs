@@ -90,13 +90,14 @@ pub(super) struct ChatStream {
 pub(super) const STREAM_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl ChatStream {
-    /// Whether the stream's token still holds (not expired, not revoked).
+    /// Whether the stream's token still holds (not expired, not revoked, its browser session
+    /// not signed out).
     fn token_holds(&self) -> bool {
         let Some(c) = &self.claims else {
             return true;
         };
         let now = hako_shared::auth::now_secs();
-        c.exp > now && !self.sh.verifier.is_revoked(&c.jti)
+        c.exp > now && !self.sh.verifier.is_revoked(&c.jti) && !self.sh.signed_out.contains(&c.jti)
     }
 
     async fn next(&mut self) -> Option<MessageView> {

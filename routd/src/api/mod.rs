@@ -17,6 +17,7 @@ mod audit;
 mod chats;
 mod groups;
 mod messages;
+mod overview;
 mod routes;
 mod tasks;
 mod tools;
@@ -45,7 +46,8 @@ impl FromRef<AppState> for Verifier {
 }
 
 /// The API routes, each documented from its handler. Routes are only ever added here,
-/// through `routes!`, so nothing is served that the document does not list.
+/// through `routes!`, so no API is served that the document does not list (the web page
+/// under `/web/` is pages, not API).
 pub(crate) fn documented() -> OpenApiRouter<AppState> {
     api_router::<AppState>(INFO)
         .routes(routes!(messages::post_message))
@@ -66,6 +68,7 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(tools::turn_tool))
         .routes(routes!(tools::turn_send))
         .routes(routes!(turns::usage))
+        .routes(routes!(overview::overview))
         .routes(routes!(tasks::list_tasks))
         .routes(routes!(tasks::cancel_task))
         .routes(routes!(audit::audit))

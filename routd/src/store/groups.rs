@@ -7,7 +7,7 @@ use hako_shared::db::DbError;
 use hako_shared::runs::GroupSpec;
 use rusqlite::{OptionalExtension, params};
 
-use super::Store;
+use super::{Store, json_column, json_text};
 
 /// A group row.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,30 +39,11 @@ pub(super) fn group_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<GroupRow> {
         folder: r.get("folder")?,
         name: r.get("name")?,
         system_prompt: r.get("system_prompt")?,
-        grants: json_column(r, "grants")?,
-        spec: json_column(r, "spec")?,
-        approvals: json_column(r, "approvals")?,
+        grants: json_column(r, "groups", "grants")?,
+        spec: json_column(r, "groups", "spec")?,
+        approvals: json_column(r, "groups", "approvals")?,
         updated_at: r.get("updated_at")?,
     })
-}
-
-fn json_column<T: serde::de::DeserializeOwned>(
-    r: &rusqlite::Row<'_>,
-    name: &str,
-) -> rusqlite::Result<T> {
-    let text: String = r.get(name)?;
-    serde_json::from_str(&text).map_err(|e| {
-        let at = r.as_ref().column_index(name).unwrap_or_default();
-        rusqlite::Error::FromSqlConversionFailure(
-            at,
-            rusqlite::types::Type::Text,
-            format!("groups.{name}: {e}").into(),
-        )
-    })
-}
-
-fn json_text<T: serde::Serialize>(v: &T) -> rusqlite::Result<String> {
-    serde_json::to_string(v).map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))
 }
 
 impl Store {

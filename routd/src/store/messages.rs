@@ -554,3 +554,39 @@ impl Store {
             .await
     }
 }
+
+/// A chat's inbound messages that wait for an answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Backlog {
+    /// The chat.
+    pub chat_jid: String,
+    /// How many wait.
+    pub waiting: u64,
+    /// When the oldest arrived (Unix ms).
+    pub oldest_at: i64,
+}
+
+impl Store {
+    /// Every chat with inbound messages waiting for an answer.
+    pub async fn backlog(&self) -> Result<Vec<Backlog>, DbError> {
+        self.db
+            .call(|c| {
+                let mut st = c.prepare_cached(
+                    "SELECT chat_jid, COUNT(*) AS waiting, MIN(created_at) AS oldest_at \
+                     FROM messages WHERE direction = 'in' AND state = 'pending' \
+                     GROUP BY chat_jid",
+                )?;
+                let rows = st
+                    .query_map([], |r| {
+                        Ok(Backlog {
+                            chat_jid: r.get("chat_jid")?,
+                            waiting: r.get::<_, i64>("waiting")? as u64,
+                            oldest_at: r.get("oldest_at")?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+}

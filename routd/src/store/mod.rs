@@ -18,17 +18,19 @@ mod schema;
 mod tasks;
 mod turns;
 mod usage;
+mod web;
 mod webhooks;
 
 pub use approvals::{ApprovalRow, Decided};
 pub use audit::AuditRow;
 pub use groups::GroupRow;
-pub use messages::{Ingested, NewInbound, NewOutbound, inbound, outbound};
+pub use messages::{Backlog, Ingested, NewInbound, NewOutbound, inbound, outbound};
 pub use routes::RouteRow;
 pub use schema::MIGRATIONS;
 pub use tasks::{TaskRow, task};
 pub use turns::{Step, TurnRow};
 pub use usage::UsageRow;
+pub use web::WebSession;
 pub use webhooks::WebhookRow;
 
 use hako_shared::db::{Db, DbError};
@@ -51,6 +53,28 @@ impl Store {
     pub async fn ping(&self) -> Result<(), DbError> {
         self.db.ping().await
     }
+}
+
+/// A JSON column, parsed: one that does not parse is an error, never a default.
+pub(super) fn json_column<T: serde::de::DeserializeOwned>(
+    r: &rusqlite::Row<'_>,
+    table: &str,
+    name: &str,
+) -> rusqlite::Result<T> {
+    let text: String = r.get(name)?;
+    serde_json::from_str(&text).map_err(|e| {
+        let at = r.as_ref().column_index(name).unwrap_or_default();
+        rusqlite::Error::FromSqlConversionFailure(
+            at,
+            rusqlite::types::Type::Text,
+            format!("{table}.{name}: {e}").into(),
+        )
+    })
+}
+
+/// A value as a JSON column.
+pub(super) fn json_text<T: serde::Serialize>(v: &T) -> rusqlite::Result<String> {
+    serde_json::to_string(v).map_err(|e| rusqlite::Error::ToSqlConversionFailure(e.into()))
 }
 
 #[cfg(test)]

@@ -274,4 +274,19 @@ CREATE INDEX approvals_pending ON approvals (turn_id) WHERE state = 'pending';
 CREATE INDEX approvals_folder ON approvals (folder, requested_at);
 "#,
     },
+    Migration {
+        version: 9,
+        name: "web sessions",
+        sql: r#"
+CREATE TABLE web_sessions (
+    id_hash    TEXT PRIMARY KEY,
+    link_jti   TEXT NOT NULL UNIQUE,
+    csrf       TEXT NOT NULL,
+    claims     TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    ended_at   INTEGER
+);
+"#,
+    },
 ];

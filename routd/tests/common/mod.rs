@@ -4,6 +4,8 @@
 
 #![allow(dead_code)] // each test file uses its own part of the rig
 
+pub mod browser;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -175,6 +175,13 @@ impl AuthdClient {
             .json(body)
     }
 
+    /// `GET /ready`: whether authd answers and is ready (its envelope when it is not).
+    pub async fn ready(&self) -> Result<(), ClientError> {
+        self.send::<serde_json::Value>(self.http.get(self.url("/ready")))
+            .await
+            .map(drop)
+    }
+
     /// `GET /v1/keys`: the JWKS.
     pub async fn jwks(&self) -> Result<Jwks, ClientError> {
         self.send(self.http.get(self.url("/v1/keys"))).await

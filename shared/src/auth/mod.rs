@@ -18,7 +18,7 @@ pub mod wire;
 
 pub use claims::{Claims, TokenType};
 pub use client::{AuthdClient, ClientError, ServiceTokenSource};
-pub use extract::{Principal, bearer};
+pub use extract::{Authenticated, Principal, bearer};
 pub use grants::{AGENT_SCOPES, SERVICE_GRANTS, scopes, service_grants};
 pub use jws::{Jwk, Jwks, JwsError, Signer, VerifyingKey};
 pub use verifier::{DEFAULT_ISSUER, Verifier, VerifierConfig};

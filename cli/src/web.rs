@@ -1,0 +1,94 @@
+//! `hako web`: a one-time link that signs a browser in to the page routd serves at `/web/`.
+
+use std::time::Duration;
+
+use anyhow::bail;
+use hako_shared::auth::scopes;
+use serde_json::json;
+
+use crate::ops::OpsArgs;
+
+/// The scopes a page session needs: read and write chats, read groups and turns, see and
+/// decide approvals.
+pub const WEB_SCOPES: &[&str] = &[
+    scopes::CHATS_READ,
+    scopes::MESSAGES_WRITE,
+    scopes::GROUPS_READ,
+    scopes::TURNS_READ,
+    scopes::APPROVALS_READ,
+    scopes::APPROVALS_WRITE,
+];
+
+/// The longest life routd accepts for a link's token (`ROUTD_WEB_LINK_MAX_TTL`'s default).
+const MAX_TTL: Duration = Duration::from_secs(15 * 60);
+
+/// Arguments of `hako web`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  hako web                  a link for the operator (every group)\n  \
+                        hako web --folder acme    a tenant's link: only acme and the folders below it\n\n\
+                        The link works once, within --ttl; the browser session it opens lasts \
+                        ROUTD_WEB_SESSION_TTL (12h). Revoke the printed token id \
+                        (`hako token revoke ID`) to end the session early."
+)]
+pub struct WebArgs {
+    /// Bind the session to this folder (and those below it): a tenant's link.
+    #[arg(long)]
+    pub folder: Option<String>,
+    /// How long the link may wait to be opened (at most 15m).
+    #[arg(long, default_value = "10m", value_parser = hako_shared::config::parse_duration)]
+    pub ttl: Duration,
+    #[command(flatten)]
+    pub ops: OpsArgs,
+}
+
+/// `hako web`.
+pub async fn web(args: WebArgs) -> anyhow::Result<bool> {
+    if args.ttl.is_zero() || args.ttl > MAX_TTL {
+        bail!("--ttl must be above 0 and at most 15m: a sign-in link is short-lived");
+    }
+    if let Some(f) = &args.folder {
+        hako_shared::GroupFolder::new(f.as_str())
+            .map_err(|e| anyhow::anyhow!("--folder {f:?}: {e}"))?;
+    }
+    let d = args.ops.daemons()?;
+    let token = d.operator_token().await?;
+    let v = d
+        .call(
+            "authd",
+            reqwest::Method::POST,
+            "/v1/tokens",
+            &token,
+            Some(json!({
+                "scope": WEB_SCOPES,
+                "folder": args.folder,
+                "ttl_seconds": args.ttl.as_secs(),
+                "typ": "user",
+            })),
+        )
+        .await?;
+    let link = format!(
+        "{}/web/signin#{}",
+        d.ep.routd.trim_end_matches('/'),
+        v["token"].as_str().unwrap_or_default()
+    );
+    let jti = v["jti"].as_str().unwrap_or_default();
+    if args.ops.json {
+        println!(
+            "{}",
+            json!({"url": link, "jti": jti, "expires_at": v["expires_at"], "folder": args.folder})
+        );
+    } else {
+        println!("{link}");
+        eprintln!(
+            "Open it in a browser within {} s; it signs one browser in, once{}. \
+             End the session early: hako token revoke {jti}",
+            args.ttl.as_secs(),
+            args.folder
+                .as_deref()
+                .map(|f| format!(", to {f} and the folders below it"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(true)
+}
