@@ -130,7 +130,6 @@ mod safe_text_tests {
 #[cfg(test)]
 mod parse_tests {
     use super::*;
-    use clap::Parser as _;
 
     #[test]
     fn a_token_id_may_start_with_a_dash() {
