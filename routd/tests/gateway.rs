@@ -1077,3 +1077,62 @@ async fn a_provider_without_a_key_is_named() {
     );
     rig.stop().await;
 }
+
+/// The watch page draws what a group spent: its bar for the day holds the tokens the usage API
+/// counts (in real headless Chromium, like `web.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watch_page_charts_the_tokens_a_group_spent() {
+    let (_provider, url) = Provider::start().await;
+    let rig = Rig::new(
+        &[],
+        &[
+            ("ANTHROPIC_API_KEY", REAL_KEY),
+            ("ROUTD_ANTHROPIC_URL", url.as_str()),
+        ],
+    )
+    .await;
+    let chat = "tg:charted";
+    llm_group(&rig, "charted", chat, None).await;
+    rig.say(chat, "c-1", "hello").await;
+    rig.wait_for(chat, "the answer", |h| !replies(h).is_empty())
+        .await;
+    let (s, u) = rig
+        .api()
+        .get(&rig.operator, "/v1/usage?folder=charted")
+        .await;
+    assert_eq!(s, 200, "{u}");
+    let tokens = u["input_tokens"].as_u64().unwrap() + u["output_tokens"].as_u64().unwrap();
+    assert!(tokens > 0, "{u}");
+    let day = u["rows"][0]["day"].as_str().unwrap().to_owned();
+
+    let b = common::browser::Browser::start().await;
+    common::browser::sign_in(&rig, &b, None).await;
+    b.goto(&format!("{}/web/watch", rig.base())).await;
+    let drawn = b
+        .wait(
+            "the group's bar",
+            &format!(
+                "const t = [...document.querySelectorAll('#usage svg rect title')] \
+                 .map(e => e.textContent).find(t => t.startsWith({})); \
+                 return t ? Number(t.split(': ')[1].replace(/[^0-9]/g, '')) : null;",
+                serde_json::to_string(&format!("charted {day}: ")).unwrap()
+            ),
+            LIMIT,
+        )
+        .await;
+    assert_eq!(drawn, json!(tokens));
+    let legend = b
+        .js(
+            "return [...document.querySelectorAll('#usage .legend li')].map(l => l.textContent.trim());",
+            json!([]),
+        )
+        .await;
+    assert_eq!(legend, json!(["charted"]));
+    b.screenshot(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../target/web-screenshots/usage.png"),
+    )
+    .await;
+    drop(b);
+    rig.stop().await;
+}

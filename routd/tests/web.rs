@@ -7,59 +7,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::browser::Browser;
+use common::browser::{Browser, link, sign_in};
 use common::{Rig, enc};
 use hako_shared::auth::AuthdClient;
-use hako_shared::auth::wire::MintRequest;
 use serde_json::{Value, json};
 
-/// What `hako web` grants a page session.
-const WEB_SCOPES: &[&str] = &[
-    "chats:read",
-    "messages:write",
-    "groups:read",
-    "turns:read",
-    "approvals:read",
-    "approvals:write",
-];
-
 const WAIT: Duration = Duration::from_secs(90);
-
-/// A sign-in link's token as `hako web` mints it: (token, jti).
-async fn link(rig: &Rig, folder: Option<&str>, ttl: u64) -> (String, String) {
-    let r = AuthdClient::new(&rig.authd_url())
-        .unwrap()
-        .mint(
-            &rig.operator,
-            &MintRequest {
-                scope: WEB_SCOPES.iter().map(|s| (*s).to_owned()).collect(),
-                folder: folder.map(str::to_owned),
-                ttl_seconds: Some(ttl),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
-    (r.token, r.jti)
-}
-
-/// Signs the browser in with a fresh link; waits for the chat page.
-async fn sign_in(rig: &Rig, b: &Browser, folder: Option<&str>) -> String {
-    let (token, jti) = link(rig, folder, 600).await;
-    b.goto(&format!("{}/web/signin#{token}", rig.base())).await;
-    b.wait(
-        "the chat page after sign-in",
-        "return location.pathname === '/web/' && document.getElementById('who').textContent",
-        WAIT,
-    )
-    .await;
-    let url = b.url().await;
-    assert!(
-        !url.contains(&token),
-        "the token stays in the address bar: {url}"
-    );
-    jti
-}
 
 /// The messages the page shows: (data-id, data-seq, text) in page order.
 async fn shown(b: &Browser) -> Vec<(String, i64, String)> {

@@ -387,8 +387,9 @@ function chart(usage) {
   }
   const max = Math.max(1, ...[...sum.values()]);
   const W = 640, H = 200, pad = 30;
-  const slot = (W - pad) / days.length;
-  const bw = Math.max(2, (slot - 6) / folders.length);
+  // At least a week's slots, so one day is a bar, not a wall.
+  const slot = (W - pad) / Math.max(days.length, 7);
+  const bw = Math.min(28, Math.max(2, (slot - 6) / folders.length));
   const g = svg("svg", { viewBox: "0 0 " + W + " " + (H + 40), class: "chart", role: "img", "aria-label": "LLM tokens per group per day" });
   g.append(svg("text", { x: 0, y: 12, class: "axis" }, max.toLocaleString()));
   g.append(svg("line", { x1: pad, y1: H, x2: W, y2: H, class: "axis" }));

@@ -6,7 +6,11 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use hako_shared::auth::AuthdClient;
+use hako_shared::auth::wire::MintRequest;
 use serde_json::{Value, json};
+
+use super::{LIMIT, Rig};
 
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
@@ -239,4 +243,50 @@ impl Browser {
         }
         std::fs::write(path, png).unwrap();
     }
+}
+
+/// What `hako web` grants a page session.
+pub const WEB_SCOPES: &[&str] = &[
+    "chats:read",
+    "messages:write",
+    "groups:read",
+    "turns:read",
+    "approvals:read",
+    "approvals:write",
+];
+
+/// A sign-in link's token as `hako web` mints it: (token, jti).
+pub async fn link(rig: &Rig, folder: Option<&str>, ttl: u64) -> (String, String) {
+    let r = AuthdClient::new(&rig.authd_url())
+        .unwrap()
+        .mint(
+            &rig.operator,
+            &MintRequest {
+                scope: WEB_SCOPES.iter().map(|s| (*s).to_owned()).collect(),
+                folder: folder.map(str::to_owned),
+                ttl_seconds: Some(ttl),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    (r.token, r.jti)
+}
+
+/// Signs the browser in with a fresh link; waits for the chat page.
+pub async fn sign_in(rig: &Rig, b: &Browser, folder: Option<&str>) -> String {
+    let (token, jti) = link(rig, folder, 600).await;
+    b.goto(&format!("{}/web/signin#{token}", rig.base())).await;
+    b.wait(
+        "the chat page after sign-in",
+        "return location.pathname === '/web/' && document.getElementById('who').textContent",
+        LIMIT,
+    )
+    .await;
+    let url = b.url().await;
+    assert!(
+        !url.contains(&token),
+        "the token stays in the address bar: {url}"
+    );
+    jti
 }
