@@ -1043,13 +1043,44 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
         }
         TokenCommand::Revoke { jti } => {
             let token = d.operator_token().await?;
-            let client = hako_shared::auth::AuthdClient::new(&d.ep.authd)
-                .map_err(|e| anyhow::anyhow!("authd at {}: {e}", d.ep.authd))?;
-            let v = client.revoke(&token, &jti).await.map_err(|e| {
-                anyhow::anyhow!("authd at {} did not revoke {jti}: {e}", d.ep.authd)
-            })?;
-            let v = serde_json::to_value(&v)?;
-            emit(json, &v, |_| println!("revoked {jti}"));
+            let not_found = |e: &anyhow::Error| {
+                e.downcast_ref::<crate::daemons::Refused>()
+                    .is_some_and(|r| r.status == 404)
+            };
+            // authd revokes the token while it lives; routd ends the web session it opened,
+            // which outlives it.
+            let path = format!("/v1/tokens/{}", encode(&jti));
+            let at_authd = match d
+                .call("authd", reqwest::Method::DELETE, &path, &token, None)
+                .await
+            {
+                Ok(v) => Some(v),
+                Err(e) if not_found(&e) => None,
+                Err(e) => return Err(e),
+            };
+            let path = format!("/v1/web-sessions/{}", encode(&jti));
+            let session = match d
+                .routd_json(reqwest::Method::DELETE, &path, &token, None)
+                .await
+            {
+                Ok(v) => Some(v),
+                Err(e) if not_found(&e) => None,
+                Err(e) => return Err(e),
+            };
+            if at_authd.is_none() && session.is_none() {
+                anyhow::bail!(
+                    "no live token {jti} at authd and no web session of it at routd (expired, ended, or never was)"
+                );
+            }
+            let v = json!({"jti": jti, "token": at_authd, "web_session": session});
+            emit(json, &v, |v| {
+                if !v["token"].is_null() {
+                    println!("revoked {jti} at authd");
+                }
+                if !v["web_session"].is_null() {
+                    println!("ended the web session of {jti}");
+                }
+            });
         }
     }
     Ok(true)

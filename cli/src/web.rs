@@ -35,6 +35,9 @@ pub struct WebArgs {
     /// Bind the session to this folder (and those below it): a tenant's link.
     #[arg(long)]
     pub folder: Option<String>,
+    /// List the live browser sessions instead (who, folder, the link id that ends them).
+    #[arg(long, conflicts_with_all = ["folder"])]
+    pub list: bool,
     /// How long the link may wait to be opened (at most 15m).
     #[arg(long, default_value = "10m", value_parser = hako_shared::config::parse_duration)]
     pub ttl: Duration,
@@ -44,6 +47,9 @@ pub struct WebArgs {
 
 /// `hako web`.
 pub async fn web(args: WebArgs) -> anyhow::Result<bool> {
+    if args.list {
+        return list(&args).await;
+    }
     if args.ttl.is_zero() || args.ttl > MAX_TTL {
         bail!("--ttl must be above 0 and at most 15m: a sign-in link is short-lived");
     }
@@ -89,6 +95,39 @@ pub async fn web(args: WebArgs) -> anyhow::Result<bool> {
                 .map(|f| format!(", to {f} and the folders below it"))
                 .unwrap_or_default()
         );
+    }
+    Ok(true)
+}
+
+/// `hako web --list`.
+async fn list(args: &WebArgs) -> anyhow::Result<bool> {
+    let d = args.ops.daemons()?;
+    let token = d.operator_token().await?;
+    let v = d
+        .routd_json(reqwest::Method::GET, "/v1/web-sessions", &token, None)
+        .await?;
+    if args.ops.json {
+        println!("{v}");
+        return Ok(true);
+    }
+    let sessions = v["sessions"].as_array().cloned().unwrap_or_default();
+    if sessions.is_empty() {
+        println!("no live web session");
+    }
+    let now = hako_shared::time::unix_millis(std::time::SystemTime::now());
+    for s in &sessions {
+        let left = s["expires_at"]
+            .as_i64()
+            .map_or(0, |e| (e - now).max(0) / 60_000);
+        println!(
+            "{:<28} {:<10} folder {:<16} {left} min left",
+            s["link_jti"].as_str().unwrap_or("?"),
+            s["subject"].as_str().unwrap_or("?"),
+            s["folder"].as_str().unwrap_or("(all)"),
+        );
+    }
+    if !sessions.is_empty() {
+        eprintln!("End one: hako token revoke ID");
     }
     Ok(true)
 }

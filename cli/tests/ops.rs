@@ -424,9 +424,16 @@ async fn hako_web_prints_a_link_that_signs_in_once_and_revoke_ends_its_session()
     assert_eq!(view["folder"], "acme");
     assert_eq!(exchange().await.status(), 409, "a link signs in once");
 
+    let listed = d.json(&["web", "--list"]);
+    assert_eq!(listed["sessions"][0]["link_jti"], v["jti"], "{listed}");
+    assert_eq!(listed["sessions"][0]["folder"], "acme", "{listed}");
     let (code, out, err) = d.hako(&["token", "revoke", v["jti"].as_str().unwrap()]);
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("revoked"), "{out}");
+    assert!(
+        out.contains("revoked") && out.contains("ended the web session"),
+        "{out}"
+    );
+    assert_eq!(d.json(&["web", "--list"])["sessions"], json!([]));
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let r = http
@@ -444,6 +451,48 @@ async fn hako_web_prints_a_link_that_signs_in_once_and_revoke_ends_its_session()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // A session outlives its link's token: after the token expired, revoking its id still ends
+    // the session, at routd (authd may or may not still take the expired token, within its
+    // clock skew).
+    let short = d.json(&["web", "--ttl", "2s"]);
+    let url = short["url"].as_str().unwrap();
+    let token = &url[prefix.len()..];
+    let r = http
+        .post(format!("{routd}/web/session"))
+        .json(&json!({"token": token}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let exp = claims(token)["exp"].as_i64().unwrap();
+    while hako_shared::auth::now_secs() <= exp + 1 {
+        // The link's token expires (the clock is what is watched).
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let session_holds = || async {
+        http.get(format!("{routd}/web/session"))
+            .header("cookie", &cookie)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            == 200
+    };
+    assert!(session_holds().await, "the session outlives its link");
+    let (code, out, err) = d.hako(&["token", "revoke", short["jti"].as_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("ended the web session"), "{out}");
+    assert!(!session_holds().await, "the session holds after its end");
+    let (_, out, _) = d.hako(&["token", "revoke", short["jti"].as_str().unwrap()]);
+    assert!(!out.contains("ended the web session"), "ended twice: {out}");
 
     // A link is short-lived; a folder must be one.
     let (code, _, err) = d.hako(&["web", "--ttl", "1h"]);

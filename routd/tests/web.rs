@@ -415,6 +415,77 @@ async fn a_tenants_link_sees_its_folder_only_and_sessions_end_as_they_should() {
         "{v}"
     );
 
+    // The operator ends a session through routd (the link's token long gone or not): its open
+    // chat stream ends, and its cookie opens nothing more. The session cannot do this itself.
+    let (token, jti) = link(&rig, Some("acme"), 600).await;
+    let (s, cookie, _) = exchange(&rig, &token).await;
+    assert_eq!(s, 201);
+    let cookie = cookie.unwrap();
+    let (s, v) = with_cookie(
+        &rig,
+        reqwest::Method::GET,
+        "/v1/web-sessions",
+        &cookie,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (403, Some("insufficient_scope")),
+        "{v}"
+    );
+    let mut stream = http()
+        .get(format!(
+            "{}/v1/chats/{}/events?after=0",
+            rig.base(),
+            enc("web:acme")
+        ))
+        .header("cookie", format!("hako_session={cookie}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(stream.status(), 200);
+    let (s, v) = rig.api().get(&rig.operator, "/v1/web-sessions").await;
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        v["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|x| x["link_jti"] == jti.as_str()),
+        "{v}"
+    );
+    let (s, v) = rig
+        .api()
+        .delete(&rig.operator, &format!("/v1/web-sessions/{}", enc(&jti)))
+        .await;
+    assert_eq!((s, v["folder"].as_str()), (200, Some("acme")), "{v}");
+    let ended = tokio::time::timeout(WAIT, async {
+        while let Ok(Some(_)) = stream.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the ended session's stream stays open");
+    let (s, v) = with_cookie(
+        &rig,
+        reqwest::Method::GET,
+        "/web/session",
+        &cookie,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (401, Some("session_ended")),
+        "{v}"
+    );
+    let (s, _) = rig
+        .api()
+        .delete(&rig.operator, &format!("/v1/web-sessions/{}", enc(&jti)))
+        .await;
+    assert_eq!(s, 404);
+
     // A long-lived API token is not a link; a forged one is nothing; a page from elsewhere
     // cannot sign in.
     let (long, _) = link(&rig, None, 1800).await;

@@ -22,6 +22,7 @@ mod routes;
 mod tasks;
 mod tools;
 mod turns;
+mod web_sessions;
 mod webhooks;
 
 use crate::error::ApiFailure;
@@ -74,6 +75,8 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(audit::audit))
         .routes(routes!(approvals::list_approvals))
         .routes(routes!(approvals::get_approval, approvals::decide_approval))
+        .routes(routes!(web_sessions::list_web_sessions))
+        .routes(routes!(web_sessions::end_web_session))
 }
 
 /// The longest sender, display name or reply-to accepted.

@@ -25,6 +25,17 @@ pub struct WebSession {
     pub expires_at: i64,
 }
 
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<WebSession> {
+    Ok(WebSession {
+        id_hash: r.get("id_hash")?,
+        link_jti: r.get("link_jti")?,
+        csrf: r.get("csrf")?,
+        claims: json_column(r, "web_sessions", "claims")?,
+        created_at: r.get("created_at")?,
+        expires_at: r.get("expires_at")?,
+    })
+}
+
 impl Store {
     /// Opens a session; `false` when the link already opened one (a link signs in once).
     /// Sessions ended or expired a day ago are dropped on the way.
@@ -71,18 +82,49 @@ impl Store {
                          FROM web_sessions WHERE id_hash = ?1 AND ended_at IS NULL \
                          AND expires_at > ?2",
                     )?
-                    .query_row(params![id_hash, now], |r| {
-                        Ok(WebSession {
-                            id_hash: r.get("id_hash")?,
-                            link_jti: r.get("link_jti")?,
-                            csrf: r.get("csrf")?,
-                            claims: json_column(r, "web_sessions", "claims")?,
-                            created_at: r.get("created_at")?,
-                            expires_at: r.get("expires_at")?,
-                        })
-                    })
+                    .query_row(params![id_hash, now], row)
                     .optional()?;
                 Ok(row)
+            })
+            .await
+    }
+
+    /// The live sessions at `now`, newest first.
+    pub async fn web_sessions(&self, now: i64) -> Result<Vec<WebSession>, DbError> {
+        self.db
+            .call(move |c| {
+                let mut st = c.prepare_cached(
+                    "SELECT id_hash, link_jti, csrf, claims, created_at, expires_at \
+                     FROM web_sessions WHERE ended_at IS NULL AND expires_at > ?1 \
+                     ORDER BY created_at DESC LIMIT 1000",
+                )?;
+                let rows = st
+                    .query_map(params![now], row)?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// Ends the live session a link opened (the operator's revocation, which outlives the
+    /// link's own token); the session it ended.
+    pub async fn end_web_session_of_link(
+        &self,
+        link_jti: &str,
+        now: i64,
+    ) -> Result<Option<WebSession>, DbError> {
+        let link_jti = link_jti.to_owned();
+        self.db
+            .call(move |c| {
+                let s = c
+                    .prepare_cached(
+                        "UPDATE web_sessions SET ended_at = ?2 WHERE link_jti = ?1 \
+                         AND ended_at IS NULL AND expires_at > ?2 \
+                         RETURNING id_hash, link_jti, csrf, claims, created_at, expires_at",
+                    )?
+                    .query_row(params![link_jti, now], row)
+                    .optional()?;
+                Ok(s)
             })
             .await
     }

@@ -75,7 +75,7 @@ impl SessionView {
 pub(crate) struct SignedOut(Mutex<HashMap<String, i64>>);
 
 impl SignedOut {
-    fn add(&self, jti: &str, exp_secs: i64) {
+    pub(crate) fn add(&self, jti: &str, exp_secs: i64) {
         let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let now = now_secs();
         m.retain(|_, exp| *exp > now);

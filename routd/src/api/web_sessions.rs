@@ -1,0 +1,122 @@
+//! `/v1/web-sessions`: the web page's browser sessions, for the operator to see and end. A
+//! session outlives its sign-in link's token (minutes against hours), so revoking that token
+//! at authd ends it only while the token lives; ending it here works for its whole life.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use hako_shared::auth::{Principal, scopes};
+use hako_shared::http::ErrorBody;
+use serde::Serialize;
+
+use super::{AppState, audit_row};
+use crate::error::ApiFailure;
+use crate::now_ms;
+use crate::store::WebSession;
+
+/// A browser session (never its cookie or its CSRF token).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(super) struct WebSessionView {
+    /// The id of the sign-in link's token: what ends the session.
+    link_jti: String,
+    /// Who it acts for.
+    subject: String,
+    /// The folder it is bound to; none: every folder.
+    folder: Option<String>,
+    /// Its scopes.
+    scopes: Vec<String>,
+    /// Unix ms.
+    created_at: i64,
+    /// Unix ms.
+    expires_at: i64,
+}
+
+impl From<WebSession> for WebSessionView {
+    fn from(s: WebSession) -> Self {
+        Self {
+            link_jti: s.link_jti,
+            subject: s.claims.sub,
+            folder: s.claims.folder,
+            scopes: s.claims.scope,
+            created_at: s.created_at,
+            expires_at: s.expires_at,
+        }
+    }
+}
+
+/// `GET /v1/web-sessions` answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub(super) struct WebSessionList {
+    /// Live sessions, newest first.
+    sessions: Vec<WebSessionView>,
+}
+
+/// Whether `who` reaches a session: its folder, or, for an unbound session, unbound callers.
+fn reaches(who: &Principal, s: &WebSession) -> bool {
+    match &s.claims.folder {
+        Some(f) => who.covers_folder(f),
+        None => who.is_unbound(),
+    }
+}
+
+/// The live browser sessions of the web page (a folder-bound caller sees its folders').
+#[utoipa::path(get, path = "/v1/web-sessions", tag = "web", security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The live sessions", body = WebSessionList),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`tokens:revoke`)", body = ErrorBody),
+    ))]
+pub(super) async fn list_web_sessions(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+) -> Result<Json<WebSessionList>, ApiFailure> {
+    who.require(scopes::TOKENS_REVOKE)?;
+    let sessions = sh
+        .store
+        .web_sessions(now_ms())
+        .await?
+        .into_iter()
+        .filter(|s| reaches(&who, s))
+        .map(WebSessionView::from)
+        .collect();
+    Ok(Json(WebSessionList { sessions }))
+}
+
+/// Ends the browser session a sign-in link opened: its cookie answers 401 `session_ended`
+/// from now on and its chat streams end.
+#[utoipa::path(delete, path = "/v1/web-sessions/{jti}", tag = "web", security(("bearer" = [])),
+    params(("jti" = String, Path, description = "The sign-in link's token id")),
+    responses(
+        (status = 200, description = "The session, ended", body = WebSessionView),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`tokens:revoke`)", body = ErrorBody),
+        (status = 404, description = "No live session of that link (or not the caller's)", body = ErrorBody),
+    ))]
+pub(super) async fn end_web_session(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path(jti): Path<String>,
+) -> Result<Json<WebSessionView>, ApiFailure> {
+    who.require(scopes::TOKENS_REVOKE)?;
+    let not_found = || ApiFailure::NotFound(format!("no live web session of link {jti}"));
+    let live = sh.store.web_sessions(now_ms()).await?;
+    let Some(s) = live.into_iter().find(|s| s.link_jti == jti) else {
+        return Err(not_found());
+    };
+    if !reaches(&who, &s) {
+        return Err(not_found());
+    }
+    let Some(s) = sh.store.end_web_session_of_link(&jti, now_ms()).await? else {
+        return Err(not_found());
+    };
+    sh.signed_out.add(&s.link_jti, s.claims.exp);
+    audit_row(
+        &sh,
+        &who,
+        "web.session.end",
+        s.claims.folder.as_deref(),
+        "ok",
+        format!("link {jti}"),
+    )
+    .await;
+    Ok(Json(s.into()))
+}
