@@ -93,19 +93,46 @@ async fn restart(project: &str, service: &str) {
         .unwrap();
 }
 
+/// A GET on routd, polled: a call that gets no answer (a transport error or a timeout, never a
+/// refusal) is tried again until `deadline`, then fails with what the last try said. On a
+/// loaded 2-core CI machine the stack's containers have stalled past one call's 15 s.
+async fn routd_get(d: &Daemons, path: &str, token: &str, deadline: Instant) -> Value {
+    loop {
+        match d.routd_json(reqwest::Method::GET, path, token, None).await {
+            Ok(v) => return v,
+            Err(e)
+                if Instant::now() < deadline
+                    && e.downcast_ref::<hako_cli::daemons::Refused>().is_none() =>
+            {
+                eprintln!("routd GET {path}: {e}; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("routd GET {path}: {e}"),
+        }
+    }
+}
+
+/// The operator's token, tried again while authd does not answer (as [`routd_get`]).
+async fn operator_token(d: &Daemons) -> String {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        match d.operator_token().await {
+            Ok(t) => return t,
+            Err(e) if Instant::now() < deadline && e.to_string().contains("does not answer") => {
+                eprintln!("the operator's token: {e}; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("the operator's token: {e}"),
+        }
+    }
+}
+
 async fn history(d: &Daemons, token: &str, chat: &str) -> Vec<Value> {
-    let v = d
-        .routd_json(
-            reqwest::Method::GET,
-            &format!(
-                "/v1/chats/{}/messages?limit=1000",
-                hako_cli::daemons::encode(chat)
-            ),
-            token,
-            None,
-        )
-        .await
-        .unwrap();
+    let path = format!(
+        "/v1/chats/{}/messages?limit=1000",
+        hako_cli::daemons::encode(chat)
+    );
+    let v = routd_get(d, &path, token, Instant::now() + LIMIT).await;
     v["messages"].as_array().cloned().unwrap_or_default()
 }
 
@@ -135,15 +162,8 @@ async fn wait_ready(d: &Daemons) {
 async fn running_turn(d: &Daemons, token: &str, folder: &str, id: &str) -> Value {
     let deadline = Instant::now() + LIMIT;
     loop {
-        let v = d
-            .routd_json(
-                reqwest::Method::GET,
-                &format!("/v1/turns?folder={folder}&state=running"),
-                token,
-                None,
-            )
-            .await
-            .unwrap();
+        let path = format!("/v1/turns?folder={folder}&state=running");
+        let v = routd_get(d, &path, token, deadline).await;
         let covering = v["turns"].as_array().and_then(|ts| {
             ts.iter().find(|t| {
                 t["messages"]
@@ -169,15 +189,8 @@ async fn wait_idle(d: &Daemons, token: &str, folder: &str) {
     loop {
         let mut live = 0;
         for state in ["starting", "running", "waiting"] {
-            let v = d
-                .routd_json(
-                    reqwest::Method::GET,
-                    &format!("/v1/turns?folder={folder}&state={state}"),
-                    token,
-                    None,
-                )
-                .await
-                .unwrap();
+            let path = format!("/v1/turns?folder={folder}&state={state}");
+            let v = routd_get(d, &path, token, deadline).await;
             live += v["turns"].as_array().map_or(0, Vec::len);
         }
         if live == 0 {
@@ -191,15 +204,7 @@ async fn wait_idle(d: &Daemons, token: &str, folder: &str) {
 async fn turn_done(d: &Daemons, token: &str, turn_id: &str) -> Value {
     let deadline = Instant::now() + LIMIT;
     loop {
-        let v = d
-            .routd_json(
-                reqwest::Method::GET,
-                &format!("/v1/turns/{turn_id}"),
-                token,
-                None,
-            )
-            .await
-            .unwrap();
+        let v = routd_get(d, &format!("/v1/turns/{turn_id}"), token, deadline).await;
         if !matches!(
             v["state"].as_str(),
             Some("starting" | "running" | "waiting")
@@ -287,7 +292,7 @@ async fn the_stack_answers_survives_restarts_and_never_answers_twice() {
     assert_eq!(reply, "hello from the stack test");
 
     let d = Daemons::new(&ep).unwrap();
-    let token = d.operator_token().await.unwrap();
+    let token = operator_token(&d).await;
     // runed restarted mid-turn: the run is re-adopted and answers exactly once.
     let chat = "web:demo";
     wait_idle(&d, &token, "demo").await;
@@ -314,7 +319,7 @@ async fn the_stack_answers_survives_restarts_and_never_answers_twice() {
     // routd restarted: nothing delivered twice, and it answers again.
     restart(&args.project, "routd").await;
     wait_ready(&d).await;
-    let token = d.operator_token().await.unwrap();
+    let token = operator_token(&d).await;
     let h = history(&d, &token, chat).await;
     assert_eq!(replies_with(&h, "after the runed restart"), 1, "{h:#?}");
     assert_eq!(replies_with(&h, "hello from the stack test"), 1, "{h:#?}");
