@@ -12,4 +12,4 @@ pub mod server;
 pub mod tools;
 
 pub use server::{ServeOptions, bind_socket, serve};
-pub use tools::{Backend, Call, Scope, ToolDef, ToolError, dispatch};
+pub use tools::{Backend, Call, Scope, ToolCode, ToolDef, ToolError, dispatch};

@@ -114,7 +114,7 @@ impl<B: Backend> ServerHandler for TurnServer<B> {
             dispatch(self.backend.as_ref(), &self.scope, tool, args).await
         };
         if let Err(e) = &outcome {
-            tracing::info!(turn = %self.scope.turn_id, tool = tool.name(), code = e.code, "tool call refused");
+            tracing::info!(turn = %self.scope.turn_id, tool = tool.name(), code = e.code.as_str(), "tool call refused");
         }
         Ok(CallToolResponse::Complete(Self::result(outcome)))
     }

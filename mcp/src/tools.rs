@@ -27,14 +27,77 @@ pub struct Scope {
     pub grants: Grants,
 }
 
+/// Why a tool call did not happen: a closed set, each with the HTTP status the tools' HTTP
+/// face answers with, so no code is ever mapped from a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ToolCode {
+    /// Bad arguments (400).
+    InvalidArguments,
+    /// The group's grants do not allow the call (403).
+    NotGranted,
+    /// A person denied it, or no one approved it in time (403).
+    Denied,
+    /// What the arguments name does not exist, or is not the group's (404).
+    NotFound,
+    /// The turn is over (409).
+    TurnEnded,
+    /// The call conflicts with what exists (409).
+    Conflict,
+    /// Over a bound on what a turn or group may write (429).
+    RateLimited,
+    /// The tool does not exist here (the CLI's chat mode has no routd) (501).
+    NotAvailable,
+    /// Something it needs does not answer now; try again later (503).
+    Unavailable,
+    /// A failure on the server's side (500).
+    Internal,
+}
+
+impl ToolCode {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolCode::InvalidArguments => "invalid_arguments",
+            ToolCode::NotGranted => "not_granted",
+            ToolCode::Denied => "denied",
+            ToolCode::NotFound => "not_found",
+            ToolCode::TurnEnded => "turn_ended",
+            ToolCode::Conflict => "conflict",
+            ToolCode::RateLimited => "rate_limited",
+            ToolCode::NotAvailable => "not_available",
+            ToolCode::Unavailable => "unavailable",
+            ToolCode::Internal => "internal",
+        }
+    }
+
+    /// The HTTP status of a call refused with this code.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ToolCode::InvalidArguments => 400,
+            ToolCode::NotGranted | ToolCode::Denied => 403,
+            ToolCode::NotFound => 404,
+            ToolCode::TurnEnded | ToolCode::Conflict => 409,
+            ToolCode::RateLimited => 429,
+            ToolCode::Internal => 500,
+            ToolCode::NotAvailable => 501,
+            ToolCode::Unavailable => 503,
+        }
+    }
+}
+
+impl std::fmt::Display for ToolCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A tool call that did not happen, with a reason the agent can act on. MCP answers it as a
 /// tool error (the model reads it), HTTP as the error envelope.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{code}: {message}")]
 pub struct ToolError {
-    /// A stable code: `invalid_arguments`, `not_granted`, `denied`, `not_found`,
-    /// `turn_ended`, `unavailable`, `not_available`, `conflict`, `rate_limited`, `internal`.
-    pub code: &'static str,
+    /// Why.
+    pub code: ToolCode,
     /// What happened, for the agent.
     pub message: String,
 }
@@ -43,7 +106,7 @@ impl ToolError {
     /// Over a bound on what a turn or group may write (HTTP 429).
     pub fn rate_limited(message: impl Into<String>) -> Self {
         ToolError {
-            code: "rate_limited",
+            code: ToolCode::RateLimited,
             message: message.into(),
         }
     }
@@ -51,7 +114,7 @@ impl ToolError {
     /// A person denied the call, or no one approved it in time (HTTP 403).
     pub fn denied(message: impl Into<String>) -> Self {
         ToolError {
-            code: "denied",
+            code: ToolCode::Denied,
             message: message.into(),
         }
     }
@@ -59,7 +122,7 @@ impl ToolError {
     /// Bad arguments.
     pub fn invalid(message: impl Into<String>) -> Self {
         ToolError {
-            code: "invalid_arguments",
+            code: ToolCode::InvalidArguments,
             message: message.into(),
         }
     }
@@ -67,7 +130,7 @@ impl ToolError {
     /// Something the arguments name does not exist (or is not the group's).
     pub fn not_found(message: impl Into<String>) -> Self {
         ToolError {
-            code: "not_found",
+            code: ToolCode::NotFound,
             message: message.into(),
         }
     }
@@ -75,7 +138,7 @@ impl ToolError {
     /// The turn is over: its tools are gone with it.
     pub fn turn_ended(turn_id: &str) -> Self {
         ToolError {
-            code: "turn_ended",
+            code: ToolCode::TurnEnded,
             message: format!("turn {turn_id} has ended; its tools are no longer available"),
         }
     }
@@ -83,7 +146,7 @@ impl ToolError {
     /// A server-side failure; the message says only what the agent may see.
     pub fn internal(message: impl Into<String>) -> Self {
         ToolError {
-            code: "internal",
+            code: ToolCode::Internal,
             message: message.into(),
         }
     }
@@ -92,7 +155,7 @@ impl ToolError {
 impl From<Refused> for ToolError {
     fn from(r: Refused) -> Self {
         ToolError {
-            code: "not_granted",
+            code: ToolCode::NotGranted,
             message: r.to_string(),
         }
     }
@@ -398,7 +461,12 @@ pub async fn dispatch<B: Backend>(
             // content beside it is refused), so the answer is that text.
             return match gate_of(backend, scope, &call, &args).await {
                 Ok(()) => Ok(Value::String(c.allow().to_string())),
-                Err(e) if matches!(e.code, "not_granted" | "denied" | "turn_ended") => {
+                Err(e)
+                    if matches!(
+                        e.code,
+                        ToolCode::NotGranted | ToolCode::Denied | ToolCode::TurnEnded
+                    ) =>
+                {
                     Ok(Value::String(AgentTool::deny(&e.message).to_string()))
                 }
                 Err(e) => Err(e),
@@ -408,7 +476,10 @@ pub async fn dispatch<B: Backend>(
         backend.call(scope, call).await
     }
     .await;
-    backend.record(tool, outcome.as_ref().map(drop).map_err(|e| e.code));
+    backend.record(
+        tool,
+        outcome.as_ref().map(drop).map_err(|e| e.code.as_str()),
+    );
     outcome
 }
 
@@ -626,7 +697,7 @@ mod tests {
             json!({"text": big}).as_object().unwrap().clone(),
         )
         .unwrap_err();
-        assert_eq!(e.code, "invalid_arguments");
+        assert_eq!(e.code, ToolCode::InvalidArguments);
         assert!(
             Call::parse(
                 Tool::SetStatus,

@@ -219,7 +219,7 @@ pub(crate) async fn hold(
             () = sh.stopping.cancelled() => {
                 // routd denies what is left pending when it starts again.
                 return Err(ToolError {
-                    code: "unavailable",
+                    code: hako_mcp::ToolCode::Unavailable,
                     message: "routd is stopping; the call was not run".into(),
                 });
             }

@@ -76,16 +76,8 @@ impl ApiFailure {
             }
             ApiFailure::Db(_) | ApiFailure::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiFailure::Api(e) => e.status,
-            ApiFailure::Tool(t) => match t.code {
-                "invalid_arguments" => StatusCode::BAD_REQUEST,
-                "not_granted" | "denied" => StatusCode::FORBIDDEN,
-                "not_found" => StatusCode::NOT_FOUND,
-                "turn_ended" | "conflict" => StatusCode::CONFLICT,
-                "rate_limited" => StatusCode::TOO_MANY_REQUESTS,
-                "not_available" => StatusCode::NOT_IMPLEMENTED,
-                "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            },
+            ApiFailure::Tool(t) => StatusCode::from_u16(t.code.http_status())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         }
     }
 
@@ -104,7 +96,7 @@ impl ApiFailure {
             ApiFailure::Db(DbError::Closed | DbError::Timeout(_)) => "unavailable",
             ApiFailure::Db(_) | ApiFailure::Internal(_) => "internal",
             ApiFailure::Api(e) => &e.body.error,
-            ApiFailure::Tool(t) => t.code,
+            ApiFailure::Tool(t) => t.code.as_str(),
         }
     }
 }

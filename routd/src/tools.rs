@@ -96,7 +96,7 @@ impl RoutdTools {
         let f = GroupFolder::new(raw).map_err(|e| ToolError::invalid(format!("folder: {e}")))?;
         if f == scope.folder || !scope.folder.contains(&f) {
             return Err(ToolError {
-                code: "not_granted",
+                code: hako_mcp::ToolCode::NotGranted,
                 message: format!(
                     "folder {f}: a group may only manage sub-folders of its own ({}/…)",
                     scope.folder
@@ -294,7 +294,7 @@ impl RoutdTools {
             .map_err(internal)?;
         if active >= self.sh.cfg.max_tasks as i64 {
             return Err(ToolError {
-                code: "conflict",
+                code: hako_mcp::ToolCode::Conflict,
                 message: format!(
                     "the group has {active} active tasks, the most it may have (ROUTD_MAX_TASKS); cancel one first"
                 ),

@@ -65,7 +65,7 @@ const MAX_TASKS: usize = 100;
 
 fn unavailable(tool: &str, why: &str) -> ToolError {
     ToolError {
-        code: "not_available",
+        code: hako_mcp::ToolCode::NotAvailable,
         message: format!("{tool} is not available in CLI mode: {why}"),
     }
 }
