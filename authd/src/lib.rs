@@ -21,7 +21,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use hako_shared::auth::{Signer, Verifier, now_secs};
-use hako_shared::http::{Ops, finish};
+use hako_shared::http::{Ops, daemon_router};
 use hako_shared::metrics::Metrics;
 use tokio::sync::oneshot;
 use tokio::task::{AbortHandle, JoinHandle};
@@ -311,7 +311,7 @@ pub async fn start(
             Box::pin(async move { s.ping().await.map_err(|e| format!("authd.db: {e}")) })
         }),
     };
-    let (router, _doc) = finish(
+    let (router, _doc) = daemon_router(
         server::documented().with_state(app.clone()),
         ops,
         BODY_LIMIT,

@@ -74,7 +74,7 @@ pub(crate) const INFO: ApiInfo = ApiInfo {
 };
 
 /// The API routes, each documented from its handler (ops routes are added by
-/// `hako_shared::http::finish`). Routes are only ever added here, through `routes!`, so
+/// `hako_shared::http::daemon_router`). Routes are only ever added here, through `routes!`, so
 /// nothing is served that the document does not list.
 pub(crate) fn documented() -> OpenApiRouter<App> {
     api_router::<App>(INFO)

@@ -178,7 +178,7 @@ pub async fn start(
         }),
     };
     let (router, _doc) =
-        hako_shared::http::finish(hako_shared::http::api_router(INFO), ops, 64 << 10);
+        hako_shared::http::daemon_router(hako_shared::http::api_router(INFO), ops, 64 << 10);
     let admin = tokio::spawn(async move {
         let r = hako_shared::http::serve(admin_listener, router, async move {
             let _ = admin_stopped.await;

@@ -31,7 +31,7 @@ use std::time::{Duration, SystemTime};
 
 use hako_shared::auth::Verifier;
 use hako_shared::chat::MessageKind;
-use hako_shared::http::{Ops, finish};
+use hako_shared::http::{Ops, daemon_router};
 use hako_shared::time::unix_millis;
 use tokio::sync::{Notify, broadcast, oneshot};
 use tokio::task::JoinHandle;
@@ -319,7 +319,7 @@ pub async fn start(
         .merge(utoipa_axum::router::OpenApiRouter::from(web::router(
             shared.clone(),
         )));
-    let (router, _doc) = finish(api, ops, shared.cfg.body_limit);
+    let (router, _doc) = daemon_router(api, ops, shared.cfg.body_limit);
     // Before any task steers: messages left steering by a turn that is over wait for a turn
     // again (a live turn's follow-ups are settled by its run's end).
     let released = shared.store.release_steering().await?;

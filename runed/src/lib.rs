@@ -27,7 +27,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use hako_shared::auth::Verifier;
-use hako_shared::http::{Ops, finish};
+use hako_shared::http::{Ops, daemon_router};
 use tokio::sync::{Notify, broadcast, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -228,7 +228,7 @@ pub async fn start(
             })
         }),
     };
-    let (router, _doc) = finish(
+    let (router, _doc) = daemon_router(
         api::documented().with_state(api::AppState(shared.clone())),
         ops,
         shared.cfg.body_limit,

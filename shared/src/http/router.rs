@@ -18,7 +18,7 @@ use super::request_id::{MakeId, REQUEST_ID_HEADER, sanitize_request_id};
 /// document, which is generated from the handlers and types, never written by hand. Every
 /// API route is registered through the document: no API is served that it does not list
 /// (routd merges its web page, which is not API, into `api` as an undocumented router).
-pub fn finish(
+pub fn daemon_router(
     api: utoipa_axum::router::OpenApiRouter,
     ops: Ops,
     body_limit: usize,

@@ -39,7 +39,7 @@ fn app() -> Router {
                 "unreachable"
             }),
         );
-    finish(r, ops, 1024).0
+    daemon_router(r, ops, 1024).0
 }
 
 async fn call(req: Request<Body>) -> (StatusCode, serde_json::Value) {
@@ -92,7 +92,7 @@ async fn query_strings_are_decoded_and_refused_as_envelopes() {
         metrics: Metrics::default(),
         ready: Arc::new(|| Box::pin(async { Ok(()) })),
     };
-    let app = finish(r, ops, 1024).0;
+    let app = daemon_router(r, ops, 1024).0;
     let call = |uri: &'static str| {
         let app = app.clone();
         async move {
@@ -248,7 +248,7 @@ async fn requests_carry_an_id_and_are_counted_by_route() {
             Json(current_request_id().map(|i| i.to_string()))
         }),
     );
-    let app = finish(r, ops, 1024).0;
+    let app = daemon_router(r, ops, 1024).0;
     let send = |uri: &str, id: Option<&str>| {
         let mut req = Request::get(uri);
         if let Some(id) = id {
