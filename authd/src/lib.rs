@@ -21,10 +21,8 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use hako_shared::auth::{Signer, Verifier, now_secs};
-use hako_shared::http::{Ops, daemon_router};
+use hako_shared::http::{Ops, Served, daemon_router};
 use hako_shared::metrics::Metrics;
-use tokio::sync::oneshot;
-use tokio::task::{AbortHandle, JoinHandle};
 
 pub mod config;
 pub mod error;
@@ -78,28 +76,27 @@ pub enum StartError {
 
 /// A running authd. Dropping it aborts the server; [`Running::shutdown`] stops it gracefully.
 pub struct Running {
-    addr: SocketAddr,
+    served: Served,
     metrics: Metrics,
-    stop: Option<oneshot::Sender<()>>,
-    server: Option<JoinHandle<std::io::Result<()>>>,
-    tasks: Vec<AbortHandle>,
 }
 
 impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Running").field("addr", &self.addr).finish()
+        f.debug_struct("Running")
+            .field("addr", &self.addr())
+            .finish()
     }
 }
 
 impl Running {
     /// The address authd listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.served.addr()
     }
 
     /// `http://<addr>`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.served.url()
     }
 
     /// authd's metrics registry (what `/metrics` renders).
@@ -109,35 +106,9 @@ impl Running {
 
     /// Stops accepting, lets in-flight requests finish (up to a grace period), then stops.
     pub async fn shutdown(mut self) -> Result<(), StartError> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        let result = match self.server.take() {
-            Some(mut h) => match tokio::time::timeout(SHUTDOWN_GRACE, &mut h).await {
-                Ok(Ok(r)) => r.map_err(StartError::Listener),
-                Ok(Err(join)) => Err(StartError::Listener(std::io::Error::other(join))),
-                Err(_) => {
-                    h.abort();
-                    Ok(())
-                }
-            },
-            None => Ok(()),
-        };
-        for t in self.tasks.drain(..) {
-            t.abort();
-        }
-        result
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        if let Some(h) = self.server.take() {
-            h.abort();
-        }
-        for t in self.tasks.drain(..) {
-            t.abort();
-        }
+        let result = self.served.stop_server(SHUTDOWN_GRACE).await;
+        self.served.abort_tasks();
+        result.map_err(StartError::Listener)
     }
 }
 
@@ -342,23 +313,10 @@ pub async fn start(
         }
     });
 
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(hako_shared::http::serve_with(
-        listener,
-        router,
-        async move {
-            let _ = stopped.await;
-        },
-        serve_limits,
-    ));
+    let served = Served::spawn(listener, router, serve_limits, [pruner.abort_handle()])
+        .map_err(StartError::Listener)?;
     tracing::info!(%addr, "authd listening");
-    Ok(Running {
-        addr,
-        metrics,
-        stop: Some(stop),
-        server: Some(server),
-        tasks: vec![pruner.abort_handle()],
-    })
+    Ok(Running { served, metrics })
 }
 
 #[cfg(test)]

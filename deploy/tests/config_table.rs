@@ -10,7 +10,7 @@ use std::collections::BTreeSet;
 const CONFIG_FILES: &[&str] = &[
     "shared/src/config.rs",
     "shared/src/auth/verifier.rs",
-    "shared/src/http.rs",
+    "shared/src/http/serve.rs",
     "shared/src/telemetry.rs",
     "authd/src/config.rs",
     "runed/src/config.rs",

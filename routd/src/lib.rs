@@ -31,10 +31,9 @@ use std::time::{Duration, SystemTime};
 
 use hako_shared::auth::Verifier;
 use hako_shared::chat::MessageKind;
-use hako_shared::http::{Ops, daemon_router};
+use hako_shared::http::{Ops, Served, daemon_router};
 use hako_shared::time::unix_millis;
-use tokio::sync::{Notify, broadcast, oneshot};
-use tokio::task::JoinHandle;
+use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
@@ -175,56 +174,43 @@ impl Shared {
 
 /// A running routd. [`Running::shutdown`] stops it; dropping it does too.
 pub struct Running {
-    addr: SocketAddr,
+    served: Served,
     shared: Arc<Shared>,
-    stop: Option<oneshot::Sender<()>>,
-    server: Option<JoinHandle<std::io::Result<()>>>,
-    tasks: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Running").field("addr", &self.addr).finish()
+        f.debug_struct("Running")
+            .field("addr", &self.addr())
+            .finish()
     }
 }
 
 impl Running {
     /// The address routd listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.served.addr()
     }
 
     /// `http://<addr>`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.served.url()
     }
 
     /// Stops accepting requests and stops driving turns (they resume at the next start).
     pub async fn shutdown(mut self) {
         self.shared.stopping.cancel();
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
+        if let Err(e) = self.served.stop_server(SHUTDOWN_GRACE).await {
+            tracing::warn!(error = %e, "routd's server stopped with an error");
         }
-        if let Some(mut h) = self.server.take()
-            && tokio::time::timeout(SHUTDOWN_GRACE, &mut h).await.is_err()
-        {
-            h.abort();
-        }
-        for t in self.tasks.drain(..) {
-            t.abort();
-        }
+        self.served.abort_tasks();
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
+        // The server and the tasks are aborted with `served`.
         self.shared.stopping.cancel();
-        if let Some(h) = self.server.take() {
-            h.abort();
-        }
-        for t in self.tasks.drain(..) {
-            t.abort();
-        }
     }
 }
 
@@ -337,30 +323,18 @@ pub async fn start(
             "approval requests left pending by an earlier routd are denied"
         );
     }
-    let tasks = vec![
+    let tasks = [
         tokio::spawn(turns::scheduler(shared.clone())),
         tokio::spawn(delivery::worker(shared.clone())),
         tokio::spawn(turns::watch_backlog(shared.clone())),
         tokio::spawn(tasks::run(shared.clone())),
-    ];
+    ]
+    .map(|t| t.abort_handle());
     turns::resume(&shared).await;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(hako_shared::http::serve_with(
-        listener,
-        router,
-        async move {
-            let _ = stopped.await;
-        },
-        shared.cfg.serve,
-    ));
+    let served =
+        Served::spawn(listener, router, shared.cfg.serve, tasks).map_err(StartError::Listener)?;
     tracing::info!(%addr, runed = %shared.cfg.runed_url, "routd listening");
-    Ok(Running {
-        addr,
-        shared,
-        stop: Some(stop),
-        server: Some(server),
-        tasks,
-    })
+    Ok(Running { served, shared })
 }
 
 #[cfg(test)]

@@ -27,9 +27,8 @@ use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use hako_shared::auth::Verifier;
-use hako_shared::http::{Ops, daemon_router};
-use tokio::sync::{Notify, broadcast, oneshot};
-use tokio::task::JoinHandle;
+use hako_shared::http::{Ops, Served, daemon_router};
+use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
@@ -78,28 +77,27 @@ pub enum StartError {
 
 /// A running runed. [`Running::shutdown`] detaches live runs and stops; dropping it does too.
 pub struct Running {
-    addr: SocketAddr,
+    served: Served,
     shared: Arc<Shared>,
-    stop: Option<oneshot::Sender<()>>,
-    server: Option<JoinHandle<std::io::Result<()>>>,
-    tasks: Vec<JoinHandle<()>>,
 }
 
 impl std::fmt::Debug for Running {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Running").field("addr", &self.addr).finish()
+        f.debug_struct("Running")
+            .field("addr", &self.addr())
+            .finish()
     }
 }
 
 impl Running {
     /// The address runed listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.served.addr()
     }
 
     /// `http://<addr>`.
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.served.url()
     }
 
     /// The container runner this daemon uses (`None` while Docker's socket is missing).
@@ -115,34 +113,22 @@ impl Running {
 
     async fn stop_now(&mut self) {
         self.shared.stopping.cancel();
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(mut h) = self.server.take()
-            && tokio::time::timeout(SHUTDOWN_GRACE, &mut h).await.is_err()
-        {
-            h.abort();
+        if let Err(e) = self.served.stop_server(SHUTDOWN_GRACE).await {
+            tracing::warn!(error = %e, "runed's server stopped with an error");
         }
         // Runs return `Detached` as soon as their supervisors see the token.
         let deadline = Instant::now() + SHUTDOWN_GRACE;
         while !self.shared.sched().live.is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        for t in self.tasks.drain(..) {
-            t.abort();
-        }
+        self.served.abort_tasks();
     }
 }
 
 impl Drop for Running {
     fn drop(&mut self) {
+        // The server and the tasks are aborted with `served`.
         self.shared.stopping.cancel();
-        if let Some(h) = self.server.take() {
-            h.abort();
-        }
-        for t in self.tasks.drain(..) {
-            t.abort();
-        }
     }
 }
 
@@ -233,28 +219,16 @@ pub async fn start(
         ops,
         shared.cfg.body_limit,
     );
-    let tasks = vec![
+    let tasks = [
         tokio::spawn(daemon::scheduler(shared.clone())),
         tokio::spawn(gc::gc_loop(shared.clone())),
         tokio::spawn(egress::supervise(shared.clone())),
-    ];
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(hako_shared::http::serve_with(
-        listener,
-        router,
-        async move {
-            let _ = stopped.await;
-        },
-        shared.cfg.serve,
-    ));
+    ]
+    .map(|t| t.abort_handle());
+    let served =
+        Served::spawn(listener, router, shared.cfg.serve, tasks).map_err(StartError::Listener)?;
     tracing::info!(%addr, max_containers = shared.cfg.max_containers, "runed listening");
-    Ok(Running {
-        addr,
-        shared,
-        stop: Some(stop),
-        server: Some(server),
-        tasks,
-    })
+    Ok(Running { served, shared })
 }
 
 #[cfg(test)]

@@ -19,5 +19,6 @@ pub use ops::{ApiInfo, Health, Ops, Ready, ReadyCheck, api_router, document, ope
 pub use request_id::{REQUEST_ID_HEADER, current_request_id, with_request_id};
 pub use router::{daemon_router, guard, traced};
 pub use serve::{
-    CLIENT_POOL_IDLE, Listener, ServeLimits, health_check, serve, serve_with, shutdown_signal,
+    CLIENT_POOL_IDLE, Listener, ServeLimits, Served, health_check, serve, serve_with,
+    shutdown_signal,
 };

@@ -224,3 +224,93 @@ pub async fn shutdown_signal() {
         () = term => {},
     }
 }
+
+/// A daemon's HTTP server and its background tasks, as the daemon's `start` hands them back:
+/// [`Served::stop_server`] stops the server gracefully, [`Served::abort_tasks`] ends the
+/// tasks, and dropping it aborts both. The one handle inside authd's, runed's and routd's
+/// `Running`.
+pub struct Served {
+    addr: std::net::SocketAddr,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    tasks: Vec<tokio::task::AbortHandle>,
+}
+
+impl std::fmt::Debug for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Served").field("addr", &self.addr).finish()
+    }
+}
+
+impl Served {
+    /// Serves `router` on `listener` (as [`serve_with`]) in a task of its own; `tasks` are the
+    /// daemon's background tasks, ended with it.
+    pub fn spawn(
+        listener: tokio::net::TcpListener,
+        router: Router,
+        limits: ServeLimits,
+        tasks: impl IntoIterator<Item = tokio::task::AbortHandle>,
+    ) -> std::io::Result<Self> {
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_with(
+            listener,
+            router,
+            async move {
+                let _ = stopped.await;
+            },
+            limits,
+        ));
+        Ok(Self {
+            addr,
+            stop: Some(stop),
+            server: Some(server),
+            tasks: tasks.into_iter().collect(),
+        })
+    }
+
+    /// The address the server listens on.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// `http://<addr>`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting and gives the requests in flight up to `grace`, then aborts the server.
+    /// Answers the server's own result (a server aborted after the grace is not an error).
+    pub async fn stop_server(&mut self, grace: std::time::Duration) -> std::io::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let Some(mut h) = self.server.take() else {
+            return Ok(());
+        };
+        match tokio::time::timeout(grace, &mut h).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(join)) => Err(std::io::Error::other(join)),
+            Err(_) => {
+                h.abort();
+                Ok(())
+            }
+        }
+    }
+
+    /// Ends the background tasks.
+    pub fn abort_tasks(&mut self) {
+        for t in self.tasks.drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        if let Some(h) = self.server.take() {
+            h.abort();
+        }
+        self.abort_tasks();
+    }
+}
