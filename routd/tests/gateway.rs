@@ -965,6 +965,25 @@ async fn the_gateway_lets_only_the_turns_token_through() {
     for r in open {
         r.text().await.unwrap();
     }
+    // The gateway gives a call's place back as its answer's body ends on its side, which may
+    // come just after the client has read the last byte: wait for the place to be free.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (s, _, body) = call(
+            "/v1/messages",
+            Some(("x-api-key", own.token.clone())),
+            json!({"model": "m", "max_tokens": 10, "messages": [], "mcp_servers": []}),
+        )
+        .await;
+        if s != 429 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the calls' places never came back: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     // What the provider would fetch or run for the agent, around its network policy (a
     // server-side tool, an image by URL): refused, never forwarded.
