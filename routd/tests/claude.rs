@@ -455,7 +455,11 @@ async fn claude_code_takes_follow_ups_and_survives_a_runed_kill() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_model_that_never_answers_ends_in_a_summary_before_the_ceiling() {
     let (_stub, url) = Stub::start().await;
-    let rig = rig(&url, &[("RUNED_RUN_TIMEOUT", "40s")]).await;
+    // A ceiling of 80 s leaves the agent 60 s and 20 s to deliver its summary: runed's
+    // ceiling counts from before the container is created, the agent's deadline from its own
+    // start, and on a loaded machine creating and starting the Claude Code box took more
+    // than the 10 s a 40 s ceiling left (the first try was stopped, the second answered).
+    let rig = rig(&url, &[("RUNED_RUN_TIMEOUT", "80s")]).await;
     claude_group(&rig, "ccslow").await;
     let chat = "web:ccslow";
     rig.say(chat, "s-1", "never answer").await;
