@@ -385,6 +385,25 @@ async fn every_operator_command_against_real_daemons() {
     }
 }
 
+/// Exchanges a sign-in link's token at routd: (status, the `name=value` of the cookie set, body).
+async fn exchange(http: &reqwest::Client, routd: &str, token: &str) -> (u16, String, Value) {
+    let r = http
+        .post(format!("{routd}/web/session"))
+        .json(&json!({"token": token}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let cookie = r
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|c| c.split(';').next())
+        .unwrap_or_default()
+        .to_owned();
+    (status, cookie, r.json().await.unwrap_or(Value::Null))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hako_web_prints_a_link_that_signs_in_once_and_revoke_ends_its_session() {
     let d = Daemons::start().await;
@@ -404,25 +423,14 @@ async fn hako_web_prints_a_link_that_signs_in_once_and_revoke_ends_its_session()
     assert_eq!(v["jti"], c["jti"]);
 
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let exchange = || async {
-        http.post(format!("{routd}/web/session"))
-            .json(&json!({"token": token}))
-            .send()
-            .await
-            .unwrap()
-    };
-    let r = exchange().await;
-    assert_eq!(r.status(), 201);
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
-    let view: Value = r.json().await.unwrap();
+    let (status, cookie, view) = exchange(&http, routd, token).await;
+    assert_eq!(status, 201);
     assert_eq!(view["folder"], "acme");
-    assert_eq!(exchange().await.status(), 409, "a link signs in once");
+    assert_eq!(
+        exchange(&http, routd, token).await.0,
+        409,
+        "a link signs in once"
+    );
 
     let listed = d.json(&["web", "--list"]);
     assert_eq!(listed["sessions"][0]["link_jti"], v["jti"], "{listed}");
@@ -458,20 +466,8 @@ async fn hako_web_prints_a_link_that_signs_in_once_and_revoke_ends_its_session()
     let short = d.json(&["web", "--ttl", "2s"]);
     let url = short["url"].as_str().unwrap();
     let token = &url[prefix.len()..];
-    let r = http
-        .post(format!("{routd}/web/session"))
-        .json(&json!({"token": token}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 201);
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
+    let (status, cookie, _) = exchange(&http, routd, token).await;
+    assert_eq!(status, 201);
     let exp = claims(token)["exp"].as_i64().unwrap();
     while hako_shared::auth::now_secs() <= exp + 1 {
         // The link's token expires (the clock is what is watched).

@@ -136,6 +136,29 @@ impl Shared {
         Ok(())
     }
 
+    /// Appends a row to the audit log; a failure to write it is logged, never the caller's.
+    pub async fn audit(
+        &self,
+        actor: &str,
+        action: &str,
+        folder: Option<&str>,
+        outcome: &str,
+        detail: String,
+    ) {
+        let r = store::AuditRow {
+            id: 0,
+            at: now_ms(),
+            actor: actor.to_owned(),
+            action: action.to_owned(),
+            folder: folder.map(str::to_owned),
+            outcome: outcome.to_owned(),
+            detail,
+        };
+        if let Err(e) = self.store.audit(r).await {
+            tracing::error!(error = %e, "writing the audit log failed");
+        }
+    }
+
     /// Appends an outbound message (once per id: a replay appends nothing), tells the chat's
     /// streams and the webhook worker. Returns the seq when it was appended now.
     pub async fn say(

@@ -25,9 +25,8 @@ mod turns;
 mod web_sessions;
 mod webhooks;
 
+use crate::Shared;
 use crate::error::ApiFailure;
-use crate::store::AuditRow;
-use crate::{Shared, now_ms};
 
 /// What routd's document says of it.
 pub(crate) const INFO: ApiInfo = ApiInfo {
@@ -111,18 +110,8 @@ async fn audit_row(
     outcome: &str,
     detail: String,
 ) {
-    let r = AuditRow {
-        id: 0,
-        at: now_ms(),
-        actor: who.subject().to_owned(),
-        action: action.to_owned(),
-        folder: folder.map(str::to_owned),
-        outcome: outcome.to_owned(),
-        detail,
-    };
-    if let Err(e) = sh.store.audit(r).await {
-        tracing::error!(error = %e, "writing the audit log failed");
-    }
+    sh.audit(who.subject(), action, folder, outcome, detail)
+        .await;
 }
 
 /// Whether `who` is the `channel` service identity (a chat adapter): unbound, yet it reaches

@@ -15,7 +15,7 @@ use hako_shared::http::ApiError;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::store::{AuditRow, WebSession};
+use crate::store::WebSession;
 use crate::{Shared, now_ms};
 
 /// The session cookie's name.
@@ -224,28 +224,6 @@ fn set_cookie(value: &str, max_age: i64, secure: bool) -> HeaderValue {
     .expect("a cookie of hex digits is a header value")
 }
 
-async fn audit(
-    sh: &Shared,
-    who: &str,
-    action: &str,
-    folder: Option<&str>,
-    outcome: &str,
-    detail: String,
-) {
-    let r = AuditRow {
-        id: 0,
-        at: now_ms(),
-        actor: who.to_owned(),
-        action: action.to_owned(),
-        folder: folder.map(str::to_owned),
-        outcome: outcome.to_owned(),
-        detail,
-    };
-    if let Err(e) = sh.store.audit(r).await {
-        tracing::error!(error = %e, "writing the audit log failed");
-    }
-}
-
 fn refused(code: &'static str, message: impl Into<String>) -> ApiError {
     ApiError::new(StatusCode::UNAUTHORIZED, code, message)
 }
@@ -313,8 +291,7 @@ pub(crate) async fn sign_in(
         .await
         .map_err(db_error)?
     {
-        audit(
-            sh,
+        sh.audit(
             &claims.sub,
             "web.signin",
             claims.folder.as_deref(),
@@ -328,8 +305,7 @@ pub(crate) async fn sign_in(
             "this sign-in link was used already: ask for a new one (`hako web`)",
         ));
     }
-    audit(
-        sh,
+    sh.audit(
         &claims.sub,
         "web.signin",
         claims.folder.as_deref(),
@@ -375,8 +351,7 @@ pub(crate) async fn sign_out(sh: &Shared, headers: &HeaderMap) -> Result<Respons
         .await
         .map_err(db_error)?;
     sh.signed_out.add(&s.link_jti, s.claims.exp);
-    audit(
-        sh,
+    sh.audit(
         &s.claims.sub,
         "web.signout",
         s.claims.folder.as_deref(),

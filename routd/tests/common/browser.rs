@@ -6,8 +6,6 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use hako_shared::auth::AuthdClient;
-use hako_shared::auth::wire::MintRequest;
 use serde_json::{Value, json};
 
 use super::{LIMIT, Rig};
@@ -257,19 +255,7 @@ pub const WEB_SCOPES: &[&str] = &[
 
 /// A sign-in link's token as `hako web` mints it: (token, jti).
 pub async fn link(rig: &Rig, folder: Option<&str>, ttl: u64) -> (String, String) {
-    let r = AuthdClient::new(&rig.authd_url())
-        .unwrap()
-        .mint(
-            &rig.operator,
-            &MintRequest {
-                scope: WEB_SCOPES.iter().map(|s| (*s).to_owned()).collect(),
-                folder: folder.map(str::to_owned),
-                ttl_seconds: Some(ttl),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let r = rig.mint_full(WEB_SCOPES, folder, ttl).await;
     (r.token, r.jti)
 }
 

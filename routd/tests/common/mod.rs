@@ -324,6 +324,16 @@ impl Rig {
     }
 
     pub async fn mint(&self, scope: &[&str], folder: Option<&str>, ttl: u64) -> String {
+        self.mint_full(scope, folder, ttl).await.token
+    }
+
+    /// A token downscoped from the operator's, with its id.
+    pub async fn mint_full(
+        &self,
+        scope: &[&str],
+        folder: Option<&str>,
+        ttl: u64,
+    ) -> hako_shared::auth::wire::MintResponse {
         AuthdClient::new(&self.authd_url())
             .unwrap()
             .mint(
@@ -337,7 +347,6 @@ impl Rig {
             )
             .await
             .unwrap()
-            .token
     }
 
     /// Creates or replaces a group with the operator's token; answers its view.
