@@ -12,4 +12,6 @@ RUN ["/bin/busybox", "--install", "-s", "/bin"]
 ENV PATH=/usr/local/bin:/bin HOME=/home/agent SHELL=/bin/bash HAKO_BRAIN=claude
 USER 1000:1000
 WORKDIR /workspace
+# It reads its deadline from the stdin line (HAKO_WARM): runed may start it before a turn.
+LABEL io.hako.warm="1"
 ENTRYPOINT ["/usr/local/bin/hako-agent"]

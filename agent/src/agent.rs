@@ -115,23 +115,30 @@ async fn run_with(env: &Env, started: Instant, out: Output) -> i32 {
         Ok(c) => c,
         Err(e) => return fatal(&out, format!("bad configuration: {e}")).await,
     };
-    let deadline = cfg
-        .query_timeout
+    // A warm box waits for its turn without a deadline: the turn's own comes with the input.
+    let before_input = (!cfg.warm)
+        .then_some(cfg.query_timeout)
+        .flatten()
         .map(|t| tokio::time::Instant::from_std(started + t));
     let ignore = Rc::new(Cell::new(false));
     let timeout = cfg
         .query_timeout
         .map_or_else(|| "none".to_owned(), |t| format!("{} ms", t.as_millis()));
     log(format_args!(
-        "started (hako-agent {}, brain {}, query timeout {timeout})",
+        "started (hako-agent {}, brain {}, query timeout {timeout}{})",
         env!("CARGO_PKG_VERSION"),
         cfg.brain.describe(),
+        if cfg.warm {
+            ", warm: waiting for the turn"
+        } else {
+            ""
+        },
     ));
 
     let input = tokio::select! {
         biased;
         _ = terminated(&mut signals.term, &mut signals.int, &ignore) => return 0,
-        _ = deadline_reached(deadline) => {
+        _ = deadline_reached(before_input) => {
             return fatal(&out, "query timeout before the input arrived").await;
         }
         res = read_stdin() => res,
@@ -140,6 +147,9 @@ async fn run_with(env: &Env, started: Instant, out: Output) -> i32 {
         Ok(i) => i,
         Err(e) => return fatal(&out, e.to_string()).await,
     };
+    let deadline = cfg
+        .deadline(input.query_timeout_ms, started, Instant::now())
+        .map(tokio::time::Instant::from_std);
     let io = Io::new(out, cfg.mcp_socket.clone(), ignore.clone());
     let agent = |brain| Agent {
         cfg: cfg.clone(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use hako_shared::config::{ConfigError, Env};
 use hako_shared::contract::{
     API_SOCKET, INPUT_DIR, LLM_API_ENV, MARKER_END_ENV, MARKER_START_ENV, MCP_SOCKET, MODEL_ENV,
-    Markers, QUERY_TIMEOUT_ENV,
+    Markers, QUERY_TIMEOUT_ENV, WARM_ENV,
 };
 use hako_shared::runs::LlmApi;
 
@@ -62,6 +62,9 @@ pub struct AgentConfig {
     pub poll_interval: Duration,
     /// The brain.
     pub brain: BrainKind,
+    /// A warm box (`HAKO_WARM=1`): started before its turn, so the wait for the input has no
+    /// deadline, and the deadline counts from the input's arrival.
+    pub warm: bool,
 }
 
 /// Markers alone: they are needed to report every other configuration error, so they can
@@ -151,6 +154,21 @@ fn brain(env: &Env) -> Result<BrainKind, ConfigError> {
 }
 
 impl AgentConfig {
+    /// The query deadline: the input's own (counted from its arrival), else the env's,
+    /// counted from the process start, or from the input's arrival in a warm box.
+    pub fn deadline(
+        &self,
+        input_timeout_ms: Option<u64>,
+        started: std::time::Instant,
+        arrived: std::time::Instant,
+    ) -> Option<std::time::Instant> {
+        match input_timeout_ms.filter(|ms| *ms > 0) {
+            Some(ms) => Some(arrived + Duration::from_millis(ms)),
+            None if self.warm => self.query_timeout.map(|t| arrived + t),
+            None => self.query_timeout.map(|t| started + t),
+        }
+    }
+
     /// Reads the configuration; a bad value names its variable.
     pub fn from_env(env: &Env) -> Result<Self, ConfigError> {
         let timeout_ms: u64 = env.parse_or(QUERY_TIMEOUT_ENV, 0)?;
@@ -171,6 +189,7 @@ impl AgentConfig {
             query_timeout: (timeout_ms > 0).then(|| Duration::from_millis(timeout_ms)),
             poll_interval: Duration::from_millis(poll_ms),
             brain,
+            warm: env.get(WARM_ENV) == Some("1"),
         })
     }
 }
@@ -206,6 +225,44 @@ mod tests {
         assert_eq!(c.input_dir, PathBuf::from("/tmp/in"));
         assert_eq!(c.mcp_socket, PathBuf::from("/tmp/mcp.sock"));
         assert_eq!(c.poll_interval, Duration::from_millis(20));
+    }
+
+    #[test]
+    fn the_deadline_counts_from_the_turn_in_a_warm_box() {
+        let started = std::time::Instant::now();
+        let arrived = started + Duration::from_secs(600);
+        let cold = AgentConfig::from_env(&Env::from_pairs([("ARIZUKO_QUERY_TIMEOUT_MS", "1500")]))
+            .unwrap();
+        assert!(!cold.warm);
+        let ms = Duration::from_millis;
+        assert_eq!(
+            cold.deadline(None, started, arrived),
+            Some(started + ms(1500))
+        );
+        assert_eq!(
+            cold.deadline(Some(0), started, arrived),
+            Some(started + ms(1500))
+        );
+        assert_eq!(
+            cold.deadline(Some(900), started, arrived),
+            Some(arrived + ms(900))
+        );
+        let warm = AgentConfig::from_env(&Env::from_pairs([
+            ("ARIZUKO_QUERY_TIMEOUT_MS", "1500"),
+            ("HAKO_WARM", "1"),
+        ]))
+        .unwrap();
+        assert!(warm.warm);
+        assert_eq!(
+            warm.deadline(None, started, arrived),
+            Some(arrived + ms(1500))
+        );
+        assert_eq!(
+            warm.deadline(Some(900), started, arrived),
+            Some(arrived + ms(900))
+        );
+        let none = AgentConfig::from_env(&Env::from_pairs([("HAKO_WARM", "1")])).unwrap();
+        assert_eq!(none.deadline(None, started, arrived), None);
     }
 
     #[test]

@@ -38,6 +38,7 @@ async fn runner_turn(runner: &Runner, i: usize) -> Duration {
         input: input(),
         group: GroupSpec::default(),
         close: CloseWhen::Idle(Duration::ZERO),
+        bind: None,
     };
     let (tx, mut rx) = mpsc::channel(16);
     let live = LiveRun::new(spec.run_id.clone(), spec.folder.clone());

@@ -240,6 +240,7 @@ async fn create_run(
         created_at: unix_millis(SystemTime::now()),
         started_at: None,
         ended_at: None,
+        deadline_at: None,
     };
     match sh.store.insert(row).await? {
         Inserted::Existing(r) => Ok(existing(*r)),
@@ -771,6 +772,7 @@ async fn create_hold(
         created_at: unix_millis(SystemTime::now()),
         started_at: None,
         ended_at: None,
+        deadline_at: None,
     };
     sh.store.insert(row).await?;
     sh.enqueue(
@@ -979,6 +981,7 @@ mod tests {
             created_at: 1,
             started_at: None,
             ended_at: None,
+            deadline_at: None,
         }
     }
 

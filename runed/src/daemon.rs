@@ -14,7 +14,7 @@ use tracing::Instrument as _;
 use crate::queue::Kind;
 use crate::record::{end_without_container, finalize, forward, remove_containers, revoke_tokens};
 use crate::recover;
-use crate::runner::{LiveRun, RunControl, RunEnd, RunReport, RunSpec};
+use crate::runner::{BindHook, Bound, LiveRun, NotWarmed, RunControl, RunEnd, RunReport, RunSpec};
 use crate::state::{Event, Live, Pending, Shared, Slot, lock};
 use crate::tokens::BrokerError;
 
@@ -250,6 +250,7 @@ async fn run_one(
         run_id: run_id.clone(),
         token: Redacted(token.token.clone()),
         secrets: req.secrets.clone(),
+        query_timeout_ms: None,
     };
     let spec = RunSpec {
         run_id: run_id.clone(),
@@ -258,6 +259,13 @@ async fn run_one(
         input,
         group: req.group.clone(),
         close: sh.close_when(),
+        bind: Some(bind_hook(sh.clone(), run_id.clone())),
+    };
+    // What the folder's next box is made from: the run without its input (token, secrets).
+    let next_box = RunSpec {
+        input: ContainerInput::default(),
+        bind: None,
+        ..spec.clone()
     };
     let (tx, fwd) = forward(sh.clone(), run_id.clone());
     let end = match sh.runner() {
@@ -324,6 +332,52 @@ async fn run_one(
             }
             finalize(&sh, &folder, req.turn_id.as_str(), &req.session_id, &report).await;
             remove_containers(&sh, &report).await;
+            // The folder's next box, made while this run still holds the folder's slot (it
+            // prepares the folder's directories), once this one's container is gone.
+            if report.container_id.is_some() && !sh.stopping.is_cancelled() {
+                warm_next(&sh, &next_box).await;
+            }
         }
     }
+}
+
+/// Records that a run took a warm box, before the box gets its input: the box's labels name
+/// no run, so this is what re-adoption after a restart finds it by.
+fn bind_hook(sh: Arc<Shared>, run_id: String) -> BindHook {
+    BindHook(Arc::new(move |b: Bound| {
+        let (sh, run_id) = (sh.clone(), run_id.clone());
+        Box::pin(async move {
+            let now = unix_millis(SystemTime::now());
+            match sh
+                .store
+                .bind_warm(&run_id, &b.container_id, now, b.deadline_ms)
+                .await
+            {
+                Ok(true) => sh.emit(Event::State {
+                    run_id,
+                    state: RunState::Running,
+                }),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(run = run_id, error = %e, "recording the warm box taken failed")
+                }
+            }
+        })
+    }))
+}
+
+/// Starts the folder's next box, if its group and the install keep one.
+async fn warm_next(sh: &Shared, spec: &RunSpec) {
+    let Ok(runner) = sh.runner() else { return };
+    match runner.prestart(spec).await {
+        Ok(()) => {}
+        Err(NotWarmed::Off) => {}
+        Err(e @ (NotWarmed::PerRun | NotWarmed::Image(_) | NotWarmed::Full(_))) => {
+            tracing::debug!(folder = %spec.folder, reason = %e, "no warm box")
+        }
+        Err(e @ NotWarmed::Failed(_)) => {
+            tracing::warn!(folder = %spec.folder, error = %e, "starting a warm box failed")
+        }
+    }
+    sh.gauges();
 }

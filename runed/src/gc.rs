@@ -29,8 +29,13 @@ pub(crate) async fn collect(sh: &Shared) -> (usize, usize) {
     if !sh.adopted.load(std::sync::atomic::Ordering::SeqCst) {
         return (rows, 0);
     }
+    // Runs by id, and runs in warm boxes by their box (whose labels name no run).
     let keep: HashSet<String> = match sh.store.unfinished().await {
-        Ok(r) => r.into_iter().map(|r| r.run_id).collect(),
+        Ok(r) => r
+            .into_iter()
+            .flat_map(|r| [Some(r.run_id), r.container_id])
+            .flatten()
+            .collect(),
         Err(_) => return (rows, 0),
     };
     let Ok(runner) = sh.runner() else {

@@ -121,6 +121,10 @@ impl Running {
         while !self.shared.sched().live.is_empty() && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // Warm boxes wait on this process's attach: they would only read end-of-input.
+        if let Ok(r) = self.shared.runner() {
+            let _ = tokio::time::timeout(SHUTDOWN_GRACE, r.drain_warm()).await;
+        }
         self.served.abort_tasks();
     }
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use hako_shared::metrics::{Counter, Gauge, Histogram, Metrics};
 use hako_shared::runs::Outcome;
 
+use crate::runner::{Start, WarmMiss};
+
 const OUTCOMES: [Outcome; 5] = [
     Outcome::Ok,
     Outcome::Error,
@@ -37,6 +39,13 @@ pub struct DaemonMetrics {
     pub egress_restarts: Counter,
     /// 1 while the egress proxy answers ready.
     pub egress_up: Gauge,
+    /// Runs that took a warm box.
+    pub warm_hits: Counter,
+    warm_misses: Vec<(WarmMiss, Counter)>,
+    /// Warm boxes waiting now.
+    pub warm_boxes: Gauge,
+    /// What the warm boxes' runs saved: their boxes' create, attach and start, in ms.
+    pub warm_saved_ms: Counter,
 }
 
 impl DaemonMetrics {
@@ -114,8 +123,52 @@ impl DaemonMetrics {
                 "1 while the egress proxy answers ready (0 also when none is configured).",
                 &[],
             ),
+            warm_hits: registry.counter(
+                "runed_warm_hits_total",
+                "Runs that took their folder's warm box.",
+                &[],
+            ),
+            warm_misses: WarmMiss::ALL
+                .iter()
+                .map(|m| {
+                    (
+                        *m,
+                        registry.counter(
+                            "runed_warm_misses_total",
+                            "Runs that started cold though warm boxes are kept, by reason.",
+                            &[("reason", m.as_str())],
+                        ),
+                    )
+                })
+                .collect(),
+            warm_boxes: registry.gauge(
+                "runed_warm_boxes",
+                "Warm boxes waiting for their folder's next run.",
+                &[],
+            ),
+            warm_saved_ms: registry.counter(
+                "runed_warm_saved_milliseconds_total",
+                "Container create, attach and start time that runs in warm boxes did not wait for.",
+                &[],
+            ),
             spawns,
             registry,
+        }
+    }
+
+    /// Counts how a run's container came to be.
+    pub fn started(&self, start: Start) {
+        match start {
+            Start::Warm { saved } => {
+                self.warm_hits.inc();
+                self.warm_saved_ms.add(saved.as_millis() as u64);
+            }
+            Start::Cold(Some(miss)) => {
+                if let Some((_, c)) = self.warm_misses.iter().find(|(m, _)| *m == miss) {
+                    c.inc();
+                }
+            }
+            Start::Cold(None) => {}
         }
     }
 

@@ -25,7 +25,11 @@ pub(crate) fn forward(
     let h = tokio::spawn(async move {
         while let Some(ev) = rx.recv().await {
             match ev {
-                RunEvent::Started { container_id } => {
+                RunEvent::Started {
+                    container_id,
+                    start,
+                } => {
+                    sh.metrics.started(start);
                     let now = unix_millis(SystemTime::now());
                     match sh.store.mark_running(&run_id, &container_id, now).await {
                         Ok(true) => sh.emit(Event::State {

@@ -79,7 +79,15 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
     };
     let by_run: HashMap<String, String> = containers
         .iter()
+        .filter(|c| !crate::runner::warm::is_warm(c))
         .filter_map(|c| c.run_id().map(|r| (r.to_owned(), c.id.clone())))
+        .collect();
+    // A run that took a warm box is found by the box its row names (the box's labels were
+    // written before the run existed, and name no run).
+    let warm_ids: HashSet<&str> = containers
+        .iter()
+        .filter(|c| crate::runner::warm::is_warm(c))
+        .map(|c| c.id.as_str())
         .collect();
     let mut keep = HashSet::new();
     for row in rows {
@@ -135,12 +143,23 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
                 }
             }
             (_, _) => {
-                let Some(cid) = by_run.get(&row.run_id) else {
-                    decide_from_stored(sh, &row).await;
-                    continue;
+                let warm = row
+                    .container_id
+                    .as_deref()
+                    .filter(|cid| warm_ids.contains(cid));
+                let cid = match (by_run.get(&row.run_id), warm) {
+                    (Some(cid), _) => cid.clone(),
+                    (None, Some(cid)) => {
+                        keep.insert(cid.to_owned());
+                        cid.to_owned()
+                    }
+                    (None, None) => {
+                        decide_from_stored(sh, &row).await;
+                        continue;
+                    }
                 };
                 keep.insert(row.run_id.clone());
-                adopt_one(sh, row, cid.clone(), folder).await;
+                adopt_one(sh, row, cid, folder).await;
             }
         }
     }
@@ -239,6 +258,7 @@ async fn adopt_with(
         run_id: row.run_id.clone(),
         folder,
         prior,
+        deadline_ms: row.deadline_at,
         close: match sh.cfg.runner.idle_timeout {
             Some(d) => crate::runner::CloseWhen::Idle(d),
             None => crate::runner::CloseWhen::Manual,

@@ -194,6 +194,10 @@ impl Shared {
         self.metrics
             .oldest_queued
             .set(s.queue.oldest_age(Instant::now()).as_secs() as i64);
+        drop(s);
+        if let Some(r) = &*lock(&self.runner) {
+            self.metrics.warm_boxes.set(r.warm_boxes() as i64);
+        }
     }
 
     /// Promises a place in the queue to a request for `folder`, or says which bound is full.

@@ -110,6 +110,13 @@ CREATE TABLE steers (
 CREATE INDEX steers_placed ON steers (run_id) WHERE state = 'placed';
 "#,
     },
+    // A run that took a warm box: the box's labels were written before the run existed, so
+    // its deadline (and, in `container_id`, the box) is recorded here for re-adoption.
+    Migration {
+        version: 4,
+        name: "a run's deadline, for runs in warm boxes",
+        sql: "ALTER TABLE spawns ADD COLUMN deadline_at INTEGER;",
+    },
 ];
 
 /// One row of `steers`: a follow-up placed into a run.
@@ -173,6 +180,8 @@ pub struct SpawnRow {
     pub started_at: Option<i64>,
     /// Unix ms.
     pub ended_at: Option<i64>,
+    /// Unix ms of the run's ceiling, when its container's labels cannot say it (a warm box).
+    pub deadline_at: Option<i64>,
 }
 
 /// How a terminal transition is recorded.
@@ -227,7 +236,8 @@ pub enum Inserted {
 }
 
 const COLS: &str = "run_id, kind, folder, turn_id, session_id, state, outcome, exit_code, error, \
-                    truncated, container_id, request, had_secrets, created_at, started_at, ended_at";
+                    truncated, container_id, request, had_secrets, created_at, started_at, ended_at, \
+                    deadline_at";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SpawnRow> {
     row_at(r, 0)
@@ -254,6 +264,7 @@ fn row_at(r: &rusqlite::Row<'_>, o: usize) -> rusqlite::Result<SpawnRow> {
         created_at: r.get(o + 13)?,
         started_at: r.get(o + 14)?,
         ended_at: r.get(o + 15)?,
+        deadline_at: r.get(o + 16)?,
     })
 }
 
@@ -301,7 +312,7 @@ impl Store {
                 }
                 tx.execute(
                     &format!(
-                        "INSERT INTO spawns ({COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16)"
+                        "INSERT INTO spawns ({COLS}) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)"
                     ),
                     params![
                         new.run_id,
@@ -319,7 +330,8 @@ impl Store {
                         new.had_secrets as i64,
                         new.created_at,
                         new.started_at,
-                        new.ended_at
+                        new.ended_at,
+                        new.deadline_at
                     ],
                 )?;
                 tx.commit()?;
@@ -434,6 +446,27 @@ impl Store {
                     "UPDATE spawns SET state = 'running', container_id = ?2, started_at = ?3 \
                      WHERE run_id = ?1 AND state IN ('starting', 'queued')",
                     params![id, cid, at],
+                )? == 1)
+            })
+            .await
+    }
+
+    /// `starting → running` in a warm box: the box and the run's deadline, which the box's
+    /// labels (written before the run existed) cannot say.
+    pub async fn bind_warm(
+        &self,
+        run_id: &str,
+        container_id: &str,
+        at: i64,
+        deadline_at: i64,
+    ) -> Result<bool, DbError> {
+        let (id, cid) = (run_id.to_owned(), container_id.to_owned());
+        self.db
+            .call(move |c| {
+                Ok(c.execute(
+                    "UPDATE spawns SET state = 'running', container_id = ?2, started_at = ?3, \
+                     deadline_at = ?4 WHERE run_id = ?1 AND state IN ('starting', 'queued')",
+                    params![id, cid, at, deadline_at],
                 )? == 1)
             })
             .await
@@ -933,6 +966,7 @@ mod tests {
             created_at: 1,
             started_at: None,
             ended_at: None,
+            deadline_at: None,
         }
     }
 

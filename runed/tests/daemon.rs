@@ -53,6 +53,8 @@ fn runed_config(
         ("MAX_CONTAINERS".into(), "4".into()),
         ("RUNED_RUN_TIMEOUT".into(), "60s".into()),
         ("RUNED_STOP_GRACE".into(), "1s".into()),
+        // These tests count a run's containers; the warm-box tests turn warming on.
+        ("RUNED_WARM_MAX".into(), "0".into()),
     ];
     pairs.extend(extra.iter().cloned());
     hako_runed::Config::from_env(&Env::from_pairs(pairs)).expect("config")
@@ -1336,6 +1338,7 @@ impl Rig {
             .env("MAX_CONTAINERS", "4")
             .env("RUNED_RUN_TIMEOUT", "60s")
             .env("RUNED_STOP_GRACE", "1s")
+            .env("RUNED_WARM_MAX", "0")
             .env("RUNED_LISTEN", format!("127.0.0.1:{port}"))
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit());
@@ -1989,5 +1992,272 @@ async fn daemon_refuses_a_runtime_docker_lacks() {
         v["error"].as_str().unwrap().contains("no-such-runtime"),
         "{v}"
     );
+    rig.stop().await;
+}
+
+impl Rig {
+    /// The folder's warm boxes that run, once there are `n` (waits up to 60 s).
+    async fn warm_boxes(&self, folder: &str, n: usize) -> Vec<hako_runed::runner::docker::Listed> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let boxes: Vec<_> = self
+                .runner()
+                .list_agents()
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|c| {
+                    hako_runed::runner::warm::is_warm(c)
+                        && c.state == "running"
+                        && c.labels.get("io.hako.folder").map(String::as_str) == Some(folder)
+                })
+                .collect();
+            if boxes.len() == n {
+                return boxes;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{folder} has {} warm boxes, not {n}: {boxes:?}",
+                boxes.len()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The container runed.db records for a run.
+    fn container_of(&self, run: &str) -> String {
+        self.db()
+            .query_row(
+                "SELECT container_id FROM spawns WHERE run_id = ?1",
+                [run],
+                |r| r.get(0),
+            )
+            .unwrap()
+    }
+
+    /// When Docker created a container, Unix ms.
+    async fn created_ms(&self, id: &str) -> i64 {
+        let c = self
+            .runner()
+            .docker()
+            .inspect_container(id, None)
+            .await
+            .unwrap();
+        hako_shared::time::parse_rfc3339(&c.created.unwrap()).unwrap()
+    }
+
+    /// Waits until Docker no longer has the container.
+    async fn until_gone(&self, id: &str, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self
+            .runner()
+            .docker()
+            .inspect_container(id, None)
+            .await
+            .is_ok()
+        {
+            assert!(Instant::now() < deadline, "container {id} is still there");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// A run's creation time, Unix ms.
+    async fn run_created_ms(&self, run: &str) -> i64 {
+        let (_, v) = self.get(&self.routd, &format!("/v1/runs/{run}")).await;
+        hako_shared::time::parse_rfc3339(v["created_at"].as_str().unwrap()).unwrap()
+    }
+}
+
+/// runed's metric `name` with the labels `labels` (`reason="spec"`), 0 when absent.
+async fn metric(rig: &Rig, name: &str, labels: &str) -> f64 {
+    let r = rig.http.get(rig.url("/metrics")).send().await.unwrap();
+    let key = if labels.is_empty() {
+        name.to_owned()
+    } else {
+        format!("{name}{{{labels}}}")
+    };
+    r.text()
+        .await
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            let (n, v) = l.rsplit_once(' ')?;
+            (n == key).then(|| v.parse().unwrap())
+        })
+        .unwrap_or(0.0)
+}
+
+/// Waits (up to 10 s) for an unlabelled gauge to read `value`: gauges follow the scheduler's
+/// tick.
+async fn metric_becomes(rig: &Rig, name: &str, value: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = metric(rig, name, "").await;
+        if now == value {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{name} stays {now}, not {value}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// #27: a folder's next turn is answered by the box started after its last one, created
+/// before the turn was asked for; the box waits longer than the agent's query timeout
+/// without giving up, and the turn's deadline counts from the turn: a turn that outlasts it
+/// ends in the agent's own summary, before runed's ceiling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_warm_box_serves_the_next_turn_with_the_deadline_counted_from_the_turn() {
+    // A 12 s ceiling: the agent's query timeout is 9 s.
+    let rig = Rig::new(&[("RUNED_WARM_MAX", "4"), ("RUNED_RUN_TIMEOUT", "12s")]).await;
+    let first = rig.run("warm-a", "turn-wa-1", "first").await;
+    let v = rig.wait(&first).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    assert_eq!(
+        metric(&rig, "runed_warm_misses_total", "reason=\"empty\"").await,
+        1.0
+    );
+    let boxed = rig.warm_boxes("warm-a", 1).await.remove(0);
+    assert_ne!(
+        boxed.id,
+        rig.container_of(&first),
+        "a new box, not the run's"
+    );
+    metric_becomes(&rig, "runed_warm_boxes", 1.0).await;
+    // Past the agent's query timeout: a box that counted it from its own start would have
+    // given up by now.
+    let made = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10).saturating_sub(made.elapsed())).await;
+    let second = rig
+        .run("warm-a", "turn-wa-2", "/sleep 2\nsecond answer")
+        .await;
+    let v = rig.wait(&second).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    assert_eq!(results(&v), ["slept 2 s\nsecond answer"], "{v}");
+    assert_eq!(rig.container_of(&second), boxed.id, "the warm box answered");
+    let (box_created, asked) = (
+        rig.created_ms(&boxed.id).await,
+        rig.run_created_ms(&second).await,
+    );
+    assert!(
+        box_created + 9_000 < asked,
+        "the box was created {} ms before the run was asked for",
+        asked - box_created
+    );
+    assert_eq!(metric(&rig, "runed_warm_hits_total", "").await, 1.0);
+    assert!(metric(&rig, "runed_warm_saved_milliseconds_total", "").await > 0.0);
+    rig.until_gone(&boxed.id, Duration::from_secs(30)).await;
+    // The next box; this turn outlasts its 9 s: the agent ends it with its summary, within
+    // runed's 12 s ceiling (a deadline counted from the box's start would have ended it
+    // at once, or the ceiling would).
+    let next = rig.warm_boxes("warm-a", 1).await.remove(0);
+    let t = Instant::now();
+    let third = rig.run("warm-a", "turn-wa-3", "/sleep 60").await;
+    let v = rig.wait(&third).await;
+    let took = t.elapsed();
+    assert_eq!(rig.container_of(&third), next.id);
+    assert_eq!(
+        v["state"], "exited",
+        "the agent's deadline, not the ceiling: {v}"
+    );
+    assert!(
+        took >= Duration::from_secs(8),
+        "the deadline came early: {took:?} {v}"
+    );
+    assert_eq!(metric(&rig, "runed_warm_hits_total", "").await, 2.0);
+    rig.stop().await;
+}
+
+/// #27: a changed group spec does not take the box (it is removed, the run starts cold); a
+/// group that says `warm: false` gets none; a box nobody takes expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_warm_box_misses_on_a_changed_spec_and_expires() {
+    let rig = Rig::new(&[("RUNED_WARM_MAX", "4"), ("RUNED_WARM_TTL", "4s")]).await;
+    let run = |turn: &'static str, group: Value| {
+        let rig = &rig;
+        async move {
+            let (s, v) = rig
+                .post(
+                    &rig.routd,
+                    "/v1/runs",
+                    json!({"folder": "warm-b", "turn_id": turn, "group": group,
+                           "messages": [{"role": "user", "content": "hi"}]}),
+                )
+                .await;
+            assert_eq!(s, 202, "{v}");
+            let id = v["run_id"].as_str().unwrap().to_owned();
+            let v = rig.wait(&id).await;
+            assert_eq!(v["outcome"], "ok", "{v}");
+            id
+        }
+    };
+    run("turn-wb-1", json!({})).await;
+    let old = rig.warm_boxes("warm-b", 1).await.remove(0);
+    // Another memory limit: another box.
+    let changed = run("turn-wb-2", json!({"memory": "512m"})).await;
+    assert_ne!(rig.container_of(&changed), old.id);
+    assert_eq!(
+        metric(&rig, "runed_warm_misses_total", "reason=\"spec\"").await,
+        1.0
+    );
+    assert_eq!(metric(&rig, "runed_warm_hits_total", "").await, 0.0);
+    rig.until_gone(&old.id, Duration::from_secs(30)).await;
+    // The box made after it has the new limit, and nobody takes it: it expires.
+    let fresh = rig.warm_boxes("warm-b", 1).await.remove(0);
+    let info = rig
+        .runner()
+        .docker()
+        .inspect_container(&fresh.id, None)
+        .await
+        .unwrap();
+    assert_eq!(info.host_config.unwrap().memory, Some(512 << 20));
+    rig.until_gone(&fresh.id, Duration::from_secs(30)).await;
+    metric_becomes(&rig, "runed_warm_boxes", 0.0).await;
+    // A group that wants none gets none.
+    run("turn-wb-3", json!({"warm": false})).await;
+    let after = rig.runner().list_agents().await.unwrap();
+    assert!(
+        !after.iter().any(hako_runed::runner::warm::is_warm),
+        "{after:?}"
+    );
+    rig.stop().await;
+}
+
+/// #27: runed killed (SIGKILL) with a warm box waiting and a run in another warm box: the
+/// restarted runed removes the waiting box, never as a run, and re-adopts the run, which
+/// finishes once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_killed_with_warm_boxes_removes_them_and_readopts_the_run_in_one() {
+    let mut rig = Rig::new(&[("RUNED_WARM_MAX", "4")]).await;
+    rig.runed.take().unwrap().shutdown().await;
+    rig.spawn_binary().await;
+    for folder in ["warm-c", "warm-d"] {
+        let r = rig.run(folder, &format!("turn-{folder}-1"), "hello").await;
+        assert_eq!(rig.wait(&r).await["outcome"], "ok");
+    }
+    let waiting = rig.warm_boxes("warm-d", 1).await.remove(0);
+    let taken = rig.warm_boxes("warm-c", 1).await.remove(0);
+    let run = rig
+        .run("warm-c", "turn-warm-c-2", "/sleep 4\nafter the kill")
+        .await;
+    rig.wait_state(&run, "running").await;
+    assert_eq!(rig.container_of(&run), taken.id);
+    let (mut child, _) = rig.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    rig.spawn_binary().await;
+    let v = rig.wait(&run).await;
+    assert_eq!(v["outcome"], "ok", "{v}");
+    assert_eq!(results(&v), ["slept 4 s\nafter the kill"], "{v}");
+    rig.until_gone(&waiting.id, Duration::from_secs(30)).await;
+    rig.until_gone(&taken.id, Duration::from_secs(30)).await;
+    let n: i64 = rig
+        .db()
+        .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(n, 3, "no box became a run of its own, nothing ran twice");
+    if let Some((mut c, _)) = rig.child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     rig.stop().await;
 }

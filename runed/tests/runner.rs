@@ -786,6 +786,7 @@ async fn detached_run_is_readopted() {
                 folder,
                 prior,
                 close: CloseWhen::Idle(Duration::ZERO),
+                deadline_ms: None,
             },
             tx,
             Default::default(),

@@ -36,6 +36,14 @@ pub const LLM_API_ENV: &str = "HAKO_LLM_API";
 /// The brain hako-agent runs (`script`, `llm`, `claude`): runed sets `claude` for `agent:
 /// claude` groups.
 pub const BRAIN_ENV: &str = "HAKO_BRAIN";
+/// Env var set to `1` on a warm box: one started before its turn. Its agent waits for the
+/// stdin line without a deadline, and takes the deadline from that line
+/// ([`ContainerInput::query_timeout_ms`]), counted from when the line arrived.
+pub const WARM_ENV: &str = "HAKO_WARM";
+/// Image label (`1`) by which an agent image says it understands [`WARM_ENV`]: runed starts
+/// warm boxes only of images that carry it, since an image that counts
+/// [`QUERY_TIMEOUT_ENV`] from its own start would count the wait before its turn.
+pub const WARM_LABEL: &str = "io.hako.warm";
 
 /// The pair of lines that frame an output block.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,6 +172,11 @@ pub struct ContainerInput {
     /// Secrets, only ever here.
     #[serde(default)]
     pub secrets: Secrets,
+    /// The query deadline in milliseconds, counted from when the agent read this line. It is
+    /// [`QUERY_TIMEOUT_ENV`]'s value for a box started before its turn (whose process start
+    /// is not the turn's); agents that do not know it keep counting the env from their start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query_timeout_ms: Option<u64>,
 }
 
 /// Status of one output block.
@@ -258,6 +271,7 @@ mod tests {
             run_id: "r1".into(),
             token: Redacted("jwt".into()),
             secrets: Secrets(secrets),
+            query_timeout_ms: None,
         };
         let v = serde_json::to_value(&input).unwrap();
         assert_eq!(
@@ -283,6 +297,15 @@ mod tests {
             "{dbg}"
         );
         assert!(dbg.contains("ANTHROPIC_API_KEY"));
+        // The deadline of a box started before its turn rides along only when set.
+        let warm = ContainerInput {
+            query_timeout_ms: Some(1500),
+            ..input
+        };
+        assert_eq!(
+            serde_json::to_value(&warm).unwrap()["queryTimeoutMs"],
+            json!(1500)
+        );
     }
 
     #[test]

@@ -197,6 +197,10 @@ pub struct GroupSpec {
     /// Docker's default otherwise.
     #[serde(default)]
     pub runtime: Option<String>,
+    /// `false`: runed keeps no warm box for this group, and each of its turns starts a fresh
+    /// container. Default: a warm box when the install keeps them (`RUNED_WARM_MAX`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm: Option<bool>,
 }
 
 /// The agent program a group runs.
@@ -433,6 +437,7 @@ impl GroupSpec {
             llm,
             agent,
             runtime,
+            warm: _, // asks for nothing: a box the install keeps anyway, or none
         } = self;
         let mut v = Vec::new();
         let mut flag = |widens: bool, name| {

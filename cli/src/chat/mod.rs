@@ -430,6 +430,7 @@ impl Chat {
         self.next += 1;
         let run_id = format!("cli-{}-{}", random_hex(), self.next);
         let spec = RunSpec {
+            bind: None,
             run_id: run_id.clone(),
             turn_id: run_id.clone(),
             folder: self.place.folder.clone(),

@@ -1,7 +1,7 @@
 //! Re-adoption: a container of this install left running (or exited) by a restart of its
 //! supervisor is supervised again, from its logs, to its end like any run. Nothing here needs
-//! the database: the deadline is the container's label, the blocks already stored come from
-//! the caller.
+//! the database: the deadline is the container's label (or, for a run that took a warm box,
+//! the caller's record), the blocks already stored come from the caller.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -53,12 +53,13 @@ impl Runner {
             }
         };
         let running = info.state.as_ref().and_then(|s| s.running).unwrap_or(false);
-        let deadline_ms: Option<i64> = info
-            .config
-            .as_ref()
-            .and_then(|c| c.labels.as_ref())
-            .and_then(|l| l.get(LABEL_DEADLINE))
-            .and_then(|v| v.parse().ok());
+        let deadline_ms: Option<i64> = a.deadline_ms.or_else(|| {
+            info.config
+                .as_ref()
+                .and_then(|c| c.labels.as_ref())
+                .and_then(|l| l.get(LABEL_DEADLINE))
+                .and_then(|v| v.parse().ok())
+        });
         let now_ms = hako_shared::time::unix_millis(SystemTime::now());
         let remaining = deadline_ms.map_or(self.cfg.run_timeout, |d| {
             Duration::from_millis((d - now_ms).max(0) as u64)

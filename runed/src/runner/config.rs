@@ -17,6 +17,9 @@ use super::safefs::Owner;
 pub const DEFAULT_PASSTHROUGH: &str =
     "GIT_AUTHOR_NAME,GIT_AUTHOR_EMAIL,GIT_COMMITTER_NAME,GIT_COMMITTER_EMAIL,GH_TOKEN,TZ,LANG";
 
+/// Warm boxes kept by default when runed reads its environment.
+pub const DEFAULT_WARM_MAX: usize = 4;
+
 /// Everything the container runner needs to know.
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {
@@ -33,6 +36,10 @@ pub struct RunnerConfig {
     pub untrusted_runtime: Option<String>,
     /// The run ceiling (`RUNED_RUN_TIMEOUT`).
     pub run_timeout: Duration,
+    /// Warm boxes kept at most, one per folder (`RUNED_WARM_MAX`; 0: none).
+    pub warm_max: usize,
+    /// How long a warm box waits for its folder's next run (`RUNED_WARM_TTL`).
+    pub warm_ttl: Duration,
     /// Grace between SIGTERM and SIGKILL when stopping at the ceiling.
     pub stop_grace: Duration,
     /// Grace for a kill on request.
@@ -108,6 +115,10 @@ impl RunnerConfig {
             claude_image: "hako-claude:latest".into(),
             untrusted_runtime: None,
             run_timeout: Duration::from_secs(20 * 60),
+            // Off in the library's defaults (tests, `hako chat`); runed's environment turns
+            // it on (`from_env`).
+            warm_max: 0,
+            warm_ttl: Duration::from_secs(10 * 60),
             stop_grace: Duration::from_secs(10),
             kill_grace: Duration::from_secs(2),
             agent_user: if root {
@@ -196,6 +207,15 @@ impl RunnerConfig {
             });
         }
         c.stop_grace = env.duration_or("RUNED_STOP_GRACE", c.stop_grace)?;
+        c.warm_max = env.parse_or("RUNED_WARM_MAX", DEFAULT_WARM_MAX)?;
+        c.warm_ttl = env.duration_or("RUNED_WARM_TTL", c.warm_ttl)?;
+        if c.warm_ttl.is_zero() {
+            return Err(ConfigError::Invalid {
+                var: "RUNED_WARM_TTL".into(),
+                value: env.get("RUNED_WARM_TTL").unwrap_or_default().into(),
+                reason: "must be above 0; set RUNED_WARM_MAX=0 to keep no warm boxes".into(),
+            });
+        }
         c.idle_timeout = match env.get("RUNED_IDLE_TIMEOUT") {
             Some("never") => None,
             _ => Some(env.duration_or("RUNED_IDLE_TIMEOUT", Duration::ZERO)?),

@@ -33,6 +33,10 @@ pub mod labels {
     pub const ROLE: &str = "io.hako.role";
     /// The process that owns the container when it is not runed (`hako chat`).
     pub const OWNER: &str = "io.hako.owner";
+    /// `1` on a warm box: started before any run (its `io.hako.run` is the box's own id).
+    /// Not `io.hako.warm`: a container carries its image's labels too, and that one is the
+    /// image's.
+    pub const WARM_BOX: &str = "io.hako.warm-box";
 }
 
 /// Docker API failures, classified.
@@ -198,7 +202,7 @@ pub async fn bounded<T>(
 pub use hako_shared::runs::Limits;
 
 /// What a container needs beyond the fixed security profile.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ContainerSpec {
     /// Unique container name.
     pub name: String,

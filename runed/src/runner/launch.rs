@@ -1,6 +1,8 @@
 //! Launching a run: after preparation (`prepare.rs`), its sidecars are started and waited
 //! for, then the agent container is created, attached (before start, so no output is
-//! missed), started, and given its one input line on stdin, which is then closed.
+//! missed), started, and given its one input line on stdin, which is then closed. A run
+//! whose folder has a warm box equal to what it would create takes that box instead
+//! (`warm.rs`) and only writes the input line.
 
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
@@ -21,7 +23,8 @@ use super::docker::{self, ContainerSpec, DockerError, Limits, labels};
 use super::prepare::Prepared;
 use super::safefs::SafeDir;
 use super::supervise::OutputStream;
-use super::{LiveRun, RunError, RunSpec, Runner, config, mounts, seed};
+use super::warm::{Start, WarmBox};
+use super::{Bound, LiveRun, RunError, RunSpec, Runner, config, mounts, seed};
 
 /// Label: the run's deadline, in Unix milliseconds (so re-adoption needs no database).
 pub(super) const LABEL_DEADLINE: &str = "io.hako.deadline";
@@ -32,8 +35,11 @@ pub(super) struct Launched {
     pub id: String,
     /// Its output, attached before it started.
     pub output: OutputStream,
-    /// The run's ceiling (counted from just before the agent's launch).
+    /// The run's ceiling (counted from just before the agent's launch, or the warm box's
+    /// take).
     pub deadline: Instant,
+    /// Cold or warm.
+    pub start: Start,
 }
 
 impl Runner {
@@ -58,18 +64,45 @@ impl Runner {
             _ => None,
         };
         self.start_sidecars(spec, &prepared).await?;
-        let deadline = Instant::now() + ceiling;
-        let (id, output) = self
-            .launch(spec, &prepared, ceiling, live, egress_net)
+        // Boxes of runs with sidecars or their own network are made per run, never warm.
+        let warmable =
+            self.cfg.warm_max > 0 && spec.group.sidecars.is_empty() && egress_net.is_none();
+        let cspec = self
+            .agent_spec(spec, &prepared, ceiling, egress_net)
             .await?;
+        let deadline = Instant::now() + ceiling;
+        let taken = if warmable {
+            Some(
+                self.take_warm(&spec.folder, &cspec, prepared.replaced)
+                    .await,
+            )
+        } else {
+            None
+        };
+        let (id, output, start) = match taken {
+            Some(Ok(b)) => {
+                let saved = b.saved;
+                let (id, output) = self.feed_warm(spec, b, ceiling, deadline, live).await?;
+                (id, output, Start::Warm { saved })
+            }
+            Some(Err(miss)) => {
+                let (id, output) = self.launch(spec, &cspec, live).await?;
+                (id, output, Start::Cold(Some(miss)))
+            }
+            None => {
+                let (id, output) = self.launch(spec, &cspec, live).await?;
+                (id, output, Start::Cold(None))
+            }
+        };
         Ok(Launched {
             id,
             output,
             deadline,
+            start,
         })
     }
 
-    fn base_labels(
+    pub(super) fn base_labels(
         &self,
         run_id: &str,
         folder: &GroupFolder,
@@ -87,7 +120,7 @@ impl Runner {
         l
     }
 
-    fn container_name(&self, run_id: &str, suffix: &str) -> String {
+    pub(super) fn container_name(&self, run_id: &str, suffix: &str) -> String {
         let clean: String = run_id
             .chars()
             .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
@@ -194,15 +227,15 @@ impl Runner {
         }
     }
 
-    /// Creates, attaches and starts the agent container and writes its input line.
-    async fn launch(
+    /// The agent container a run asks for: what a cold start creates, and what a warm box
+    /// must equal to serve the run (`warm`).
+    pub(super) async fn agent_spec(
         &self,
         spec: &RunSpec,
         p: &Prepared,
         ceiling: Duration,
-        live: &LiveRun,
         egress_net: Option<String>,
-    ) -> Result<(String, OutputStream), RunError> {
+    ) -> Result<ContainerSpec, RunError> {
         let cfg = &self.cfg;
         let g = &spec.group;
         let mut env = vec![
@@ -236,7 +269,7 @@ impl Runner {
         labels.insert(LABEL_DEADLINE.to_owned(), deadline_ms.to_string());
         let network = self.network_for(g, egress_net);
         let runtime = self.runtime_for(g, &network).await?;
-        let cspec = ContainerSpec {
+        Ok(ContainerSpec {
             name: self.container_name(&spec.run_id, ""),
             image: match g.agent {
                 AgentKind::Claude => cfg.claude_image.clone(),
@@ -251,9 +284,18 @@ impl Runner {
             labels,
             stdin: true,
             runtime,
-        };
-        let t = cfg.docker_timeout;
-        let id = docker::create(&self.docker, &cspec, t).await?;
+        })
+    }
+
+    /// Creates, attaches and starts the agent container and writes its input line.
+    async fn launch(
+        &self,
+        spec: &RunSpec,
+        cspec: &ContainerSpec,
+        live: &LiveRun,
+    ) -> Result<(String, OutputStream), RunError> {
+        let t = self.cfg.docker_timeout;
+        let id = docker::create(&self.docker, cspec, t).await?;
         live.set_container(&id);
         let opts = AttachContainerOptionsBuilder::new()
             .stdin(true)
@@ -270,13 +312,59 @@ impl Runner {
         )
         .await?;
         docker::bounded("start", t, &id, self.docker.start_container(&id, None)).await?;
+        // The agent counts the env's deadline from its own start, just after this.
+        self.write_input(spec, attached.input, None, live).await?;
+        let output = attached
+            .output
+            .map_err(|e| DockerError::from_bollard(e, "attach"))
+            .boxed();
+        Ok((id, output))
+    }
+
+    /// Gives a warm box the run: recorded as the run's (the caller's hook) before it gets the
+    /// input line, which carries the query deadline left at `deadline`.
+    async fn feed_warm(
+        &self,
+        spec: &RunSpec,
+        b: WarmBox,
+        ceiling: Duration,
+        deadline: Instant,
+        live: &LiveRun,
+    ) -> Result<(String, OutputStream), RunError> {
+        live.set_container(&b.container);
+        if let Some(hook) = &spec.bind {
+            let left = deadline.saturating_duration_since(Instant::now());
+            (hook.0)(Bound {
+                container_id: b.container.clone(),
+                deadline_ms: hako_shared::time::unix_millis(SystemTime::now() + left),
+            })
+            .await;
+        }
+        // The margin a cold agent gets before the ceiling, from what is left of it.
+        let spent = ceiling.saturating_sub(deadline.saturating_duration_since(Instant::now()));
+        let query = config::query_timeout(ceiling).saturating_sub(spent);
+        self.write_input(spec, b.stdin, Some(query.as_millis().max(1) as u64), live)
+            .await?;
+        Ok((b.container, b.output))
+    }
+
+    /// Writes the run's one input line to the agent's stdin and closes it; from then on the
+    /// agent can take follow-ups.
+    async fn write_input(
+        &self,
+        spec: &RunSpec,
+        mut stdin: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+        query_timeout_ms: Option<u64>,
+        live: &LiveRun,
+    ) -> Result<(), RunError> {
+        let t = self.cfg.docker_timeout;
         let mut input = spec.input.clone();
         input.folder = spec.folder.to_string();
         input.turn_id = spec.turn_id.clone();
         input.run_id = spec.run_id.clone();
+        input.query_timeout_ms = query_timeout_ms;
         let mut line = serde_json::to_vec(&input).map_err(|e| RunError::Invalid(e.to_string()))?;
         line.push(b'\n');
-        let mut stdin = attached.input;
         let write = async {
             stdin.write_all(&line).await?;
             stdin.flush().await?;
@@ -292,10 +380,6 @@ impl Runner {
         }
         drop(line);
         *live.gate.write().await = true;
-        let output = attached
-            .output
-            .map_err(|e| DockerError::from_bollard(e, "attach"))
-            .boxed();
-        Ok((id, output))
+        Ok(())
     }
 }

@@ -12,6 +12,7 @@
 //! | decide the outcome, write the log, report; remove the containers afterwards | `finish` (`outcome`) |
 //! | steer it and tell it to finish while it runs | `steer` |
 //! | supervise a container again after a restart | `adopt` |
+//! | keep a folder's next box started, blocked before its input | `warm` |
 //!
 //! This file holds the public types and the entry points; `docker` (every Docker call, each
 //! with a deadline), `mounts` (the mount table), `sentinel` (the output parser), `storage`
@@ -36,6 +37,8 @@ pub use steer::{FollowUpFate, StagedFollowUp};
 mod output;
 pub mod storage;
 mod supervise;
+pub mod warm;
+pub use warm::{NotWarmed, Start, WarmMiss};
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -142,15 +145,41 @@ pub struct RunSpec {
     pub group: GroupSpec,
     /// When to close the agent's follow-up channel.
     pub close: CloseWhen,
+    /// Called when the run takes a warm box, before its input is written.
+    pub bind: Option<BindHook>,
+}
+
+/// A warm box a run took: its labels name no run, so a caller that re-adopts runs after a
+/// restart records this before the box gets its input (`specs/runner.md`, Warm boxes).
+#[derive(Debug, Clone)]
+pub struct Bound {
+    /// The box's container.
+    pub container_id: String,
+    /// The run's ceiling, Unix ms (counted from the take, not from the box's start).
+    pub deadline_ms: i64,
+}
+
+/// What [`RunSpec::bind`] calls; the run waits for it.
+#[derive(Clone)]
+pub struct BindHook(
+    pub Arc<dyn Fn(Bound) -> futures_util::future::BoxFuture<'static, ()> + Send + Sync>,
+);
+
+impl std::fmt::Debug for BindHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("BindHook")
+    }
 }
 
 /// What the runner reports while a run goes on.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RunEvent {
-    /// The container started.
+    /// The container started (or a warm box was taken).
     Started {
         /// Its id.
         container_id: String,
+        /// Cold, or from a warm box.
+        start: Start,
     },
     /// An output block, in order (index from 0).
     Block {
@@ -314,6 +343,9 @@ pub struct Adoption {
     pub prior: Vec<OutputBlock>,
     /// When the agent is told to close.
     pub close: CloseWhen,
+    /// The run's ceiling (Unix ms) when the caller recorded one: a run that took a warm box
+    /// has none in its labels. `None`: the label's.
+    pub deadline_ms: Option<i64>,
 }
 
 /// The container runner.
@@ -326,6 +358,8 @@ pub struct Runner {
     egress: Option<Arc<egress::Egress>>,
     /// The OCI runtimes the Docker daemon lists, once asked.
     runtimes: Arc<std::sync::Mutex<Option<Vec<String>>>>,
+    /// Warm boxes (`warm`).
+    warm: Arc<warm::WarmPool>,
 }
 
 impl Runner {
@@ -349,6 +383,7 @@ impl Runner {
             storage,
             egress,
             runtimes: Arc::default(),
+            warm: Arc::default(),
         })
     }
 
@@ -461,8 +496,10 @@ impl Runner {
         Ok(v.api_version.unwrap_or_default())
     }
 
-    /// CleanupOrphans: removes this install's containers whose run is not in `live`.
-    /// Other installs' containers are never touched. Returns how many were removed.
+    /// CleanupOrphans: removes this install's containers whose run is not in `live` (run ids,
+    /// or container ids: a run in a warm box is known by its box) and that are not this
+    /// runner's warm boxes. Other installs' containers are never touched. Returns how many
+    /// were removed.
     pub async fn cleanup_orphans(&self, live: &HashSet<String>) -> Result<usize, DockerError> {
         let t = self.cfg.docker_timeout;
         let orphans: Vec<_> = docker::list_install(&self.docker, &self.cfg.install_id, t)
@@ -471,6 +508,7 @@ impl Runner {
             // The egress proxy belongs to the install, not to a run.
             .filter(|c| c.labels.get(labels::ROLE).map(String::as_str) != Some(egress::ROLE_PROXY))
             .filter(|c| !c.run_id().is_some_and(|r| live.contains(r)))
+            .filter(|c| !live.contains(&c.id) && !self.warm.holds(&c.id))
             .collect();
         // In parallel (a few at a time): a restart after a crash may find many.
         let results: Vec<Result<(), DockerError>> = futures_util::stream::iter(orphans)
@@ -528,6 +566,7 @@ impl Runner {
             id,
             output,
             deadline,
+            start,
         } = match self.start_run(&spec, ceiling, &live).await {
             Ok(l) => l,
             Err(e) => return self.finish(st, Ending::from(&e), &live).await,
@@ -537,6 +576,7 @@ impl Runner {
         let _ = events
             .send(RunEvent::Started {
                 container_id: id.clone(),
+                start,
             })
             .await;
         let supervisor = Supervisor::new(

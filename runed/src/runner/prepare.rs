@@ -22,6 +22,9 @@ pub(super) struct Prepared {
     pub mounts: Vec<MountEntry>,
     /// Each sidecar's mounts.
     pub sidecar_mounts: Vec<MountEntry>,
+    /// Something the agent left was put aside (a used follow-up drop or socket directory, a
+    /// directory where the settings go): a box made before this had those mounted.
+    pub replaced: bool,
 }
 
 impl Runner {
@@ -68,7 +71,8 @@ impl Runner {
             web_dir: cfg.web_dir.as_deref(),
             extra: &extra,
         };
-        self.prepare_dirs(spec, &plan, &vars)
+        let replaced = self
+            .prepare_dirs(spec, &plan, &vars)
             .map_err(RunError::Prepare)?;
         let host = |v: Vec<MountEntry>| -> Vec<MountEntry> {
             v.into_iter()
@@ -81,16 +85,18 @@ impl Runner {
         Ok(Prepared {
             mounts: host(plan.mounts()),
             sidecar_mounts: host(plan.sidecar_mounts()),
+            replaced,
         })
     }
 
     /// The host side of a run's directories. Every error here is the run's, terminal.
+    /// Returns whether something the agent left was put aside.
     fn prepare_dirs(
         &self,
         spec: &RunSpec,
         plan: &MountPlan<'_>,
         vars: &BTreeMap<String, String>,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<bool> {
         let cfg = &self.cfg;
         let g = &spec.group;
         let f = &spec.folder;
@@ -139,6 +145,6 @@ impl Runner {
         if discarded {
             self.storage.schedule_reap();
         }
-        Ok(())
+        Ok(discarded)
     }
 }

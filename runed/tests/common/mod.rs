@@ -101,6 +101,7 @@ impl Rig {
             input: input(prompt),
             group: GroupSpec::default(),
             close: CloseWhen::Idle(Duration::ZERO),
+            bind: None,
         }
     }
 
@@ -222,7 +223,7 @@ impl Running {
     /// Waits for the `Started` event; returns the container id.
     pub async fn started(&mut self) -> String {
         match self.next().await {
-            Some(RunEvent::Started { container_id }) => container_id,
+            Some(RunEvent::Started { container_id, .. }) => container_id,
             other => panic!("expected Started, got {other:?}"),
         }
     }

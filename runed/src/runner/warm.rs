@@ -1,0 +1,495 @@
+//! Warm boxes: a folder's next agent container, started after its last run ended and blocked
+//! before its input, so that the folder's next turn skips the container's create, attach and
+//! start (most of a cold turn's cost).
+//!
+//! - **The same box a cold start would make.** A warm box is created from the very
+//!   [`ContainerSpec`] the folder's run would ask for (image, user, env, mounts, network,
+//!   limits, runtime; the security profile is `docker::create_body`'s, for every box), plus
+//!   `HAKO_WARM=1`. Only images that say they understand that variable (the `io.hako.warm`
+//!   label) are warmed: their agent waits for the stdin line without a deadline and counts
+//!   the one the line carries from its arrival, so the run's ceiling holds.
+//! - **No token, no secret.** They travel in the stdin line, written only when a run takes
+//!   the box; until then the box holds nothing a cold box would not.
+//! - **Taken only if equal.** A run takes its folder's box only when the spec it would create
+//!   equals the box's, the image behind the tag is the box's, the box still runs, and its
+//!   folder's directories were not replaced since (preparing the run put nothing aside).
+//!   Otherwise the box is removed and the run starts cold; the miss says why.
+//! - **One run per box.** A taken box leaves the pool: it is that run's container, removed
+//!   with it. Boxes live at most `warm_ttl`, at most `warm_max` per install; one per folder.
+//! - **Never outlives its holder.** The box's stdin is held by this process's attach: if the
+//!   process dies the box reads end-of-input and exits, and a restart finds it as a container
+//!   of no run and removes it. A box that a run took is recorded as that run's (the caller's
+//!   [`super::BindHook`]) before the input is written, so a restart re-adopts it as the run.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bollard::query_parameters::AttachContainerOptionsBuilder;
+use futures_util::{StreamExt, TryStreamExt};
+use tokio::io::AsyncWrite;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+use hako_shared::GroupFolder;
+use hako_shared::contract::{WARM_ENV, WARM_LABEL};
+use hako_shared::runs::Network;
+
+use super::docker::{self, ContainerSpec, DockerError, labels};
+use super::supervise::OutputStream;
+use super::{RunError, RunSpec, Runner};
+
+/// Why a run did not get a warm box.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmMiss {
+    /// The folder had none (its first run, expired, or the pool was full).
+    Empty,
+    /// The group's spec changed: the box was made for another image, env, mounts or limits.
+    Spec,
+    /// The image behind the tag changed since the box was made.
+    Image,
+    /// The box stopped while it waited.
+    Gone,
+    /// Preparing the run replaced something in the folder the box had mounted.
+    Dirty,
+}
+
+impl WarmMiss {
+    /// Every reason, for metrics.
+    pub const ALL: [WarmMiss; 5] = [
+        WarmMiss::Empty,
+        WarmMiss::Spec,
+        WarmMiss::Image,
+        WarmMiss::Gone,
+        WarmMiss::Dirty,
+    ];
+
+    /// The metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarmMiss::Empty => "empty",
+            WarmMiss::Spec => "spec",
+            WarmMiss::Image => "image",
+            WarmMiss::Gone => "gone",
+            WarmMiss::Dirty => "dirty",
+        }
+    }
+}
+
+/// How a run's container came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Created for the run; with the reason when a warm box was looked for and not used.
+    Cold(Option<WarmMiss>),
+    /// A warm box, made before the run was asked for.
+    Warm {
+        /// What its create, attach and start took when it was made: the time the run saved.
+        saved: Duration,
+    },
+}
+
+/// Why a folder gets no warm box after its run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotWarmed {
+    /// Warming is off (`RUNED_WARM_MAX=0`) or the group opted out (`warm: false`).
+    #[error("warming is off")]
+    Off,
+    /// The group has sidecars or an egress allowlist: those are made per run.
+    #[error("the group has sidecars or an egress allowlist")]
+    PerRun,
+    /// The image does not carry the `io.hako.warm` label.
+    #[error("image {0} does not say it reads its deadline from stdin (label io.hako.warm)")]
+    Image(String),
+    /// `warm_max` boxes exist already.
+    #[error("{0} warm boxes exist already (RUNED_WARM_MAX)")]
+    Full(usize),
+    /// Making it failed.
+    #[error("{0}")]
+    Failed(String),
+}
+
+impl From<RunError> for NotWarmed {
+    fn from(e: RunError) -> Self {
+        NotWarmed::Failed(e.to_string())
+    }
+}
+
+impl From<DockerError> for NotWarmed {
+    fn from(e: DockerError) -> Self {
+        NotWarmed::Failed(e.to_string())
+    }
+}
+
+/// A started box waiting for its run.
+pub(super) struct WarmBox {
+    /// Its container.
+    pub container: String,
+    /// The spec a run must ask for to take it (its name and labels aside: they are the box's).
+    spec: ContainerSpec,
+    /// The image id it runs.
+    image_id: String,
+    /// Its stdin, open until the run's line is written.
+    pub stdin: Pin<Box<dyn AsyncWrite + Send>>,
+    /// Its output, attached before it started.
+    pub output: OutputStream,
+    /// What making it took.
+    pub saved: Duration,
+    /// Cancels its expiry when it leaves the pool.
+    _expiry: DropGuard,
+}
+
+/// The boxes of this runner, one per folder at most.
+#[derive(Default)]
+pub(super) struct WarmPool {
+    boxes: Mutex<HashMap<GroupFolder, WarmBox>>,
+    /// Boxes created and not yet in `boxes` (an orphan sweep must not take them).
+    making: Mutex<std::collections::HashSet<String>>,
+}
+
+impl WarmPool {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<GroupFolder, WarmBox>> {
+        self.boxes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// How many boxes wait.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether `container` is a box of this pool (waiting, or being made).
+    pub fn holds(&self, container: &str) -> bool {
+        self.lock().values().any(|b| b.container == container)
+            || self
+                .making
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(container)
+    }
+
+    fn take(&self, folder: &GroupFolder) -> Option<WarmBox> {
+        self.lock().remove(folder)
+    }
+
+    /// The folder's box, if it is `container` (an expiry must not take a newer box).
+    fn take_if(&self, folder: &GroupFolder, container: &str) -> Option<WarmBox> {
+        let mut boxes = self.lock();
+        match boxes.get(folder) {
+            Some(b) if b.container == container => boxes.remove(folder),
+            _ => None,
+        }
+    }
+
+    /// Keeps `b` as `folder`'s box, unless `max` boxes wait already (then it is handed back).
+    #[allow(clippy::result_large_err)]
+    fn put(&self, folder: GroupFolder, b: WarmBox, max: usize) -> Result<(), WarmBox> {
+        let mut boxes = self.lock();
+        if boxes.len() >= max {
+            return Err(b);
+        }
+        boxes.insert(folder, b);
+        Ok(())
+    }
+
+    fn drain(&self) -> Vec<WarmBox> {
+        self.lock().drain().map(|(_, b)| b).collect()
+    }
+}
+
+/// A box being made: in the pool's `making` set until dropped.
+struct Making<'a> {
+    pool: &'a WarmPool,
+    container: String,
+}
+
+impl<'a> Making<'a> {
+    fn new(pool: &'a WarmPool, container: &str) -> Self {
+        pool.making
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(container.to_owned());
+        Making {
+            pool,
+            container: container.to_owned(),
+        }
+    }
+}
+
+impl Drop for Making<'_> {
+    fn drop(&mut self) {
+        self.pool
+            .making
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.container);
+    }
+}
+
+/// The spec with what differs between any two boxes (name, labels) left out.
+fn same_box(a: &ContainerSpec, b: &ContainerSpec) -> bool {
+    let strip = |s: &ContainerSpec| ContainerSpec {
+        name: String::new(),
+        labels: HashMap::new(),
+        ..s.clone()
+    };
+    strip(a) == strip(b)
+}
+
+impl Runner {
+    /// Warm boxes waiting now.
+    pub fn warm_boxes(&self) -> usize {
+        self.warm.len()
+    }
+
+    /// Starts `spec.folder`'s next box, the one `spec` would get, and keeps it for the
+    /// folder's next run (at most `warm_ttl`). `spec`'s ids and input are not used: the box
+    /// has its own id and gets its input from the run that takes it. Call it while no run of
+    /// the folder is live (it prepares the folder's directories). A box the folder had is
+    /// replaced.
+    pub async fn prestart(&self, spec: &RunSpec) -> Result<(), NotWarmed> {
+        let cfg = &self.cfg;
+        let g = &spec.group;
+        if cfg.warm_max == 0 || g.warm == Some(false) {
+            return Err(NotWarmed::Off);
+        }
+        if !g.sidecars.is_empty() || g.network == Network::Allowlist {
+            return Err(NotWarmed::PerRun);
+        }
+        if let Some(old) = self.warm.take(&spec.folder) {
+            self.discard(old, "replaced").await;
+        }
+        if self.warm.len() >= cfg.warm_max {
+            return Err(NotWarmed::Full(cfg.warm_max));
+        }
+        let t0 = Instant::now();
+        let id = hako_shared::ids::random_id("warm-", 12);
+        let spec = RunSpec {
+            run_id: id.clone(),
+            turn_id: String::new(),
+            ..spec.clone()
+        };
+        let prepared = self.prepare(&spec).await?;
+        let ceiling = cfg.ceiling(g.timeout.map(|t| t.0));
+        let key = self.agent_spec(&spec, &prepared, ceiling, None).await?;
+        let image = docker::bounded(
+            "inspect image",
+            cfg.docker_timeout,
+            &key.image,
+            self.docker.inspect_image(&key.image),
+        )
+        .await?;
+        let warm_capable = image
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get(WARM_LABEL))
+            .is_some_and(|v| v == "1");
+        if !warm_capable {
+            return Err(NotWarmed::Image(key.image));
+        }
+        let mut boxed = key.clone();
+        boxed.env.push(format!("{WARM_ENV}=1"));
+        boxed.labels = self.base_labels(&id, &spec.folder, "agent");
+        boxed
+            .labels
+            .insert(labels::WARM_BOX.to_owned(), "1".to_owned());
+        boxed.name = self.container_name(&id, "");
+        let t = cfg.docker_timeout;
+        let container = docker::create(&self.docker, &boxed, t).await?;
+        let _making = Making::new(&self.warm, &container);
+        let made = async {
+            let opts = AttachContainerOptionsBuilder::new()
+                .stdin(true)
+                .stdout(true)
+                .stderr(true)
+                .stream(true)
+                .logs(false)
+                .build();
+            let attached = docker::bounded(
+                "attach",
+                t,
+                &container,
+                self.docker.attach_container(&container, Some(opts)),
+            )
+            .await?;
+            docker::bounded(
+                "start",
+                t,
+                &container,
+                self.docker.start_container(&container, None),
+            )
+            .await?;
+            Ok::<_, DockerError>(attached)
+        }
+        .await;
+        let attached = match made {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = docker::remove(&self.docker, &container, t).await;
+                return Err(e.into());
+            }
+        };
+        let expiry = CancellationToken::new();
+        let b = WarmBox {
+            container: container.clone(),
+            spec: key,
+            image_id: image.id.unwrap_or_default(),
+            stdin: attached.input,
+            output: attached
+                .output
+                .map_err(|e| DockerError::from_bollard(e, "attach"))
+                .boxed(),
+            saved: t0.elapsed(),
+            _expiry: expiry.clone().drop_guard(),
+        };
+        let folder = spec.folder.clone();
+        if let Err(b) = self.warm.put(folder.clone(), b, cfg.warm_max) {
+            self.discard(b, "the pool filled meanwhile").await;
+            return Err(NotWarmed::Full(cfg.warm_max));
+        }
+        tracing::info!(folder = %folder, container = %container, took = ?t0.elapsed(), "warm box ready");
+        let this = self.clone();
+        let ttl = cfg.warm_ttl;
+        tokio::spawn(async move {
+            tokio::select! {
+                () = expiry.cancelled() => {}
+                () = tokio::time::sleep(ttl) => {
+                    if let Some(b) = this.warm.take_if(&folder, &container) {
+                        this.discard(b, "expired").await;
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    /// The folder's warm box for a run that would create `want`, if it may take it; any box
+    /// it may not take is removed. `dirty`: preparing the run replaced something the box had
+    /// mounted.
+    pub(super) async fn take_warm(
+        &self,
+        folder: &GroupFolder,
+        want: &ContainerSpec,
+        dirty: bool,
+    ) -> Result<WarmBox, WarmMiss> {
+        let b = self.warm.take(folder).ok_or(WarmMiss::Empty)?;
+        let miss = if dirty {
+            Some(WarmMiss::Dirty)
+        } else if !same_box(&b.spec, want) {
+            Some(WarmMiss::Spec)
+        } else {
+            let t = self.cfg.docker_timeout;
+            let (c, i) = tokio::join!(
+                docker::bounded(
+                    "inspect",
+                    t,
+                    &b.container,
+                    self.docker.inspect_container(&b.container, None)
+                ),
+                docker::bounded(
+                    "inspect image",
+                    t,
+                    &want.image,
+                    self.docker.inspect_image(&want.image)
+                ),
+            );
+            let running = c
+                .as_ref()
+                .ok()
+                .and_then(|c| c.state.as_ref())
+                .and_then(|s| s.running)
+                .unwrap_or(false);
+            if !running {
+                Some(WarmMiss::Gone)
+            } else if i.ok().and_then(|i| i.id).as_deref() != Some(b.image_id.as_str()) {
+                Some(WarmMiss::Image)
+            } else {
+                None
+            }
+        };
+        match miss {
+            None => Ok(b),
+            Some(m) => {
+                self.discard(b, m.as_str()).await;
+                Err(m)
+            }
+        }
+    }
+
+    /// Removes every warm box (shutdown). Returns how many there were.
+    pub async fn drain_warm(&self) -> usize {
+        let boxes = self.warm.drain();
+        let n = boxes.len();
+        futures_util::future::join_all(boxes.into_iter().map(|b| self.discard(b, "shutdown")))
+            .await;
+        n
+    }
+
+    /// Removes a box that no run will take.
+    async fn discard(&self, b: WarmBox, why: &str) {
+        tracing::info!(container = %b.container, why, "removing a warm box");
+        let id = b.container.clone();
+        // Its stdin closes first: the agent reads end-of-input and exits by itself.
+        drop(b);
+        if let Err(e) = docker::remove(&self.docker, &id, self.cfg.docker_timeout).await {
+            // It holds no token; the next start's orphan sweep removes it.
+            tracing::warn!(container = %id, error = %e, "removing a warm box failed");
+        }
+    }
+}
+
+/// Whether a listed container is a warm box (made before any run: never adopted as one).
+pub fn is_warm(c: &docker::Listed) -> bool {
+    c.labels.get(labels::WARM_BOX).is_some_and(|v| v == "1")
+        && c.labels.get(labels::ROLE).map(String::as_str) == Some("agent")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hako_shared::runs::Limits;
+
+    fn spec() -> ContainerSpec {
+        ContainerSpec {
+            name: "hako-i-run1".into(),
+            image: "hako-agent:latest".into(),
+            user: "1000:1000".into(),
+            env: vec![
+                "HOME=/home/agent".into(),
+                "ARIZUKO_QUERY_TIMEOUT_MS=5000".into(),
+            ],
+            cmd: None,
+            mounts: Vec::new(),
+            network: "none".into(),
+            limits: Limits {
+                memory: 1 << 30,
+                cpus: 2.0,
+                pids: 512,
+            },
+            labels: HashMap::from([("io.hako.run".to_owned(), "run1".to_owned())]),
+            stdin: true,
+            runtime: None,
+        }
+    }
+
+    #[test]
+    fn a_box_matches_only_the_same_container() {
+        let a = spec();
+        let mut b = spec();
+        b.name = "hako-i-warm-x".into();
+        b.labels.insert("io.hako.run".into(), "warm-x".into());
+        assert!(same_box(&a, &b), "name and labels are the box's own");
+        for change in [
+            (|s: &mut ContainerSpec| s.image = "other:latest".into()) as fn(&mut ContainerSpec),
+            |s| s.env.push("TZ=UTC".into()),
+            |s| s.network = "bridge".into(),
+            |s| s.limits.memory = 512 << 20,
+            |s| s.runtime = Some("runsc".into()),
+            |s| s.user = "0:0".into(),
+        ] {
+            let mut c = spec();
+            change(&mut c);
+            assert!(!same_box(&a, &c), "{c:?}");
+        }
+    }
+}
