@@ -4,6 +4,7 @@
 //! The time to the first reply byte of a chat message answered by a `"agent": "claude"` group
 //! (a cold turn: runed starts a `hako-claude` container, hako-agent starts Claude Code, Claude
 //! Code calls the model through routd's gateway; the reply seen on the chat's event stream),
+//! the same in a warm box (another group, whose next box runed started after its last turn),
 //! against `claude -p` run directly on the host against the same stub provider (its first
 //! stdout byte), interleaved, `BENCH_TURNS` (7) of each, medians. Where the time goes: from
 //! the message to the model's first request (container start and Claude Code's start), and
@@ -131,55 +132,37 @@ async fn bench() {
         .token;
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let base = routd.url();
-    let r = http
-        .put(format!("{base}/v1/groups/bench"))
-        .bearer_auth(&operator)
-        .json(&json!({"name": "bench", "group": {"agent": "claude", "llm": {"model": MODEL}}}))
-        .send()
-        .await
-        .unwrap();
-    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
-    let home = tempfile::tempdir().unwrap();
-
-    let (mut hako, mut hako_model, mut direct, mut direct_model) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    for i in 0..=turns {
-        // hako: a message in, the first reply on the chat's stream.
-        let last = last_seq(&http, &base, &operator).await;
-        let mut events = http
-            .get(format!("{base}/v1/chats/web:bench/events?after={last}"))
-            .bearer_auth(&operator)
-            .send()
-            .await
-            .unwrap();
-        let before = calls.lock().unwrap().len();
-        let t = Instant::now();
+    // One group whose every turn starts cold, one whose next box is warm.
+    for (folder, warm) in [("bench", false), ("benchw", true)] {
         let r = http
-            .post(format!("{base}/v1/messages"))
-            .bearer_auth(&channel)
-            .json(&json!({"id": format!("m-{i}"), "chat_jid": "web:bench", "sender": "bench", "content": format!("hello {i}")}))
+            .put(format!("{base}/v1/groups/{folder}"))
+            .bearer_auth(&operator)
+            .json(&json!({"name": folder, "group": {"agent": "claude", "llm": {"model": MODEL}, "warm": warm}}))
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), 201);
-        let mut buf = String::new();
-        let took = loop {
-            let chunk = tokio::time::timeout(Duration::from_secs(120), events.chunk())
-                .await
-                .expect("a reply within 2 minutes")
-                .unwrap()
-                .expect("the stream stays open");
-            buf.push_str(&String::from_utf8_lossy(&chunk));
-            if buf.contains("\"direction\":\"out\"") {
-                break t.elapsed();
-            }
-        };
-        let model_at = calls
-            .lock()
-            .unwrap()
-            .get(before)
-            .map(|c| c.duration_since(t));
-        wait_idle(&http, &base, &operator).await;
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+    let home = tempfile::tempdir().unwrap();
+    let turn = |folder: &'static str, i: usize| {
+        let (http, base, operator, channel, calls) = (&http, &base, &operator, &channel, &calls);
+        async move { hako_turn(http, base, operator, channel, calls, folder, i).await }
+    };
+
+    let (mut cold, mut cold_model, mut warm, mut warm_model, mut direct, mut direct_model) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    for i in 0..=turns {
+        let (c, cm) = turn("bench", i).await;
+        // The warm group's box is made after its last turn; a chat's next message comes
+        // later than that.
+        wait_warm_box(&http, &runed.url()).await;
+        let (w, wm) = turn("benchw", i).await;
         // The host: `claude -p` against the same stub, its first stdout byte.
         let t = Instant::now();
         let before = calls.lock().unwrap().len();
@@ -205,38 +188,50 @@ async fn bench() {
             .get(before)
             .map(|c| c.duration_since(t));
         let _ = child.wait().await;
-        // The first of each warms the page cache and Docker: not counted.
+        // The first of each warms the page cache and Docker (and is the warm group's first,
+        // cold, turn): not counted.
         if i == 0 {
             continue;
         }
-        hako.push(took);
+        cold.push(c);
+        warm.push(w);
         direct.push(host);
-        hako_model.extend(model_at);
+        cold_model.extend(cm);
+        warm_model.extend(wm);
         direct_model.extend(host_model);
     }
-    let (h, d) = (median(hako.clone()), median(direct.clone()));
-    let (hm, dm) = (median(hako_model), median(direct_model));
+    let (h, hw, d) = (median(cold), median(warm), median(direct));
+    let (hm, hwm, dm) = (median(cold_model), median(warm_model), median(direct_model));
     println!("claude code, message → first reply byte, medians of {turns}:");
     println!(
-        "  through hako (cold turn, hako-claude container): {}",
+        "  through hako, cold turn (a new hako-claude container): {}",
         ms(h)
     );
     println!(
-        "  claude -p on the host, same stub:                {}",
+        "  through hako, warm turn (the folder's box, started before): {}",
+        ms(hw)
+    );
+    println!(
+        "  claude -p on the host, same stub:                       {}",
         ms(d)
     );
     println!(
-        "  ratio {:.2} (target ≤ 1.25)",
-        h.as_secs_f64() / d.as_secs_f64()
-    );
-    println!(
-        "  to the model's first request: hako {} (container start + Claude Code's start), host {} (Claude Code's start)",
-        ms(hm),
+        "  ratio cold/host {:.2} (target ≤ 1.25), warm/host {:.2}; warm saves {} (Claude Code's own start: {})",
+        h.as_secs_f64() / d.as_secs_f64(),
+        hw.as_secs_f64() / d.as_secs_f64(),
+        ms(h.saturating_sub(hw)),
         ms(dm)
     );
     println!(
-        "  after the model's answer: hako {}, host {}",
+        "  to the model's first request: cold {} (container start + Claude Code's start), warm {}, host {} (Claude Code's start)",
+        ms(hm),
+        ms(hwm),
+        ms(dm)
+    );
+    println!(
+        "  after the model's answer: cold {}, warm {}, host {}",
         ms(h.saturating_sub(hm)),
+        ms(hw.saturating_sub(hwm)),
         ms(d.saturating_sub(dm))
     );
     routd.shutdown().await;
@@ -244,9 +239,78 @@ async fn bench() {
     let _ = authd.shutdown().await;
 }
 
-async fn last_seq(http: &reqwest::Client, base: &str, token: &str) -> i64 {
+/// A message into `web:<folder>`; the time to the first reply on the chat's stream, and to
+/// the model's first request.
+async fn hako_turn(
+    http: &reqwest::Client,
+    base: &str,
+    operator: &str,
+    channel: &str,
+    calls: &Mutex<Vec<Instant>>,
+    folder: &str,
+    i: usize,
+) -> (Duration, Option<Duration>) {
+    let last = last_seq(http, base, operator, folder).await;
+    let mut events = http
+        .get(format!("{base}/v1/chats/web:{folder}/events?after={last}"))
+        .bearer_auth(operator)
+        .send()
+        .await
+        .unwrap();
+    let before = calls.lock().unwrap().len();
+    let t = Instant::now();
+    let r = http
+        .post(format!("{base}/v1/messages"))
+        .bearer_auth(channel)
+        .json(&json!({"id": format!("m-{folder}-{i}"), "chat_jid": format!("web:{folder}"), "sender": "bench", "content": format!("hello {i}")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let mut buf = String::new();
+    let took = loop {
+        let chunk = tokio::time::timeout(Duration::from_secs(120), events.chunk())
+            .await
+            .expect("a reply within 2 minutes")
+            .unwrap()
+            .expect("the stream stays open");
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        if buf.contains("\"direction\":\"out\"") {
+            break t.elapsed();
+        }
+    };
+    let model_at = calls
+        .lock()
+        .unwrap()
+        .get(before)
+        .map(|c| c.duration_since(t));
+    wait_idle(http, base, operator, folder).await;
+    (took, model_at)
+}
+
+/// Waits until runed keeps a warm box (`runed_warm_boxes` 1).
+async fn wait_warm_box(http: &reqwest::Client, runed: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = http
+            .get(format!("{runed}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if text.lines().any(|l| l == "runed_warm_boxes 1") {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no warm box");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn last_seq(http: &reqwest::Client, base: &str, token: &str, folder: &str) -> i64 {
     let v: Value = http
-        .get(format!("{base}/v1/chats/web:bench/messages?limit=1"))
+        .get(format!("{base}/v1/chats/web:{folder}/messages?limit=1"))
         .bearer_auth(token)
         .send()
         .await
@@ -261,13 +325,13 @@ async fn last_seq(http: &reqwest::Client, base: &str, token: &str) -> i64 {
         .unwrap_or(0)
 }
 
-async fn wait_idle(http: &reqwest::Client, base: &str, token: &str) {
+async fn wait_idle(http: &reqwest::Client, base: &str, token: &str, folder: &str) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let mut live = 0;
         for state in ["starting", "running", "waiting"] {
             let v: Value = http
-                .get(format!("{base}/v1/turns?folder=bench&state={state}"))
+                .get(format!("{base}/v1/turns?folder={folder}&state={state}"))
                 .bearer_auth(token)
                 .send()
                 .await

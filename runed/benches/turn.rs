@@ -1,8 +1,10 @@
 //! One trivial turn through the runner vs `docker run -i --rm --network none` of the same
 //! image with the same input line, measured in the same process:
 //! `cargo bench -p hako-runed --bench turn` (`TURN_ITERS` to change the count, default 10).
-//! Prints the medians and the ratio runner/cli (target <= 1.0). Where the Docker daemon
-//! lists gVisor's `runsc`, the same turn of an untrusted group under it too
+//! Prints the medians and the ratio runner/cli (target <= 1.0). Then the same turn in a warm
+//! box (`Runner::prestart` between turns, not timed: it happens after a folder's run, while
+//! nobody waits), with its ratio to the CLI (target <= 0.25). Where the Docker daemon lists
+//! gVisor's `runsc`, the same turn of an untrusted group under it too
 //! (`RUNED_UNTRUSTED_RUNTIME=runsc`), with its ratios to runc and to the CLI.
 
 use std::process::Stdio;
@@ -11,7 +13,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use hako_runed::runner::{CloseWhen, LiveRun, RunControl, RunSpec, Runner, RunnerConfig};
+use hako_runed::runner::{
+    CloseWhen, LiveRun, RunControl, RunEvent, RunSpec, Runner, RunnerConfig, Start,
+};
 use hako_shared::GroupFolder;
 use hako_shared::contract::{ContainerInput, Message, OUTPUT_START};
 use hako_shared::runs::{GroupSpec, Outcome};
@@ -30,8 +34,8 @@ fn input() -> ContainerInput {
     }
 }
 
-async fn runner_turn(runner: &Runner, i: usize) -> Duration {
-    let spec = RunSpec {
+fn spec(i: usize) -> RunSpec {
+    RunSpec {
         run_id: format!("bench-{i}"),
         turn_id: "turn".into(),
         folder: GroupFolder::new("bench").expect("folder"),
@@ -39,15 +43,33 @@ async fn runner_turn(runner: &Runner, i: usize) -> Duration {
         group: GroupSpec::default(),
         close: CloseWhen::Idle(Duration::ZERO),
         bind: None,
-    };
+    }
+}
+
+async fn runner_turn(runner: &Runner, i: usize) -> Duration {
+    let spec = spec(i);
     let (tx, mut rx) = mpsc::channel(16);
     let live = LiveRun::new(spec.run_id.clone(), spec.folder.clone());
-    let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
+    let drain = tokio::spawn(async move {
+        let mut v = Vec::new();
+        while let Some(e) = rx.recv().await {
+            v.push(e);
+        }
+        v
+    });
     let t = Instant::now();
     let end = runner.run(spec, tx, RunControl::default(), live).await;
     let dt = t.elapsed();
-    let _ = drain.await;
+    let events = drain.await.expect("events");
     let r = end.report().expect("finished");
+    let warm = matches!(
+        events.first(),
+        Some(RunEvent::Started {
+            start: Start::Warm { .. },
+            ..
+        })
+    );
+    assert_eq!(warm, runner.config().warm_max > 0, "{events:?}");
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     runner.remove_containers(&r).await;
     dt
@@ -110,19 +132,34 @@ fn main() {
             g.install_id = format!("{}-gv", g.install_id);
             Runner::new(docker.clone(), g).expect("gvisor runner")
         });
+        let warm = {
+            let mut w = cfg.clone();
+            w.layout.data_dir = tmp.path().join("data-warm");
+            w.install_id = format!("{}-warm", w.install_id);
+            w.warm_max = 1;
+            Runner::new(docker.clone(), w).expect("warm runner")
+        };
         let runner = Runner::new(docker, cfg).expect("runner");
         let mut line = serde_json::to_vec(&input()).expect("json");
         line.push(b'\n');
         // Warm-up, then interleave so that both paths see the same machine load.
         runner_turn(&runner, 0).await;
         cli_turn(&image, &line).await;
+        warm.prestart(&spec(0)).await.expect("a warm box");
+        runner_turn(&warm, 0).await;
         if let Some(g) = &gvisor {
             runner_turn(g, 0).await;
         }
-        let (mut ours, mut cli, mut gv) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut ours, mut cli, mut gv, mut warmed) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for i in 1..=iters {
             ours.push(runner_turn(&runner, i).await);
             cli.push(cli_turn(&image, &line).await);
+            // The box is made after the folder's last run, while nobody waits.
+            warm.prestart(&spec(i)).await.expect("a warm box");
+            // The gap before the folder's next message (minutes, in a chat).
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            warmed.push(runner_turn(&warm, i).await);
             if let Some(g) = &gvisor {
                 gv.push(runner_turn(g, i).await);
             }
@@ -139,6 +176,14 @@ fn main() {
         println!(
             "ratio runner/cli: {:.2} (target <= 1.00)",
             a.as_secs_f64() / b.as_secs_f64()
+        );
+        let w = median(warmed.clone());
+        println!(
+            "in a warm box: {:.1} ms (min {:.1}); ratio warm/cli: {:.2} (target <= 0.25), warm/cold {:.2}",
+            ms(w),
+            ms(*warmed.iter().min().expect("runs")),
+            w.as_secs_f64() / b.as_secs_f64(),
+            w.as_secs_f64() / a.as_secs_f64()
         );
         if !gv.is_empty() {
             let g = median(gv);

@@ -2122,6 +2122,7 @@ async fn daemon_warm_box_serves_the_next_turn_with_the_deadline_counted_from_the
         rig.container_of(&first),
         "a new box, not the run's"
     );
+    let box_created = rig.created_ms(&boxed.id).await;
     metric_becomes(&rig, "runed_warm_boxes", 1.0).await;
     // Past the agent's query timeout: a box that counted it from its own start would have
     // given up by now.
@@ -2134,10 +2135,7 @@ async fn daemon_warm_box_serves_the_next_turn_with_the_deadline_counted_from_the
     assert_eq!(v["outcome"], "ok", "{v}");
     assert_eq!(results(&v), ["slept 2 s\nsecond answer"], "{v}");
     assert_eq!(rig.container_of(&second), boxed.id, "the warm box answered");
-    let (box_created, asked) = (
-        rig.created_ms(&boxed.id).await,
-        rig.run_created_ms(&second).await,
-    );
+    let asked = rig.run_created_ms(&second).await;
     assert!(
         box_created + 9_000 < asked,
         "the box was created {} ms before the run was asked for",
@@ -2167,11 +2165,12 @@ async fn daemon_warm_box_serves_the_next_turn_with_the_deadline_counted_from_the
     rig.stop().await;
 }
 
-/// #27: a changed group spec does not take the box (it is removed, the run starts cold); a
-/// group that says `warm: false` gets none; a box nobody takes expires.
+/// #27: a changed group spec does not take the box (it is removed, the run starts cold), nor
+/// does a run find a box killed while it waited; a box nobody takes expires; a group that
+/// says `warm: false` gets none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn daemon_warm_box_misses_on_a_changed_spec_and_expires() {
-    let rig = Rig::new(&[("RUNED_WARM_MAX", "4"), ("RUNED_WARM_TTL", "4s")]).await;
+    let rig = Rig::new(&[("RUNED_WARM_MAX", "4"), ("RUNED_WARM_TTL", "8s")]).await;
     let run = |turn: &'static str, group: Value| {
         let rig = &rig;
         async move {
@@ -2201,19 +2200,26 @@ async fn daemon_warm_box_misses_on_a_changed_spec_and_expires() {
     );
     assert_eq!(metric(&rig, "runed_warm_hits_total", "").await, 0.0);
     rig.until_gone(&old.id, Duration::from_secs(30)).await;
-    // The box made after it has the new limit, and nobody takes it: it expires.
+    // The box made after it has the new limit. Killed while it waits: the next run finds it
+    // gone and starts cold.
     let fresh = rig.warm_boxes("warm-b", 1).await.remove(0);
-    let info = rig
-        .runner()
-        .docker()
-        .inspect_container(&fresh.id, None)
-        .await
-        .unwrap();
+    let docker = rig.runner().docker().clone();
+    let info = docker.inspect_container(&fresh.id, None).await.unwrap();
     assert_eq!(info.host_config.unwrap().memory, Some(512 << 20));
+    docker.kill_container(&fresh.id, None).await.unwrap();
+    let after_kill = run("turn-wb-3", json!({"memory": "512m"})).await;
+    assert_ne!(rig.container_of(&after_kill), fresh.id);
+    assert_eq!(
+        metric(&rig, "runed_warm_misses_total", "reason=\"gone\"").await,
+        1.0
+    );
     rig.until_gone(&fresh.id, Duration::from_secs(30)).await;
+    // The box made after that one: nobody takes it, and it expires.
+    let last = rig.warm_boxes("warm-b", 1).await.remove(0);
+    rig.until_gone(&last.id, Duration::from_secs(30)).await;
     metric_becomes(&rig, "runed_warm_boxes", 0.0).await;
     // A group that wants none gets none.
-    run("turn-wb-3", json!({"warm": false})).await;
+    run("turn-wb-4", json!({"warm": false})).await;
     let after = rig.runner().list_agents().await.unwrap();
     assert!(
         !after.iter().any(hako_runed::runner::warm::is_warm),

@@ -410,7 +410,9 @@ impl Runner {
         match miss {
             None => Ok(b),
             Some(m) => {
-                self.discard(b, m.as_str()).await;
+                // Removed beside the cold start, not before it.
+                let this = self.clone();
+                tokio::spawn(async move { this.discard(b, m.as_str()).await });
                 Err(m)
             }
         }
