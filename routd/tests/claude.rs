@@ -341,7 +341,8 @@ async fn claude_code_answers_through_the_gateway_with_the_turns_tools() {
         files_containing(&rig.data(), REAL_KEY).is_empty(),
         "the real key on disk"
     );
-    // The containers are gone once the turns are over.
+    // The runs' containers are gone once the turns are over; what stays is the folder's warm
+    // box, which holds no key and no token (they only ever reach a box on stdin, at a turn).
     rig.wait_idle("cc").await;
     let docker = hako_deploy::connect_docker().unwrap();
     let deadline = Instant::now() + LIMIT;
@@ -359,6 +360,21 @@ async fn claude_code_answers_through_the_gateway_with_the_turns_tools() {
             ))
             .await
             .unwrap();
+        let (warm, left): (Vec<_>, Vec<_>) = left.into_iter().partition(|c| {
+            c.labels
+                .as_ref()
+                .is_some_and(|l| l.get("io.hako.warm-box").is_some_and(|v| v == "1"))
+        });
+        for c in &warm {
+            let id = c.id.as_deref().unwrap();
+            let info = docker.inspect_container(id, None).await.unwrap();
+            let config = format!("{:?}", info.config);
+            assert!(
+                !config.contains(REAL_KEY),
+                "the key in a warm box: {config}"
+            );
+            assert!(!config.contains("eyJ"), "a token in a warm box: {config}");
+        }
         if left.is_empty() {
             break;
         }
