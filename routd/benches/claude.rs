@@ -115,6 +115,8 @@ async fn bench() {
         ("RUNED_URL", runed.url()),
         ("ANTHROPIC_API_KEY", "sk-bench".into()),
         ("ROUTD_ANTHROPIC_URL", url.clone()),
+        // The bench posts as a chat adapter into the groups' web: chats.
+        ("ROUTD_CHANNEL_CHATS", "web:bench*".into()),
     ]))
     .expect("routd config");
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -161,7 +163,9 @@ async fn bench() {
         let (c, cm) = turn("bench", i).await;
         // The warm group's box is made after its last turn; a chat's next message comes
         // later than that.
-        wait_warm_box(&http, &runed.url()).await;
+        if i > 0 {
+            wait_warm_box(&http, &runed.url()).await;
+        }
         let (w, wm) = turn("benchw", i).await;
         // The host: `claude -p` against the same stub, its first stdout byte.
         let t = Instant::now();
@@ -266,7 +270,8 @@ async fn hako_turn(
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 201);
+    let status = r.status();
+    assert_eq!(status, 201, "{}", r.text().await.unwrap());
     let mut buf = String::new();
     let took = loop {
         let chunk = tokio::time::timeout(Duration::from_secs(120), events.chunk())
