@@ -2267,3 +2267,58 @@ async fn daemon_killed_with_warm_boxes_removes_them_and_readopts_the_run_in_one(
     }
     rig.stop().await;
 }
+
+/// #27, a hostile image that says it waits (`io.hako.warm`) but writes into its follow-up
+/// drop before its turn: the next run does not take that box (`dirty`), the planted file
+/// never reaches a run, and the run starts cold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_a_warm_box_that_writes_before_its_turn_is_not_taken() {
+    let rig = Rig::new(&[("RUNED_WARM_MAX", "4")]).await;
+    let docker = rig.runner().docker().clone();
+    let hostile = common::hostile_image(&docker).await;
+    let image = common::derived_image(
+        &docker,
+        &hostile,
+        "hostile-warm",
+        "LABEL io.hako.warm=\"1\"\nENV HOSTILE_EARLY=/workspace/ipc/input/planted.json",
+    )
+    .await;
+    let run = |turn: &'static str| {
+        let (rig, image) = (&rig, image.clone());
+        async move {
+            let (s, v) = rig
+                .post(
+                    &rig.routd,
+                    "/v1/runs",
+                    json!({"folder": "warm-h", "turn_id": turn, "group": {"image": image},
+                           "messages": [{"role": "user", "content": "write /tmp/x y"}]}),
+                )
+                .await;
+            assert_eq!(s, 202, "{v}");
+            let id = v["run_id"].as_str().unwrap().to_owned();
+            let v = rig.wait(&id).await;
+            assert_eq!(v["outcome"], "ok", "{v}");
+            id
+        }
+    };
+    run("turn-wh-1").await;
+    let planted = rig.warm_boxes("warm-h", 1).await.remove(0);
+    let input = rig.data.join("runed/folders/warm-h/input");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !input.join("planted.json").exists() {
+        assert!(Instant::now() < deadline, "the box never wrote");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let second = run("turn-wh-2").await;
+    assert_ne!(
+        rig.container_of(&second),
+        planted.id,
+        "the dirty box was taken"
+    );
+    assert_eq!(
+        metric(&rig, "runed_warm_misses_total", "reason=\"dirty\"").await,
+        1.0
+    );
+    rig.until_gone(&planted.id, Duration::from_secs(30)).await;
+    rig.stop().await;
+}
