@@ -2269,8 +2269,8 @@ async fn daemon_killed_with_warm_boxes_removes_them_and_readopts_the_run_in_one(
 }
 
 /// #27, a hostile image that says it waits (`io.hako.warm`) but writes into its follow-up
-/// drop before its turn: the next run does not take that box (`dirty`), the planted file
-/// never reaches a run, and the run starts cold.
+/// drop before its turn: the next run does not take that box (`dirty`) and starts cold. The
+/// same image without the label gets no box at all.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn daemon_a_warm_box_that_writes_before_its_turn_is_not_taken() {
     let rig = Rig::new(&[("RUNED_WARM_MAX", "4")]).await;
@@ -2283,14 +2283,14 @@ async fn daemon_a_warm_box_that_writes_before_its_turn_is_not_taken() {
         "LABEL io.hako.warm=\"1\"\nENV HOSTILE_EARLY=/workspace/ipc/input/planted.json",
     )
     .await;
-    let run = |turn: &'static str| {
-        let (rig, image) = (&rig, image.clone());
+    let run = |folder: &'static str, turn: &'static str, image: String| {
+        let rig = &rig;
         async move {
             let (s, v) = rig
                 .post(
                     &rig.routd,
                     "/v1/runs",
-                    json!({"folder": "warm-h", "turn_id": turn, "group": {"image": image},
+                    json!({"folder": folder, "turn_id": turn, "group": {"image": image},
                            "messages": [{"role": "user", "content": "write /tmp/x y"}]}),
                 )
                 .await;
@@ -2301,7 +2301,10 @@ async fn daemon_a_warm_box_that_writes_before_its_turn_is_not_taken() {
             id
         }
     };
-    run("turn-wh-1").await;
+    // The same program without the label: never warmed (it would count its deadline from
+    // its own start).
+    run("warm-u", "turn-wu-1", hostile.clone()).await;
+    run("warm-h", "turn-wh-1", image.clone()).await;
     let planted = rig.warm_boxes("warm-h", 1).await.remove(0);
     let input = rig.data.join("runed/folders/warm-h/input");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -2309,7 +2312,7 @@ async fn daemon_a_warm_box_that_writes_before_its_turn_is_not_taken() {
         assert!(Instant::now() < deadline, "the box never wrote");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let second = run("turn-wh-2").await;
+    let second = run("warm-h", "turn-wh-2", image.clone()).await;
     assert_ne!(
         rig.container_of(&second),
         planted.id,
@@ -2320,5 +2323,6 @@ async fn daemon_a_warm_box_that_writes_before_its_turn_is_not_taken() {
         1.0
     );
     rig.until_gone(&planted.id, Duration::from_secs(30)).await;
+    assert!(rig.warm_boxes("warm-u", 0).await.is_empty());
     rig.stop().await;
 }

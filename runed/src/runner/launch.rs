@@ -227,6 +227,17 @@ impl Runner {
         }
     }
 
+    /// The agent image of a group's runs.
+    pub(super) fn image_for(&self, g: &GroupSpec) -> String {
+        match g.agent {
+            AgentKind::Claude => self.cfg.claude_image.clone(),
+            AgentKind::Hako => g
+                .image
+                .clone()
+                .unwrap_or_else(|| self.cfg.default_image.clone()),
+        }
+    }
+
     /// The agent container a run asks for: what a cold start creates, and what a warm box
     /// must equal to serve the run (`warm`).
     pub(super) async fn agent_spec(
@@ -271,10 +282,7 @@ impl Runner {
         let runtime = self.runtime_for(g, &network).await?;
         Ok(ContainerSpec {
             name: self.container_name(&spec.run_id, ""),
-            image: match g.agent {
-                AgentKind::Claude => cfg.claude_image.clone(),
-                AgentKind::Hako => g.image.clone().unwrap_or_else(|| cfg.default_image.clone()),
-            },
+            image: self.image_for(g),
             user: format!("{}:{}", cfg.agent_user.uid, cfg.agent_user.gid),
             env,
             cmd: None,

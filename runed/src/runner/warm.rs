@@ -262,20 +262,13 @@ impl Runner {
             return Err(NotWarmed::Full(cfg.warm_max));
         }
         let t0 = Instant::now();
-        let id = hako_shared::ids::random_id("warm-", 12);
-        let spec = RunSpec {
-            run_id: id.clone(),
-            turn_id: String::new(),
-            ..spec.clone()
-        };
-        let prepared = self.prepare(&spec).await?;
-        let ceiling = cfg.ceiling(g.timeout.map(|t| t.0));
-        let key = self.agent_spec(&spec, &prepared, ceiling, None).await?;
+        // The image first: a folder whose image cannot wait is not even prepared.
+        let image_ref = self.image_for(g);
         let image = docker::bounded(
             "inspect image",
             cfg.docker_timeout,
-            &key.image,
-            self.docker.inspect_image(&key.image),
+            &image_ref,
+            self.docker.inspect_image(&image_ref),
         )
         .await?;
         let warm_capable = image
@@ -285,8 +278,17 @@ impl Runner {
             .and_then(|l| l.get(WARM_LABEL))
             .is_some_and(|v| v == "1");
         if !warm_capable {
-            return Err(NotWarmed::Image(key.image));
+            return Err(NotWarmed::Image(image_ref));
         }
+        let id = hako_shared::ids::random_id("warm-", 12);
+        let spec = RunSpec {
+            run_id: id.clone(),
+            turn_id: String::new(),
+            ..spec.clone()
+        };
+        let prepared = self.prepare(&spec).await?;
+        let ceiling = cfg.ceiling(g.timeout.map(|t| t.0));
+        let key = self.agent_spec(&spec, &prepared, ceiling, None).await?;
         let mut boxed = key.clone();
         boxed.env.push(format!("{WARM_ENV}=1"));
         boxed.labels = self.base_labels(&id, &spec.folder, "agent");
