@@ -294,7 +294,7 @@ async fn run_one(
     match end {
         RunEnd::Detached => {
             slot.keep();
-            sh.sched().live.remove(&run_id);
+            sh.detached(&run_id);
         }
         RunEnd::Finished(report) => {
             let never_started = report.state == RunState::Error

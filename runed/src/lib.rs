@@ -24,7 +24,7 @@ pub mod tokens;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hako_shared::auth::Verifier;
 use hako_shared::http::{Ops, Served, daemon_router};
@@ -116,10 +116,20 @@ impl Running {
         if let Err(e) = self.served.stop_server(SHUTDOWN_GRACE).await {
             tracing::warn!(error = %e, "runed's server stopped with an error");
         }
-        // Runs return `Detached` as soon as their supervisors see the token.
-        let deadline = Instant::now() + SHUTDOWN_GRACE;
-        while !self.shared.sched().live.is_empty() && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        // Runs return `Detached` as soon as their supervisors see the token; each one that
+        // leaves wakes this wait.
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        loop {
+            let left = self.shared.left.notified();
+            tokio::pin!(left);
+            // Registered before the check: a run leaving in between still wakes it.
+            left.as_mut().enable();
+            if self.shared.sched().live.is_empty() {
+                break;
+            }
+            if tokio::time::timeout_at(deadline, left).await.is_err() {
+                break;
+            }
         }
         // Warm boxes wait on this process's attach: they would only read end-of-input.
         if let Ok(r) = self.shared.runner() {
@@ -178,6 +188,7 @@ pub async fn start(
         verifier,
         metrics,
         wake: Notify::new(),
+        left: Notify::new(),
         events,
         docker_down: std::sync::Mutex::new(None),
         broker_pause: std::sync::Mutex::new(None),

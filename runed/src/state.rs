@@ -145,6 +145,8 @@ pub struct Shared {
     pub(crate) metrics: DaemonMetrics,
     pub(crate) sched: Mutex<Sched>,
     pub(crate) wake: Notify,
+    /// Every waiter is woken whenever a run leaves `live` (shutdown waits on it).
+    pub(crate) left: Notify,
     pub(crate) events: broadcast::Sender<Arc<Event>>,
     /// Why Docker is not usable, if it is not.
     pub(crate) docker_down: Mutex<Option<String>>,
@@ -321,8 +323,15 @@ impl Shared {
                 s.queue.release(&l.folder, l.kind);
             }
         }
+        self.left.notify_waiters();
         self.gauges();
         self.wake.notify_one();
+    }
+
+    /// A detached run leaves `live` keeping its folder's slot (the next start re-adopts it).
+    pub(crate) fn detached(&self, run_id: &str) {
+        self.sched().live.remove(run_id);
+        self.left.notify_waiters();
     }
 
     /// A run that could not start (no token, no Docker) goes back to the head of its folder's
@@ -351,6 +360,7 @@ impl Shared {
         let mut s = self.sched();
         if let Some(l) = s.live.remove(run_id) {
             s.queue.release(&l.folder, l.kind);
+            self.left.notify_waiters();
         }
         s.pending.insert(run_id.to_owned(), p);
         s.queue.push_front(
