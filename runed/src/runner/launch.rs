@@ -295,16 +295,13 @@ impl Runner {
         })
     }
 
-    /// Creates, attaches and starts the agent container and writes its input line.
-    async fn launch(
+    /// Attaches to a created agent container (stdin, stdout, stderr), then starts it: attached
+    /// first, so that none of its output is missed. A cold run and a warm box both start so.
+    pub(super) async fn attach_and_start(
         &self,
-        spec: &RunSpec,
-        cspec: &ContainerSpec,
-        live: &LiveRun,
-    ) -> Result<(String, OutputStream), RunError> {
+        id: &str,
+    ) -> Result<bollard::container::AttachContainerResults, DockerError> {
         let t = self.cfg.docker_timeout;
-        let id = docker::create(&self.docker, cspec, t).await?;
-        live.set_container(&id);
         let opts = AttachContainerOptionsBuilder::new()
             .stdin(true)
             .stdout(true)
@@ -315,11 +312,25 @@ impl Runner {
         let attached = docker::bounded(
             "attach",
             t,
-            &id,
-            self.docker.attach_container(&id, Some(opts)),
+            id,
+            self.docker.attach_container(id, Some(opts)),
         )
         .await?;
-        docker::bounded("start", t, &id, self.docker.start_container(&id, None)).await?;
+        docker::bounded("start", t, id, self.docker.start_container(id, None)).await?;
+        Ok(attached)
+    }
+
+    /// Creates, attaches and starts the agent container and writes its input line.
+    async fn launch(
+        &self,
+        spec: &RunSpec,
+        cspec: &ContainerSpec,
+        live: &LiveRun,
+    ) -> Result<(String, OutputStream), RunError> {
+        let t = self.cfg.docker_timeout;
+        let id = docker::create(&self.docker, cspec, t).await?;
+        live.set_container(&id);
+        let attached = self.attach_and_start(&id).await?;
         // The agent counts the env's deadline from its own start, just after this.
         self.write_input(spec, attached.input, None, live).await?;
         let output = attached

@@ -26,7 +26,6 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use bollard::query_parameters::AttachContainerOptionsBuilder;
 use futures_util::{StreamExt, TryStreamExt};
 use tokio::io::AsyncWrite;
 use tokio::time::Instant;
@@ -299,31 +298,7 @@ impl Runner {
         let t = cfg.docker_timeout;
         let container = docker::create(&self.docker, &boxed, t).await?;
         let _making = Making::new(&self.warm, &container);
-        let made = async {
-            let opts = AttachContainerOptionsBuilder::new()
-                .stdin(true)
-                .stdout(true)
-                .stderr(true)
-                .stream(true)
-                .logs(false)
-                .build();
-            let attached = docker::bounded(
-                "attach",
-                t,
-                &container,
-                self.docker.attach_container(&container, Some(opts)),
-            )
-            .await?;
-            docker::bounded(
-                "start",
-                t,
-                &container,
-                self.docker.start_container(&container, None),
-            )
-            .await?;
-            Ok::<_, DockerError>(attached)
-        }
-        .await;
+        let made = self.attach_and_start(&container).await;
         let attached = match made {
             Ok(a) => a,
             Err(e) => {
