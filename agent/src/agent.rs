@@ -135,6 +135,14 @@ async fn run_with(env: &Env, started: Instant, out: Output) -> i32 {
         },
     ));
 
+    let mut brain = match &cfg.brain {
+        BrainKind::Script => Either::Script(ScriptBrain::new()),
+        BrainKind::Llm(settings) => Either::Llm(Box::new(LlmBrain::new(settings.clone()))),
+        BrainKind::Claude(settings) => Either::Claude(Box::new(ClaudeBrain::new(settings.clone()))),
+    };
+    if cfg.warm {
+        brain.prepare().await;
+    }
     let input = tokio::select! {
         biased;
         _ = terminated(&mut signals.term, &mut signals.int, &ignore) => return 0,
@@ -151,7 +159,7 @@ async fn run_with(env: &Env, started: Instant, out: Output) -> i32 {
         .deadline(input.query_timeout_ms, started, Instant::now())
         .map(tokio::time::Instant::from_std);
     let io = Io::new(out, cfg.mcp_socket.clone(), ignore.clone());
-    let agent = |brain| Agent {
+    Agent {
         cfg: cfg.clone(),
         io,
         input,
@@ -159,20 +167,9 @@ async fn run_with(env: &Env, started: Instant, out: Output) -> i32 {
         ignore,
         deadline,
         brain,
-    };
-    match &cfg.brain {
-        BrainKind::Script => agent(Either::Script(ScriptBrain::new())).serve().await,
-        BrainKind::Llm(settings) => {
-            agent(Either::Llm(Box::new(LlmBrain::new(settings.clone()))))
-                .serve()
-                .await
-        }
-        BrainKind::Claude(settings) => {
-            agent(Either::Claude(Box::new(ClaudeBrain::new(settings.clone()))))
-                .serve()
-                .await
-        }
     }
+    .serve()
+    .await
 }
 
 /// The brain the configuration chose.
@@ -180,6 +177,15 @@ enum Either {
     Script(ScriptBrain),
     Llm(Box<LlmBrain>),
     Claude(Box<ClaudeBrain>),
+}
+
+impl Either {
+    /// What a brain can do before its turn, in a warm box: Claude Code starts its child.
+    async fn prepare(&mut self) {
+        if let Either::Claude(b) = self {
+            b.prepare().await;
+        }
+    }
 }
 
 impl Brain for Either {

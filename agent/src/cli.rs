@@ -8,7 +8,9 @@ use std::path::PathBuf;
 pub const USAGE: &str = "usage:
   hako-agent                            run the agent (container contract on stdin/stdout)
   hako-agent serve-mcp --socket PATH    serve the echo MCP server on a unix socket
-  hako-agent mcp-bridge --socket PATH   stdio MCP to a unix socket (for Claude Code)
+  hako-agent mcp-bridge --socket PATH [--after MARK]
+                                        stdio MCP to a unix socket (for Claude Code);
+                                        --after: connect once the file MARK exists
   hako-agent --version                  print the version
 ";
 
@@ -26,6 +28,8 @@ pub enum Cli {
     McpBridge {
         /// The socket path.
         socket: PathBuf,
+        /// Connect only once this file exists (the turn began).
+        after: Option<PathBuf>,
     },
     /// Print the version.
     Version,
@@ -47,6 +51,11 @@ pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Cli, String> {
         [Some("serve-mcp"), ..] => Err("serve-mcp needs --socket PATH".into()),
         [Some("mcp-bridge"), Some("--socket"), _] => Ok(Cli::McpBridge {
             socket: PathBuf::from(&args[2]),
+            after: None,
+        }),
+        [Some("mcp-bridge"), Some("--socket"), _, Some("--after"), _] => Ok(Cli::McpBridge {
+            socket: PathBuf::from(&args[2]),
+            after: Some(PathBuf::from(&args[4])),
         }),
         [Some("mcp-bridge"), ..] => Err("mcp-bridge needs --socket PATH".into()),
         _ => Err(format!("unexpected arguments: {args:?}")),
@@ -76,9 +85,19 @@ mod tests {
         assert_eq!(
             p(&["mcp-bridge", "--socket", "/run/m.sock"]),
             Ok(Cli::McpBridge {
-                socket: "/run/m.sock".into()
+                socket: "/run/m.sock".into(),
+                after: None,
             })
         );
+        assert_eq!(
+            p(&["mcp-bridge", "--socket", "/run/m.sock", "--after", "/tmp/t"]),
+            Ok(Cli::McpBridge {
+                socket: "/run/m.sock".into(),
+                after: Some("/tmp/t".into()),
+            })
+        );
+        assert!(p(&["mcp-bridge", "--socket", "/run/m.sock", "--after"]).is_err());
+        assert!(p(&["mcp-bridge", "--socket", "/run/m.sock", "--frob"]).is_err());
         assert!(p(&["mcp-bridge"]).is_err());
         assert!(p(&["serve-mcp", "--socket"]).is_err());
         assert!(p(&["--frob"]).is_err());

@@ -46,8 +46,11 @@ fn main() {
                 1
             }
         },
-        Ok(Cli::McpBridge { socket }) => match runtime() {
-            Ok(rt) => match rt.block_on(hako_agent::brain::claude::relay::bridge(socket.clone())) {
+        Ok(Cli::McpBridge { socket, after }) => match runtime() {
+            Ok(rt) => match rt.block_on(hako_agent::brain::claude::relay::bridge(
+                socket.clone(),
+                after,
+            )) {
                 Ok(()) => 0,
                 Err(e) => {
                     log(format_args!("mcp-bridge to {}: {e}", socket.display()));

@@ -4,7 +4,8 @@
 //! The time to the first reply byte of a chat message answered by a `"agent": "claude"` group
 //! (a cold turn: runed starts a `hako-claude` container, hako-agent starts Claude Code, Claude
 //! Code calls the model through routd's gateway; the reply seen on the chat's event stream),
-//! the same in a warm box (another group, whose next box runed started after its last turn),
+//! the same in a warm box (another group, whose next box runed started after its last turn,
+//! with Claude Code already started in it and waiting for the turn),
 //! against `claude -p` run directly on the host against the same stub provider (its first
 //! stdout byte), interleaved, `BENCH_TURNS` (7) of each, medians. Where the time goes: from
 //! the message to the model's first request (container start and Claude Code's start), and
@@ -293,10 +294,29 @@ async fn hako_turn(
     (took, model_at)
 }
 
-/// Waits until runed keeps a warm box (`runed_warm_boxes` 1).
+/// Waits until runed keeps a warm box (`runed_warm_boxes` 1) whose Claude Code is started
+/// and waits for its turn: its MCP bridge, which only a Claude Code past its own start runs,
+/// waits for the turn (`mcp-bridge … --after`, seen in the host's `/proc`).
 async fn wait_warm_box(http: &reqwest::Client, runed: &str) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
+        let bridge = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .any(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.contains("mcp-bridge") && c.contains("--after")
+            });
+        if !bridge {
+            assert!(
+                Instant::now() < deadline,
+                "no Claude Code waits in a warm box"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        }
         let text = http
             .get(format!("{runed}/metrics"))
             .send()

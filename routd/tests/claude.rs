@@ -347,19 +347,7 @@ async fn claude_code_answers_through_the_gateway_with_the_turns_tools() {
     let docker = hako_deploy::connect_docker().unwrap();
     let deadline = Instant::now() + LIMIT;
     loop {
-        let filters = std::collections::HashMap::from([(
-            "label".to_owned(),
-            vec![format!("io.hako.install={}", rig.install)],
-        )]);
-        let left = docker
-            .list_containers(Some(
-                bollard::query_parameters::ListContainersOptionsBuilder::new()
-                    .all(true)
-                    .filters(&filters)
-                    .build(),
-            ))
-            .await
-            .unwrap();
+        let left = labelled(&docker, vec![format!("io.hako.install={}", rig.install)]).await;
         let (warm, left): (Vec<_>, Vec<_>) = left.into_iter().partition(|c| {
             c.labels
                 .as_ref()
@@ -399,18 +387,7 @@ async fn claude_code_takes_follow_ups_and_survives_a_runed_kill() {
     // The run is live: what Docker says of its container.
     let (_, run) = rig.live_run("ccf").await;
     let docker = hako_deploy::connect_docker().unwrap();
-    let containers = docker
-        .list_containers(Some(
-            bollard::query_parameters::ListContainersOptionsBuilder::new()
-                .all(true)
-                .filters(&std::collections::HashMap::from([(
-                    "label".to_owned(),
-                    vec![format!("io.hako.run={run}")],
-                )]))
-                .build(),
-        ))
-        .await
-        .unwrap();
+    let containers = labelled(&docker, vec![format!("io.hako.run={run}")]).await;
     let id = containers[0].id.clone().unwrap();
     let inspect = docker
         .inspect_container(
@@ -461,6 +438,275 @@ async fn claude_code_takes_follow_ups_and_survives_a_runed_kill() {
     assert!(
         sessions.iter().all(|s| *s == sessions[0]),
         "one Claude Code session for both: {sessions:?}"
+    );
+    rig.stop().await;
+}
+
+/// The containers (running or not) carrying every one of `labels`.
+async fn labelled(
+    docker: &bollard::Docker,
+    labels: Vec<String>,
+) -> Vec<bollard::models::ContainerSummary> {
+    let filters = std::collections::HashMap::from([("label".to_owned(), labels)]);
+    docker
+        .list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .unwrap()
+}
+
+/// The containers of this rig's install that are warm boxes (started before their turn).
+async fn warm_boxes(docker: &bollard::Docker, rig: &Rig) -> Vec<String> {
+    let labels = vec![
+        format!("io.hako.install={}", rig.install),
+        "io.hako.warm-box=1".to_owned(),
+    ];
+    labelled(docker, labels)
+        .await
+        .into_iter()
+        .filter_map(|c| c.id)
+        .collect()
+}
+
+/// Every process on the host: (pid, parent pid, arguments), from `/proc` (the tests run as
+/// root).
+fn host_processes() -> Vec<(u32, u32, Vec<String>)> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let (Ok(stat), Ok(cmdline)) = (
+            std::fs::read_to_string(format!("/proc/{pid}/stat")),
+            std::fs::read(format!("/proc/{pid}/cmdline")),
+        ) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: the comm may hold spaces, so split after its ')'.
+        let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let args = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        all.push((pid, ppid, args));
+    }
+    all
+}
+
+/// The `claude` process running in container `id`, as the host sees it: its host pid, its
+/// arguments and its environment.
+async fn claude_in(docker: &bollard::Docker, id: &str) -> Option<(u32, Vec<String>, String)> {
+    let info = docker.inspect_container(id, None).await.ok()?;
+    let init = u32::try_from(info.state?.pid?).ok()?;
+    let all = host_processes();
+    // The box's processes: its init's descendants.
+    let mut inside = vec![init];
+    let mut i = 0;
+    while i < inside.len() {
+        let parent = inside[i];
+        inside.extend(all.iter().filter(|p| p.1 == parent).map(|p| p.0));
+        i += 1;
+    }
+    let (pid, _, args) = all
+        .into_iter()
+        .find(|p| inside.contains(&p.0) && p.2.first().is_some_and(|a| a.ends_with("/claude")))?;
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    Some((pid, args, String::from_utf8_lossy(&env).replace('\0', "\n")))
+}
+
+/// The value of `flag` in `args` (`--flag value` or `--flag=value`).
+fn arg_after<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.iter().enumerate().find_map(|(i, a)| {
+        if a == flag {
+            args.get(i + 1).map(String::as_str)
+        } else {
+            a.strip_prefix(flag).and_then(|v| v.strip_prefix('='))
+        }
+    })
+}
+
+/// Claude Code's session of each request the stub got (from the call's metadata).
+fn sessions_of(seen: &[Seen]) -> Vec<String> {
+    seen.iter()
+        .filter_map(|s| s.body["metadata"]["user_id"].as_str())
+        .filter_map(|u| serde_json::from_str::<Value>(u).ok())
+        .filter_map(|u| u["session_id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Waits until the folder's single warm box runs Claude Code; answers the box and its
+/// process (pid, arguments, environment).
+async fn warm_claude(docker: &bollard::Docker, rig: &Rig) -> (String, (u32, Vec<String>, String)) {
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        if let [id] = &warm_boxes(docker, rig).await[..]
+            && let Some(p) = claude_in(docker, id).await
+        {
+            return (id.clone(), p);
+        }
+        if Instant::now() >= deadline {
+            let boxes = warm_boxes(docker, rig).await;
+            let logs = match boxes.first() {
+                Some(id) => {
+                    use futures_util::StreamExt as _;
+                    let opts = bollard::query_parameters::LogsOptionsBuilder::new()
+                        .stderr(true)
+                        .stdout(true)
+                        .build();
+                    docker
+                        .logs(id, Some(opts))
+                        .map(|l| l.map(|l| l.to_string()).unwrap_or_default())
+                        .collect::<Vec<_>>()
+                        .await
+                        .concat()
+                }
+                None => String::new(),
+            };
+            panic!("no warm box running Claude Code: {boxes:?}; its log: {logs}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// In a warm box Claude Code is started before the turn: after a first turn the folder's
+/// next box already runs `claude`, resuming that turn's session with the group's system
+/// prompt, holding a placeholder key and no token (the relay adds the token to each model
+/// call); the next turn is answered by that very process (the same pid, in the same box,
+/// the stub sees the same session and the real key); another chat's turn is not answered by
+/// the early process, which resumes the first chat's session: the model sees none of the
+/// first chat's exchange, and the group's new system prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claude_code_starts_before_its_turn_in_a_warm_box() {
+    let (stub, url) = Stub::start().await;
+    let rig = rig(&url, &[]).await;
+    claude_group(&rig, "ccw").await;
+    let chat = "web:ccw";
+    let docker = hako_deploy::connect_docker().unwrap();
+
+    rig.say(chat, "w-1", "hello warm").await;
+    rig.wait_for(chat, "the first answer", |h| replies(h).len() == 1)
+        .await;
+    rig.wait_idle("ccw").await;
+    let session = sessions_of(&stub.seen())
+        .pop()
+        .expect("the first turn's session");
+
+    // The next box waits with Claude Code already running, resuming that session.
+    let (boxed, (pid, args, env)) = warm_claude(&docker, &rig).await;
+    assert_eq!(
+        arg_after(&args, "--resume"),
+        Some(session.as_str()),
+        "{args:?}"
+    );
+    assert_eq!(
+        arg_after(&args, "--append-system-prompt"),
+        Some("You are hako's test agent."),
+        "{args:?}"
+    );
+    assert!(
+        env.contains("ANTHROPIC_API_KEY=hako-relay-adds-the-key"),
+        "the placeholder key: {env}"
+    );
+    assert!(!env.contains("eyJ"), "a token before the turn: {env}");
+    assert!(!env.contains(REAL_KEY));
+
+    // The next turn: the model answers slowly, so the box can be looked at mid-turn.
+    let before = stub.seen().len();
+    rig.say(chat, "w-2", "answer slowly please").await;
+    let deadline = Instant::now() + LIMIT;
+    while !stub.seen()[before..]
+        .iter()
+        .any(|s| last_user(&s.body).0.contains("answer slowly"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the second turn never reached the model"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (now_pid, _, now_env) = claude_in(&docker, &boxed)
+        .await
+        .expect("Claude Code in the warm box, mid-turn");
+    assert_eq!(
+        now_pid, pid,
+        "the turn is answered by the process started before it"
+    );
+    assert!(
+        !now_env.contains("eyJ"),
+        "the token reached Claude Code: {now_env}"
+    );
+    let h = rig
+        .wait_for(chat, "the second answer", |h| replies(h).len() == 2)
+        .await;
+    assert_eq!(replies(&h)[1], "You said: answer slowly please");
+    let seen = stub.seen();
+    let turn2 = &seen[before..];
+    assert!(
+        serde_json::to_string(&turn2[0].body)
+            .unwrap()
+            .contains("You said: hello warm"),
+        "the session was resumed"
+    );
+    assert!(
+        sessions_of(turn2).iter().all(|s| *s == session),
+        "one session"
+    );
+    for s in turn2 {
+        assert_eq!(s.headers["x-api-key"], REAL_KEY);
+    }
+    rig.wait_idle("ccw").await;
+
+    // Another chat of the folder, with a new system prompt: the early process resumes the
+    // first chat's session, so the turn starts its own. The other chat sees nothing of the
+    // first one's exchange, and its new session has the new prompt (Claude Code keeps a
+    // session's prompt for good once it is made: a resumed session ignores a new one).
+    let (_, (_, args, _)) = warm_claude(&docker, &rig).await;
+    assert_eq!(arg_after(&args, "--resume"), Some(session.as_str()));
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            "/v1/groups/ccw",
+            json!({"name": "ccw", "system_prompt": "You are renamed. PROMPT-MARKER-2291",
+                   "group": {"agent": "claude", "llm": {"model": MODEL}}}),
+        )
+        .await;
+    assert!((200..300).contains(&s), "{v}");
+    rig.route("tg:ccw-other", "ccw").await;
+    let before = stub.seen().len();
+    rig.say("tg:ccw-other", "w-3", "hello from the other chat")
+        .await;
+    let h = rig
+        .wait_for("tg:ccw-other", "the other chat's answer", |h| {
+            replies(h).len() == 1
+        })
+        .await;
+    assert_eq!(replies(&h), ["You said: hello from the other chat"]);
+    let seen = stub.seen();
+    let other = serde_json::to_string(&seen[before].body).unwrap();
+    assert!(
+        !other.contains("hello warm") && !other.contains("answer slowly"),
+        "the other chat got the first chat's session: {other}"
+    );
+    assert!(other.contains("PROMPT-MARKER-2291"), "the new prompt");
+    assert!(
+        sessions_of(&seen[before..]).iter().all(|s| *s != session),
+        "the first chat's session"
     );
     rig.stop().await;
 }

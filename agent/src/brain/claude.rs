@@ -7,10 +7,17 @@
 //!   one user message written to its stdin, answered by the events it prints up to its
 //!   `result`. A follow-up therefore reaches the same live process and session.
 //! - **The model without the key.** A `network: none` box has loopback only: a relay on
-//!   `127.0.0.1` ([`relay`]) copies bytes to the gateway's `api.sock`, and the child gets
-//!   `ANTHROPIC_BASE_URL` pointing at it and the run's spawn token as `ANTHROPIC_API_KEY`, in
-//!   its own environment only. Every model it may pick (main, small and fast, subagents) is
-//!   the group's (`HAKO_MODEL`); the gateway refuses any other.
+//!   `127.0.0.1` ([`relay`]) proxies to the gateway's `api.sock` and puts the run's spawn
+//!   token on each request itself. The child gets `ANTHROPIC_BASE_URL` pointing at it and a
+//!   placeholder `ANTHROPIC_API_KEY`: neither it nor anything it starts ever holds the token.
+//!   Every model it may pick (main, small and fast, subagents) is the group's (`HAKO_MODEL`);
+//!   the gateway refuses any other.
+//! - **Started before the turn.** In a warm box ([`ClaudeBrain::prepare`]) the child starts
+//!   while the box waits for its input, with the session and system prompt the folder's last
+//!   turn left for the next one (`$HOME/.hako/claude-next.json`); its MCP bridges wait for the
+//!   turn (a mark the agent makes when its input comes) and its model requests for the token. The turn uses it only if its own
+//!   session and system prompt are the same; otherwise it is killed and a child started for
+//!   the turn, as in a cold box.
 //! - **The turn's tools.** The MCP servers of the seeded `.claude/settings.json` (the turn's
 //!   `mcp.sock`, each sidecar's), each reached by `hako-agent mcp-bridge` instead of `socat`,
 //!   are passed with `--strict-mcp-config`: nothing else can attach an MCP server to the run.
@@ -29,16 +36,17 @@
 pub mod relay;
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
 use super::{Brain, BrainError, Io, Outcome, Query, Reply};
 use crate::output::log;
-use hako_shared::contract::OutputBlock;
+use hako_shared::contract::{ContainerInput, OutputBlock};
 
 /// The name of the turn's MCP server in Claude Code's configuration (the seeded settings').
 const TURN_SERVER: &str = "arizuko";
@@ -46,6 +54,12 @@ const TURN_SERVER: &str = "arizuko";
 const MAX_LINE: usize = 32 << 20;
 /// How much of the child's stderr is kept for an error message.
 const STDERR_TAIL: usize = 4 << 10;
+/// What the last turn leaves for the next box's early start, under `$HOME`.
+const NEXT_LAUNCH: &str = ".hako/claude-next.json";
+/// Claude Code's MCP connection timeout for a child started before its turn (its
+/// `MCP_TIMEOUT`, in ms): the turn's sockets appear only with the turn, however long the box
+/// waits. The largest value its timers take.
+const WARM_MCP_TIMEOUT_MS: &str = "2147483647";
 
 /// The Claude Code brain's settings (from the environment; `specs/agent-script.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,14 +78,68 @@ pub struct ClaudeSettings {
     pub bridge: PathBuf,
 }
 
+/// What a child is started with that a turn must share to use it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Launch {
+    /// The session it resumes (`--resume`); a new one when `None`.
+    #[serde(default)]
+    pub session_id: Option<String>,
+    /// Its `--append-system-prompt`; none when blank.
+    #[serde(default)]
+    pub system_prompt: String,
+}
+
+impl Launch {
+    /// What a turn with this input needs.
+    pub fn of(input: &ContainerInput) -> Launch {
+        Launch::new(Some(input.session_id.clone()), &input.system_prompt)
+    }
+
+    fn new(session_id: Option<String>, system_prompt: &str) -> Launch {
+        Launch {
+            session_id: session_id.filter(|s| valid_session(s)),
+            system_prompt: if system_prompt.trim().is_empty() {
+                String::new()
+            } else {
+                system_prompt.to_owned()
+            },
+        }
+    }
+
+    /// What the folder's last turn left for the next box, if anything readable.
+    pub fn read_next(home: &Path) -> Option<Launch> {
+        let bytes = std::fs::read(home.join(NEXT_LAUNCH)).ok()?;
+        let l: Launch = serde_json::from_slice(&bytes).ok()?;
+        Some(Launch::new(l.session_id, &l.system_prompt))
+    }
+
+    /// Leaves this for the folder's next box (written whole, then renamed into place).
+    pub fn write_next(&self, home: &Path) -> std::io::Result<()> {
+        let path = home.join(NEXT_LAUNCH);
+        let dir = path.parent().expect("a file under home");
+        std::fs::create_dir_all(dir)?;
+        let tmp = dir.join(format!(".claude-next.{}.tmp", std::process::id()));
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(self).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(&tmp, &path)
+    }
+}
+
 /// The live child and what reads it.
 struct Live {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     stderr: std::sync::Arc<std::sync::Mutex<VecDeque<u8>>>,
+    /// What it was started with.
+    launch: Launch,
+    /// Started before the turn and not yet checked against it.
+    early: bool,
     /// Serves the child's model calls; stops when dropped.
-    _relay: relay::Relay,
+    relay: relay::Relay,
 }
 
 /// The brain.
@@ -80,6 +148,10 @@ pub struct ClaudeBrain {
     live: Option<Live>,
     session: Option<String>,
     partial: String,
+    /// The turn's system prompt, for the launch left to the next box.
+    system_prompt: String,
+    /// The file whose existence tells an early child's MCP bridges that the turn began.
+    turn_mark: PathBuf,
 }
 
 impl ClaudeBrain {
@@ -90,12 +162,26 @@ impl ClaudeBrain {
             live: None,
             session: None,
             partial: String::new(),
+            system_prompt: String::new(),
+            turn_mark: std::env::temp_dir().join(format!("hako-turn.{}", std::process::id())),
+        }
+    }
+
+    /// Starts Claude Code before the turn (a warm box): with what the folder's last turn left,
+    /// its tools waiting for the turn's sockets and its model calls for the token. A child
+    /// that cannot start is only logged: the turn starts its own.
+    pub async fn prepare(&mut self) {
+        let launch = Launch::read_next(&self.cfg.home).unwrap_or_default();
+        if let Err(e) = self.start(launch, true).await {
+            log(format_args!(
+                "cannot start Claude Code before the turn: {e}"
+            ));
         }
     }
 
     /// The MCP servers the child gets: the seeded settings' (`socat` entries become bridges),
-    /// or the turn's socket alone.
-    fn mcp_config(&self) -> Value {
+    /// or the turn's socket alone. `early`: the bridges wait for the turn.
+    fn mcp_config(&self, early: bool) -> Value {
         let seeded = std::fs::read(self.cfg.home.join(".claude/settings.json"))
             .ok()
             .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
@@ -103,32 +189,37 @@ impl ClaudeBrain {
         if let Some(Value::Object(list)) = seeded.as_ref().and_then(|s| s.get("mcpServers")) {
             for (name, entry) in list {
                 if let Some(socket) = socat_socket(entry) {
-                    servers.insert(name.clone(), self.bridge(&socket));
+                    servers.insert(name.clone(), self.bridge(&socket, early));
                 }
             }
         }
         if servers.is_empty() {
             let socket = self.cfg.mcp_socket.display().to_string();
-            servers.insert(TURN_SERVER.into(), self.bridge(&socket));
+            servers.insert(TURN_SERVER.into(), self.bridge(&socket, early));
         }
         json!({ "mcpServers": servers })
     }
 
-    fn bridge(&self, socket: &str) -> Value {
+    fn bridge(&self, socket: &str, early: bool) -> Value {
+        let mark = self.turn_mark.display().to_string();
+        let mut args = vec!["mcp-bridge", "--socket", socket];
+        if early {
+            args.extend(["--after", mark.as_str()]);
+        }
         json!({
             "type": "stdio",
             "command": self.cfg.bridge.display().to_string(),
-            "args": ["mcp-bridge", "--socket", socket],
+            "args": args,
         })
     }
 
-    /// Starts the child for this run.
-    async fn start(&mut self, query: &Query<'_>) -> Result<(), BrainError> {
+    /// Starts the child; `early`: before the turn (its tools wait for the turn's sockets).
+    async fn start(&mut self, launch: Launch, early: bool) -> Result<(), BrainError> {
         let relay = relay::Relay::start(self.cfg.api_socket.clone())
             .await
             .map_err(|e| BrainError::Fatal(format!("cannot serve the model relay: {e}")))?;
         let model = &self.cfg.model;
-        let mcp = self.mcp_config();
+        let mcp = self.mcp_config(early);
         let mut cmd = tokio::process::Command::new(&self.cfg.program);
         cmd.args([
             "-p",
@@ -155,15 +246,18 @@ impl ClaudeBrain {
         }
         cmd.args(["--strict-mcp-config", "--mcp-config"])
             .arg(mcp.to_string());
-        let resume = Some(query.input.session_id.as_str()).filter(|s| valid_session(s));
-        if let Some(sid) = resume {
+        if let Some(sid) = &launch.session_id {
             cmd.args(["--resume", sid]);
         }
-        if !query.input.system_prompt.trim().is_empty() {
-            cmd.args(["--append-system-prompt", &query.input.system_prompt]);
+        if !launch.system_prompt.is_empty() {
+            // One argument, so no prompt can read as another flag.
+            cmd.arg(format!("--append-system-prompt={}", launch.system_prompt));
+        }
+        if early {
+            cmd.env("MCP_TIMEOUT", WARM_MCP_TIMEOUT_MS);
         }
         cmd.env("ANTHROPIC_BASE_URL", format!("http://{}", relay.addr()))
-            .env("ANTHROPIC_API_KEY", query.input.token.expose())
+            .env("ANTHROPIC_API_KEY", relay::PLACEHOLDER_KEY)
             .env("ANTHROPIC_MODEL", model)
             .env("ANTHROPIC_SMALL_FAST_MODEL", model)
             .env("ANTHROPIC_DEFAULT_HAIKU_MODEL", model)
@@ -174,7 +268,7 @@ impl ClaudeBrain {
             .env("DISABLE_AUTOUPDATER", "1")
             .env("DISABLE_TELEMETRY", "1")
             .env("DISABLE_ERROR_REPORTING", "1")
-            // The token is this child's alone: nothing it starts needs it in its environment.
+            // The relay holds the token; no credential of any kind is passed down.
             .env_remove("ANTHROPIC_AUTH_TOKEN")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -207,8 +301,9 @@ impl ClaudeBrain {
             }
         });
         log(format_args!(
-            "Claude Code started (model {model}, {}, relay {})",
-            if resume.is_some() {
+            "Claude Code started{} (model {model}, {}, relay {})",
+            if early { " before its turn" } else { "" },
+            if launch.session_id.is_some() {
                 "resuming its session"
             } else {
                 "a new session"
@@ -220,9 +315,53 @@ impl ClaudeBrain {
             stdin,
             stdout: BufReader::with_capacity(64 << 10, stdout),
             stderr,
-            _relay: relay,
+            launch,
+            early,
+            relay,
         });
         Ok(())
+    }
+
+    /// The child for this query: the one started early if it fits the turn, else a new one;
+    /// authorized with the turn's token.
+    async fn child_for(&mut self, query: &Query<'_>) -> Result<(), BrainError> {
+        let wanted = Launch::of(query.input);
+        if self.live.as_ref().is_some_and(|l| l.early) {
+            // The turn's sockets are bound (routd binds them before asking for the run): the
+            // early child's bridges may connect.
+            if let Err(e) = std::fs::write(&self.turn_mark, b"") {
+                log(format_args!("cannot mark the turn's start: {e}"));
+                self.live = None;
+            }
+        }
+        if let Some(live) = self.live.as_mut().filter(|l| l.early) {
+            if let Ok(Some(status)) = live.child.try_wait() {
+                log(format_args!(
+                    "the Claude Code started before the turn exited ({status}): starting one for the turn"
+                ));
+                self.live = None;
+            } else if live.launch == wanted {
+                live.early = false;
+                log("the turn takes the Claude Code started before it");
+            } else {
+                log(format_args!(
+                    "the Claude Code started before the turn has another {}: starting one for the turn",
+                    if live.launch.session_id == wanted.session_id {
+                        "system prompt"
+                    } else {
+                        "session"
+                    }
+                ));
+                self.live = None;
+            }
+        }
+        if self.live.is_none() {
+            self.start(wanted, false).await?;
+        }
+        let live = self.live.as_ref().expect("started");
+        live.relay
+            .authorize(query.input.token.expose())
+            .map_err(BrainError::Fatal)
     }
 
     /// Why the child is gone: its exit status and the end of its stderr.
@@ -329,9 +468,8 @@ impl Brain for ClaudeBrain {
         if text.trim().is_empty() {
             return Ok(Outcome::Reply(Reply::default()));
         }
-        if self.live.is_none() {
-            self.start(&query).await?;
-        }
+        self.system_prompt.clone_from(&query.input.system_prompt);
+        self.child_for(&query).await?;
         let line = json!({
             "type": "user",
             "message": {"role": "user", "content": text},
@@ -410,6 +548,13 @@ impl Brain for ClaudeBrain {
                         };
                         return Err(BrainError::Failed(why));
                     }
+                    // The next box of this folder starts its child with this session.
+                    let next = Launch::new(self.session.clone(), &self.system_prompt);
+                    if let Err(e) = next.write_next(&self.cfg.home) {
+                        log(format_args!(
+                            "cannot leave the launch for the next box: {e}"
+                        ));
+                    }
                     return Ok(Outcome::Reply(Reply {
                         text: result,
                         new_session_id: self.session.clone(),
@@ -448,6 +593,26 @@ mod tests {
         assert!(!valid_session("../../etc/passwd"));
         assert!(!valid_session("s-42"));
         assert!(!valid_session(""));
+    }
+
+    #[test]
+    fn the_launch_left_for_the_next_box_round_trips_and_is_checked_on_read() {
+        let home = tempfile::tempdir().unwrap();
+        assert_eq!(Launch::read_next(home.path()), None, "nothing left yet");
+        let sid = "5e49896a-ae85-4c55-be81-2f56268bf666";
+        let l = Launch::new(Some(sid.into()), "Be brief.");
+        l.write_next(home.path()).unwrap();
+        assert_eq!(Launch::read_next(home.path()), Some(l.clone()));
+        // What a turn with that session and prompt needs is the same launch; a blank prompt
+        // and a session that is no UUID are none.
+        assert_eq!(Launch::new(Some(sid.into()), "Be brief."), l);
+        assert_eq!(Launch::new(Some("../x".into()), "  \n"), Launch::default());
+        // A file the agent could have written: checked like a turn's input, or ignored.
+        let path = home.path().join(NEXT_LAUNCH);
+        std::fs::write(&path, r#"{"sessionId": "--dangerously-skip-permissions"}"#).unwrap();
+        assert_eq!(Launch::read_next(home.path()), Some(Launch::default()));
+        std::fs::write(&path, "not json").unwrap();
+        assert_eq!(Launch::read_next(home.path()), None);
     }
 
     #[test]
