@@ -1,16 +1,12 @@
 //! Every way a runed request fails, and its answer: one enum, mapped to the HTTP error
-//! envelope in one place ([`ApiFailure::status`], [`ApiFailure::code`]). Errors of the shared
-//! layers (the token check, JSON and query parsing) arrive as envelopes already and pass
-//! through unchanged.
+//! envelope in one place ([`ApiFailure::status`], [`ApiFailure::code`]). The failures every
+//! daemon shares (the database, internal errors, envelopes of the shared layers, too many
+//! streams, a refused group setting) are one variant, mapped in `hako_shared::http`.
 
 use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use hako_shared::db::DbError;
-use hako_shared::http::ApiError;
-use hako_shared::runs::GroupSpecError;
+use hako_shared::http::Common;
 
 use crate::state::{MAX_SECRETS_BYTES, QueueFull};
-use hako_shared::watchers::Full;
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -24,9 +20,6 @@ pub enum ApiFailure {
     /// `?wait=` that is not a duration.
     #[error("wait: {0}")]
     InvalidWait(String),
-    /// A group setting no caller may use.
-    #[error("group.{0}")]
-    InvalidGroup(#[from] GroupSpecError),
     /// Group settings beyond a folder-bound caller's authority.
     #[error(
         "a folder-bound caller can only tighten the install's limits and cannot set {}; only an unbound service token can",
@@ -41,9 +34,6 @@ pub enum ApiFailure {
     /// The queue is full.
     #[error(transparent)]
     QueueFull(#[from] QueueFull),
-    /// Too many streams or long-polls.
-    #[error(transparent)]
-    TooManyStreams(#[from] Full),
     /// A steer for a run that is not running.
     #[error("run {0} is not running")]
     NotLive(String),
@@ -56,44 +46,28 @@ pub enum ApiFailure {
     /// The audit log is for unbound callers.
     #[error("the audit log spans every folder; a folder-bound token cannot read it")]
     AuditNeedsUnbound,
-    /// The database failed (503 when it does not answer, else 500).
+    /// What every daemon's request shares.
     #[error(transparent)]
-    Db(#[from] DbError),
-    /// Anything else that went wrong inside runed (logged; the client gets a generic text).
-    #[error("{0}")]
-    Internal(String),
-    /// An envelope from a shared layer (token check, JSON body, query string).
-    #[error(transparent)]
-    Api(#[from] ApiError),
+    Common(Common),
 }
 
-impl ApiFailure {
-    /// An internal failure, from anything that displays.
-    pub fn internal(e: impl std::fmt::Display) -> Self {
-        ApiFailure::Internal(e.to_string())
-    }
+hako_shared::daemon_failure!(ApiFailure);
 
+impl ApiFailure {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
             ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) => StatusCode::NOT_FOUND,
             ApiFailure::InvalidWait(_)
-            | ApiFailure::InvalidGroup(_)
             | ApiFailure::SecretsTooLarge(_)
             | ApiFailure::EmptyMessages
             | ApiFailure::InvalidSteerId => StatusCode::BAD_REQUEST,
             ApiFailure::ForbiddenGroupSetting(_) | ApiFailure::AuditNeedsUnbound => {
                 StatusCode::FORBIDDEN
             }
-            ApiFailure::QueueFull(_) | ApiFailure::TooManyStreams(_) => {
-                StatusCode::TOO_MANY_REQUESTS
-            }
+            ApiFailure::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiFailure::NotLive(_) => StatusCode::CONFLICT,
-            ApiFailure::Db(DbError::Closed | DbError::Timeout(_)) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            ApiFailure::Db(_) | ApiFailure::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiFailure::Api(e) => e.status,
+            ApiFailure::Common(c) => c.status(),
         }
     }
 
@@ -102,41 +76,22 @@ impl ApiFailure {
         match self {
             ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) => "not_found",
             ApiFailure::InvalidWait(_) => "invalid_wait",
-            ApiFailure::InvalidGroup(_) => "invalid_group",
             ApiFailure::ForbiddenGroupSetting(_) => "forbidden_group_setting",
             ApiFailure::SecretsTooLarge(_) => "secrets_too_large",
             ApiFailure::QueueFull(_) => "queue_full",
-            ApiFailure::TooManyStreams(_) => "too_many_streams",
             ApiFailure::NotLive(_) => "not_live",
             ApiFailure::EmptyMessages | ApiFailure::InvalidSteerId => "invalid_request",
             ApiFailure::AuditNeedsUnbound => "folder_forbidden",
-            ApiFailure::Db(DbError::Closed | DbError::Timeout(_)) => "unavailable",
-            ApiFailure::Db(_) | ApiFailure::Internal(_) => "internal",
-            ApiFailure::Api(e) => &e.body.error,
+            ApiFailure::Common(c) => c.code(),
         }
-    }
-}
-
-impl From<ApiFailure> for ApiError {
-    fn from(f: ApiFailure) -> Self {
-        match f {
-            ApiFailure::Api(e) => e,
-            ApiFailure::Db(e) => ApiError::from(e),
-            ApiFailure::Internal(e) => ApiError::internal(e),
-            f => ApiError::new(f.status(), f.code().to_owned(), f.to_string()),
-        }
-    }
-}
-
-impl IntoResponse for ApiFailure {
-    fn into_response(self) -> Response {
-        ApiError::from(self).into_response()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hako_shared::db::DbError;
+    use hako_shared::http::ApiError;
 
     #[test]
     fn one_mapping_for_every_failure() {
@@ -154,7 +109,7 @@ mod tests {
                 "queue_full",
             ),
             (ApiFailure::NotLive("r".into()), 409, "not_live"),
-            (ApiFailure::Db(DbError::Closed), 503, "unavailable"),
+            (DbError::Closed.into(), 503, "unavailable"),
             (ApiFailure::internal("boom"), 500, "internal"),
         ];
         for (f, status, code) in cases {

@@ -1,10 +1,12 @@
-//! The HTTP conventions every daemon shares: the JSON error envelope, a JSON body extractor
+//! The HTTP conventions every daemon shares: the JSON error envelope and the failures every
+//! daemon's requests share (`Common`, `daemon_failure!`), a JSON body extractor
 //! that answers malformed input with that envelope, the ops routes (`/health`, `/ready`,
 //! `/metrics`, `/openapi.json`), body limits, JSON 404/405 and panics as JSON 500. A file per
 //! concept; everything is used as `hako_shared::http::…`.
 
 mod error;
 mod extract;
+mod failure;
 mod observe;
 mod ops;
 mod request_id;
@@ -15,6 +17,7 @@ mod tests;
 
 pub use error::{ApiError, ErrorBody};
 pub use extract::{ApiJson, ApiQuery};
+pub use failure::Common;
 pub use ops::{ApiInfo, Health, Ops, Ready, ReadyCheck, api_router, document, openapi_operations};
 pub use request_id::{REQUEST_ID_HEADER, current_request_id, with_request_id};
 pub use router::{daemon_router, guard, traced};
