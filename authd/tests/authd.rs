@@ -252,11 +252,11 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let start = Instant::now();
-    while !f().await {
-        assert!(start.elapsed() < limit, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    hako_shared::testing::eventually(what, limit, || {
+        let check = f();
+        async move { if check.await { Ok(()) } else { Err("not yet") } }
+    })
+    .await
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::HeaderMap;
 use common::*;
@@ -345,17 +345,19 @@ async fn claude_code_answers_through_the_gateway_with_the_turns_tools() {
     // box, which holds no key and no token (they only ever reach a box on stdin, at a turn).
     rig.wait_idle("cc").await;
     let docker = hako_deploy::connect_docker().unwrap();
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let left = labelled(&docker, vec![format!("io.hako.install={}", rig.install)]).await;
-        let (warm, left): (Vec<_>, Vec<_>) = left.into_iter().partition(|c| {
+    eventually("the runs' containers are gone", LIMIT, || async {
+        let all = labelled(&docker, vec![format!("io.hako.install={}", rig.install)]).await;
+        let (warm, left): (Vec<_>, Vec<_>) = all.into_iter().partition(|c| {
             c.labels
                 .as_ref()
                 .is_some_and(|l| l.get("io.hako.warm-box").is_some_and(|v| v == "1"))
         });
         for c in &warm {
             let id = c.id.as_deref().unwrap();
-            let info = docker.inspect_container(id, None).await.unwrap();
+            // A box taken by a run is removed with it, maybe since it was listed.
+            let Ok(info) = docker.inspect_container(id, None).await else {
+                continue;
+            };
             let config = format!("{:?}", info.config);
             assert!(
                 !config.contains(REAL_KEY),
@@ -363,12 +365,9 @@ async fn claude_code_answers_through_the_gateway_with_the_turns_tools() {
             );
             assert!(!config.contains("eyJ"), "a token in a warm box: {config}");
         }
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "containers left: {left:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        if left.is_empty() { Ok(()) } else { Err(left) }
+    })
+    .await;
     rig.stop().await;
 }
 
@@ -522,9 +521,12 @@ async fn claude_in(docker: &bollard::Docker, id: &str) -> Option<(u32, Vec<Strin
         inside.extend(all.iter().filter(|p| p.1 == parent).map(|p| p.0));
         i += 1;
     }
-    let (pid, _, args) = all
-        .into_iter()
-        .find(|p| inside.contains(&p.0) && p.2.first().is_some_and(|a| a.ends_with("/claude")))?;
+    // The one hako-agent started (Claude Code runs helpers of its own from its binary).
+    let (pid, _, args) = all.into_iter().find(|p| {
+        inside.contains(&p.0)
+            && p.2.first().is_some_and(|a| a.ends_with("/claude"))
+            && p.2.iter().any(|a| a == "--input-format")
+    })?;
     let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
     Some((pid, args, String::from_utf8_lossy(&env).replace('\0', "\n")))
 }
@@ -552,35 +554,16 @@ fn sessions_of(seen: &[Seen]) -> Vec<String> {
 /// Waits until the folder's single warm box runs Claude Code; answers the box and its
 /// process (pid, arguments, environment).
 async fn warm_claude(docker: &bollard::Docker, rig: &Rig) -> (String, (u32, Vec<String>, String)) {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        if let [id] = &warm_boxes(docker, rig).await[..]
+    eventually("a warm box running Claude Code", LIMIT, || async {
+        let boxes = warm_boxes(docker, rig).await;
+        if let [id] = &boxes[..]
             && let Some(p) = claude_in(docker, id).await
         {
-            return (id.clone(), p);
+            return Ok((id.clone(), p));
         }
-        if Instant::now() >= deadline {
-            let boxes = warm_boxes(docker, rig).await;
-            let logs = match boxes.first() {
-                Some(id) => {
-                    use futures_util::StreamExt as _;
-                    let opts = bollard::query_parameters::LogsOptionsBuilder::new()
-                        .stderr(true)
-                        .stdout(true)
-                        .build();
-                    docker
-                        .logs(id, Some(opts))
-                        .map(|l| l.map(|l| l.to_string()).unwrap_or_default())
-                        .collect::<Vec<_>>()
-                        .await
-                        .concat()
-                }
-                None => String::new(),
-            };
-            panic!("no warm box running Claude Code: {boxes:?}; its log: {logs}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err(boxes)
+    })
+    .await
 }
 
 /// In a warm box Claude Code is started before the turn: after a first turn the folder's
@@ -628,17 +611,14 @@ async fn claude_code_starts_before_its_turn_in_a_warm_box() {
     // The next turn: the model answers slowly, so the box can be looked at mid-turn.
     let before = stub.seen().len();
     rig.say(chat, "w-2", "answer slowly please").await;
-    let deadline = Instant::now() + LIMIT;
-    while !stub.seen()[before..]
-        .iter()
-        .any(|s| last_user(&s.body).0.contains("answer slowly"))
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the second turn never reached the model"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the second turn reaches the model", LIMIT, || async {
+        let seen = stub.seen().split_off(before);
+        let asked = seen
+            .iter()
+            .any(|s| last_user(&s.body).0.contains("answer slowly"));
+        if asked { Ok(()) } else { Err(seen.len()) }
+    })
+    .await;
     let (now_pid, _, now_env) = claude_in(&docker, &boxed)
         .await
         .expect("Claude Code in the warm box, mid-turn");

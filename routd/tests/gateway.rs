@@ -7,7 +7,7 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::http::HeaderMap;
 use common::*;
@@ -433,16 +433,12 @@ async fn the_llm_brain_uses_tools_through_the_gateway() {
     assert_eq!(results[1]["tool_use_id"], "tu_2");
 
     // Usage: 3 calls, 100 + 120 + 140 in, 3 × 20 out, for the group and the turn.
-    let deadline = Instant::now() + LIMIT;
-    let usage = loop {
+    let usage = eventually("three calls' usage recorded", LIMIT, || async {
         let (s, v) = rig.api().get(&rig.operator, "/v1/usage?folder=llm").await;
         assert_eq!(s, 200, "{v}");
-        if v["calls"] == 3 {
-            break v;
-        }
-        assert!(Instant::now() < deadline, "usage recorded: {v}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        if v["calls"] == 3 { Ok(v) } else { Err(v) }
+    })
+    .await;
     assert_eq!(
         (&usage["input_tokens"], &usage["output_tokens"]),
         (&json!(360), &json!(60)),
@@ -462,15 +458,8 @@ async fn the_llm_brain_uses_tools_through_the_gateway() {
     assert!(read > 5, "the search read {read} files");
     assert!(hits.is_empty(), "the key is in {hits:?}");
     let sock = rig.data().join("folders/llm/ipc/api.sock");
-    let deadline = Instant::now() + LIMIT;
-    while sock.exists() {
-        // The last reply reaches the chat a moment before the turn's end closes its sockets.
-        assert!(
-            Instant::now() < deadline,
-            "the gateway socket outlived its turn"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // The last reply reaches the chat a moment before the turn's end closes its sockets.
+    socket_gone(&sock).await;
 
     // A follow-up turn resumes the session: the model sees the earlier exchange.
     rig.say(chat, "q-2", "and now?").await;
@@ -537,21 +526,17 @@ async fn the_llm_brain_speaks_the_openai_format_too() {
         "get_history"
     );
     assert_eq!(msgs[msgs.len() - 1]["role"], "tool");
-    let deadline = Instant::now() + LIMIT;
-    loop {
+    let v = eventually("two calls' usage recorded", LIMIT, || async {
         let (_, v) = rig.api().get(&rig.operator, "/v1/usage?folder=oai").await;
-        if v["calls"] == 2 {
-            assert_eq!(
-                (&v["input_tokens"], &v["output_tokens"]),
-                (&json!(80), &json!(20)),
-                "{v}"
-            );
-            assert_eq!(v["rows"][0]["api"], "openai");
-            break;
-        }
-        assert!(Instant::now() < deadline, "usage: {v}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        if v["calls"] == 2 { Ok(v) } else { Err(v) }
+    })
+    .await;
+    assert_eq!(
+        (&v["input_tokens"], &v["output_tokens"]),
+        (&json!(80), &json!(20)),
+        "{v}"
+    );
+    assert_eq!(v["rows"][0]["api"], "openai");
     rig.stop().await;
 }
 
@@ -837,44 +822,29 @@ async fn the_gateway_lets_only_the_turns_token_through() {
         "no refused call reached the provider"
     );
     let short = spawn("live", 1).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (s, _, body) = call(
-            "/v1/messages",
-            Some(("x-api-key", short.token.clone())),
-            msg.clone(),
-        )
-        .await;
-        if s == 401 {
-            refused(s, &body, "token_expired");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the token never expired: {body}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (s, body) = eventually("the token expires", Duration::from_secs(10), || async {
+        let key = Some(("x-api-key", short.token.clone()));
+        let (s, _, body) = call("/v1/messages", key, msg.clone()).await;
+        if s == 401 { Ok((s, body)) } else { Err(body) }
+    })
+    .await;
+    refused(s, &body, "token_expired");
     let revoked = spawn("live", 300).await;
     client
         .revoke(&rig.operator, &revoked.jti)
         .await
         .expect("revoke");
-    let deadline = Instant::now() + Duration::from_secs(15);
-    loop {
-        let (s, _, body) = call(
-            "/v1/messages",
-            Some(("x-api-key", revoked.token.clone())),
-            msg.clone(),
-        )
-        .await;
-        if s == 401 {
-            refused(s, &body, "token_revoked");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the revocation never arrived: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let (s, body) = eventually(
+        "the revocation arrives",
+        Duration::from_secs(15),
+        || async {
+            let key = Some(("x-api-key", revoked.token.clone()));
+            let (s, _, body) = call("/v1/messages", key, msg.clone()).await;
+            if s == 401 { Ok((s, body)) } else { Err(body) }
+        },
+    )
+    .await;
+    refused(s, &body, "token_revoked");
 
     // Bad bodies and a provider that is down.
     let before = provider.seen().len();
@@ -967,23 +937,17 @@ async fn the_gateway_lets_only_the_turns_token_through() {
     }
     // The gateway gives a call's place back as its answer's body ends on its side, which may
     // come just after the client has read the last byte: wait for the place to be free.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (s, _, body) = call(
-            "/v1/messages",
-            Some(("x-api-key", own.token.clone())),
-            json!({"model": "m", "max_tokens": 10, "messages": [], "mcp_servers": []}),
-        )
-        .await;
-        if s != 429 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the calls' places never came back: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "the calls' places come back",
+        Duration::from_secs(30),
+        || async {
+            let key = Some(("x-api-key", own.token.clone()));
+            let body = json!({"model": "m", "max_tokens": 10, "messages": [], "mcp_servers": []});
+            let (s, _, body) = call("/v1/messages", key, body).await;
+            if s != 429 { Ok(()) } else { Err(body) }
+        },
+    )
+    .await;
 
     // What the provider would fetch or run for the agent, around its network policy (a
     // server-side tool, an image by URL): refused, never forwarded.
@@ -1016,18 +980,15 @@ async fn the_gateway_lets_only_the_turns_token_through() {
     assert_eq!(r.status(), 200);
     assert!(r.chunk().await.unwrap().is_some());
     drop(r);
-    let deadline = Instant::now() + LIMIT;
-    let row = loop {
+    let row = eventually("the cut call's usage", LIMIT, || async {
         let (_, v) = rig.api().get(&rig.operator, "/v1/usage?folder=live").await;
-        if let Some(row) = v["rows"]
+        v["rows"]
             .as_array()
             .and_then(|rows| rows.iter().find(|r| r["model"] == "hangup"))
-        {
-            break row.clone();
-        }
-        assert!(Instant::now() < deadline, "the cut call's usage: {v}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+            .cloned()
+            .ok_or(v)
+    })
+    .await;
     assert_eq!(
         (&row["calls"], &row["output_tokens"]),
         (&json!(1), &json!(777)),
@@ -1068,14 +1029,7 @@ async fn the_gateway_lets_only_the_turns_token_through() {
         )
         .await;
     assert_eq!(s, 201, "{v}");
-    let deadline = Instant::now() + LIMIT;
-    while sock.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "the gateway socket outlived its turn"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    socket_gone(&sock).await;
     rig.stop().await;
 }
 
@@ -1154,4 +1108,14 @@ async fn the_watch_page_charts_the_tokens_a_group_spent() {
     .await;
     drop(b);
     rig.stop().await;
+}
+
+/// Waits until the turn's gateway socket is removed (its turn ended).
+async fn socket_gone(sock: &std::path::Path) {
+    eventually(
+        "the gateway socket is removed with its turn",
+        LIMIT,
+        || async { if sock.exists() { Err(()) } else { Ok(()) } },
+    )
+    .await
 }

@@ -64,11 +64,14 @@ async fn a_message_in_and_the_reply_out_on_sse_and_webhook() {
     assert_eq!(events[1].1["content"], "hello, hako");
     assert!(events[0].0 < events[1].0, "event ids are the log's seqs");
     // The webhook: one signed delivery of the reply, keyed by its id.
-    let deadline = Instant::now() + LIMIT;
-    while recv.requests().is_empty() {
-        assert!(Instant::now() < deadline, "no webhook delivery");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("a webhook delivery", LIMIT, || async {
+        if recv.requests().is_empty() {
+            Err(())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     let (headers, body, _) = recv.requests()[0].clone();
     assert!(signature_ok(secret, &headers, &body), "{headers:?}");
     assert!(!signature_ok("another-secret-0123456789", &headers, &body));
@@ -107,18 +110,7 @@ async fn messages_during_a_live_turn_are_all_answered_once() {
     rig.group_for("steer", chat).await;
     rig.say(chat, "s-1", "/sleep 2\nfirst").await;
     // Wait until the turn runs, then three more.
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let (_, v) = rig
-            .api()
-            .get(&rig.operator, "/v1/turns?state=running")
-            .await;
-        if !v["turns"].as_array().unwrap().is_empty() {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the turn never ran");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    rig.first_running(None).await;
     for (id, text) in [("s-2", "second"), ("s-3", "third"), ("s-4", "fourth")] {
         rig.say(chat, id, text).await;
     }
@@ -268,18 +260,10 @@ async fn slash_commands_new_stop_ping_chatid() {
     // /stop during a long run.
     rig.wait_idle("cmds").await;
     rig.say(chat, "c-7", "/sleep 60").await;
-    let deadline = Instant::now() + LIMIT;
-    let turn_id = loop {
-        let (_, v) = rig
-            .api()
-            .get(&rig.operator, "/v1/turns?state=running")
-            .await;
-        if let Some(t) = v["turns"].as_array().unwrap().first() {
-            break t["turn_id"].as_str().unwrap().to_owned();
-        }
-        assert!(Instant::now() < deadline, "the long run never ran");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let turn_id = rig.first_running(None).await["turn_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     rig.say(chat, "c-8", "/stop").await;
     let h = rig
         .wait_for(chat, "stopped", |h| {
@@ -340,21 +324,11 @@ async fn routd_killed_mid_turn_resumes_it() {
     // The agent calls its tools after the restart: the new routd bound the socket again.
     rig.say(chat, "k-1", "/sleep 3\n/mcp list_tasks\nsurvivor")
         .await;
-    let deadline = Instant::now() + LIMIT;
-    let (turn_id, run_id) = loop {
-        let (_, v) = rig
-            .api()
-            .get(&rig.operator, "/v1/turns?state=running")
-            .await;
-        if let Some(t) = v["turns"].as_array().unwrap().first() {
-            break (
-                t["turn_id"].as_str().unwrap().to_owned(),
-                t["run_id"].as_str().unwrap().to_owned(),
-            );
-        }
-        assert!(Instant::now() < deadline, "the run never started");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let t = rig.first_running(None).await;
+    let (turn_id, run_id) = (
+        t["turn_id"].as_str().unwrap().to_owned(),
+        t["run_id"].as_str().unwrap().to_owned(),
+    );
     let (mut child, _) = rig.child.take().unwrap();
     child.kill().unwrap();
     child.wait().unwrap();
@@ -372,14 +346,15 @@ async fn routd_killed_mid_turn_resumes_it() {
         ["slept 3 s\nmcp list_tasks: {\"tasks\":[]}\nsurvivor"]
     );
     // The turn ends with its run (the agent exits after its reply, a moment later).
-    let deadline = Instant::now() + LIMIT;
-    let turn = loop {
+    let turn = eventually("the turn ends", LIMIT, || async {
         let turn = rig.turn(&turn_id).await;
-        if turn["state"] != "running" || Instant::now() > deadline {
-            break turn;
+        if turn["state"] != "running" {
+            Ok(turn)
+        } else {
+            Err(turn)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    })
+    .await;
     assert_eq!(
         (
             turn["state"].as_str(),
@@ -411,15 +386,15 @@ async fn runed_down_then_back() {
     let v: Value = r.json().await.unwrap();
     assert!(v["message"].as_str().unwrap().contains("runed"), "{v}");
     // The turn's first try finds runed away and says so in the metric.
-    let deadline = Instant::now() + LIMIT;
-    loop {
+    eventually("routd sees runed unavailable", LIMIT, || async {
         let metrics = rig.metrics().await;
         if metrics.contains("routd_runed_unavailable 1") {
-            break;
+            Ok(())
+        } else {
+            Err(metrics)
         }
-        assert!(Instant::now() < deadline, "{metrics}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
     let (_, v) = rig
         .api()
         .get(&rig.operator, "/v1/turns?state=starting")
@@ -562,14 +537,11 @@ async fn a_full_runed_queue_delays_the_turn_instead_of_failing_it() {
     assert_eq!((s, v["error"].as_str()), (429, Some("queue_full")), "{v}");
     rig.say(chat, "q-1", "still there?").await;
     // The turn is asked for and refused with 429, twice at least, meanwhile.
-    let deadline = Instant::now() + LIMIT;
-    while rig.metric_value("routd_runed_busy_total ").await < Some(2.0) {
-        assert!(
-            Instant::now() < deadline,
-            "runed never refused the turn's start"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("runed refuses the turn's start twice", LIMIT, || async {
+        let busy = rig.metric_value("routd_runed_busy_total ").await;
+        if busy >= Some(2.0) { Ok(()) } else { Err(busy) }
+    })
+    .await;
     let h = rig.history(chat).await;
     assert!(
         notices(&h).is_empty(),
@@ -830,15 +802,7 @@ async fn the_agent_uses_its_tools_on_the_turn_socket() {
     );
     // After the turns, nobody listens in the folder's ipc/ any more.
     let sock = rig.data().join("folders/tools/ipc/mcp.sock");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sock.exists() {
-        assert!(
-            Instant::now() < deadline,
-            "{} outlived its turn",
-            sock.display()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    gone_with_its_turn(&sock).await;
     let ipc = std::fs::symlink_metadata(rig.data().join("folders/tools/ipc")).unwrap();
     assert_eq!(
         std::os::unix::fs::MetadataExt::mode(&ipc) & 0o022,
@@ -989,11 +953,7 @@ async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
     .await;
     let (s, v) = send(own.clone(), "k-4", "too late").await;
     assert_eq!((s, v["error"].as_str()), (409, Some("turn_ended")), "{v}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while sock.exists() {
-        assert!(Instant::now() < deadline, "the socket outlived its turn");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    gone_with_its_turn(&sock).await;
     assert!(std::os::unix::net::UnixStream::connect(&sock).is_err());
     rig.stop().await;
 }
@@ -1079,4 +1039,14 @@ async fn a_main_group_registers_and_spawns_a_sub_group() {
         (Some("Helper"), json!(["send_message"]))
     );
     rig.stop().await;
+}
+
+/// Waits until a turn's socket is removed (its turn ended).
+async fn gone_with_its_turn(sock: &std::path::Path) {
+    eventually(
+        &format!("{} is removed with its turn", sock.display()),
+        Duration::from_secs(30),
+        || async { if sock.exists() { Err(()) } else { Ok(()) } },
+    )
+    .await
 }

@@ -10,7 +10,7 @@ use futures_util::StreamExt;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::config::Env;
-use hako_shared::testing::ApiClient;
+use hako_shared::testing::{ApiClient, eventually};
 use serde_json::{Value, json};
 
 const ROUTD_KEY: &str = "routd-test-key-0123456789";
@@ -191,18 +191,12 @@ impl Rig {
     }
 
     async fn wait_state(&self, run: &str, state: &str) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        let what = format!("run {run} reaches {state}");
+        eventually(&what, Duration::from_secs(60), || async {
             let (_, v) = self.get(&self.routd, &format!("/v1/runs/{run}")).await;
-            if v["state"] == state {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "run {run} never reached {state}: {v}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            if v["state"] == state { Ok(()) } else { Err(v) }
+        })
+        .await
     }
 
     fn db(&self) -> rusqlite::Connection {
@@ -308,18 +302,7 @@ async fn daemon_run_end_to_end_with_spawn_token_and_idempotency() {
         .unwrap();
     let c = AuthdClient::new(&rig.authd_url()).unwrap();
     // Revocation follows the recorded end (authd may be slow): wait for it, boundedly.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !c
-        .revoked()
-        .await
-        .unwrap()
-        .revoked
-        .iter()
-        .any(|e| e.jti == jti)
-    {
-        assert!(Instant::now() < deadline, "spawn token revoked at the end");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    revoked(&c, &jti, "the spawn token is revoked at the end").await;
     let audit = c.audit(&rig.operator, None, None).await.unwrap();
     let mint = audit
         .entries
@@ -494,16 +477,15 @@ async fn daemon_tokens_and_bodies_are_checked_at_the_edge() {
     // Expired: a 1 s token works until it expires (with the 1 s skew allowed), then it is
     // refused as expired, within a bound.
     let short = rig.mint(&["runs:read"], Some("a"), 1).await;
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let v = loop {
+    let v = eventually("the 1 s token expires", Duration::from_secs(15), || async {
         let (s, v) = rig.get(&short, &format!("/v1/runs/{run}")).await;
         if s == 401 {
-            break v;
+            return Ok(v);
         }
         assert_eq!(s, 200, "before it expires: {v}");
-        assert!(Instant::now() < deadline, "the 1 s token never expired");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        Err(v)
+    })
+    .await;
     assert_eq!(v["error"].as_str(), Some("token_expired"), "{v}");
     // Malformed, invalid and oversized bodies.
     let r = rig
@@ -635,17 +617,25 @@ async fn daemon_detach_and_readopt() {
     rig.wait_state(&b, "running").await;
     let runner = rig.runner();
     rig.runed.take().unwrap().shutdown().await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while runner
-        .list_agents()
-        .await
-        .unwrap()
-        .iter()
-        .any(|c| c.state == "running")
-    {
-        assert!(Instant::now() < deadline, "container did not finish");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the container finishes",
+        Duration::from_secs(30),
+        || async {
+            let running: Vec<_> = runner
+                .list_agents()
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|c| c.state == "running")
+                .collect();
+            if running.is_empty() {
+                Ok(())
+            } else {
+                Err(running)
+            }
+        },
+    )
+    .await;
     rig.start_runed().await;
     let v = rig.wait(&b).await;
     assert_eq!(v["outcome"], "ok", "{v}");
@@ -717,18 +707,16 @@ impl Rig {
 
     /// Polls the run until it has at least `n` output blocks.
     async fn wait_outputs(&self, run: &str, n: usize) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        let what = format!("run {run} has {n} blocks");
+        eventually(&what, Duration::from_secs(60), || async {
             let (_, v) = self.get(&self.routd, &format!("/v1/runs/{run}")).await;
             if v["outputs"].as_array().map_or(0, Vec::len) >= n {
-                return v;
+                Ok(v)
+            } else {
+                Err(v)
             }
-            assert!(
-                Instant::now() < deadline,
-                "run {run} never had {n} blocks: {v}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     fn input_files(&self, folder: &str) -> Vec<String> {
@@ -934,21 +922,22 @@ async fn daemon_waits_for_docker_at_start() {
     let b = rig.run("dk2", "turn-dk-2", "two").await;
     // The scheduler has looked at the queue for a second with both runs in it (its gauges,
     // refreshed on each of its rounds, say so), and started neither.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = metrics(&rig).await;
-        if m.get("runed_oldest_queued_seconds")
-            .is_some_and(|&v| v >= 1.0)
-        {
-            assert_eq!(m.get("runed_queue_length"), Some(&2.0), "{m:?}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the scheduler never went round: {m:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let m = eventually(
+        "the scheduler goes round",
+        Duration::from_secs(20),
+        || async {
+            let m = metrics(&rig).await;
+            if m.get("runed_oldest_queued_seconds")
+                .is_some_and(|&v| v >= 1.0)
+            {
+                Ok(m)
+            } else {
+                Err(m)
+            }
+        },
+    )
+    .await;
+    assert_eq!(m.get("runed_queue_length"), Some(&2.0), "{m:?}");
     for r in [&a, &b] {
         let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{r}")).await;
         assert_eq!(v["state"], "queued", "{v}");
@@ -1077,15 +1066,11 @@ async fn daemon_survives_docker_going_away() {
     proxy.cut().await;
 
     // /ready says why, soon.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let v = loop {
+    let v = eventually("/ready answers 503", Duration::from_secs(20), || async {
         let (s, v) = ready(&rig).await;
-        if s == 503 {
-            break v;
-        }
-        assert!(Instant::now() < deadline, "/ready still {s}: {v}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+        if s == 503 { Ok(v) } else { Err((s, v)) }
+    })
+    .await;
     assert_eq!(v["error"], "not_ready", "{v}");
     assert!(
         v["message"].as_str().unwrap_or_default().contains("docker"),
@@ -1173,14 +1158,17 @@ async fn daemon_survives_docker_going_away() {
     assert_eq!(n, 1, "not run twice");
     // Its container is removed after recovery (after the end is recorded, so a look right
     // after the end may still find it: waited for, boundedly).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while docker.inspect_container(&cid, None).await.is_ok() {
-        assert!(
-            Instant::now() < deadline,
-            "its container is removed after recovery"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually(
+        "its container is removed after recovery",
+        Duration::from_secs(30),
+        || async {
+            match docker.inspect_container(&cid, None).await {
+                Ok(c) => Err(c.state),
+                Err(_) => Ok(()),
+            }
+        },
+    )
+    .await;
     assert_eq!(ready(&rig).await.0, 200);
     assert_eq!(rig.containers().await, 0, "containers gone");
     rig.stop().await;
@@ -1347,16 +1335,15 @@ impl Rig {
         }
         let child = cmd.spawn().expect("runed starts");
         let base = format!("http://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(r) = self.http.get(format!("{base}/health")).send().await
-                && r.status().is_success()
-            {
-                break;
+        let health = format!("{base}/health");
+        eventually("runed comes up", Duration::from_secs(20), || async {
+            match self.http.get(&health).send().await {
+                Ok(r) if r.status().is_success() => Ok(()),
+                Ok(r) => Err(r.status().to_string()),
+                Err(e) => Err(e.to_string()),
             }
-            assert!(Instant::now() < deadline, "runed did not come up");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
         self.child = Some((child, base));
     }
 }
@@ -1511,21 +1498,7 @@ async fn daemon_sigkill_after_an_answer_never_reruns_the_turn() {
     assert_eq!(v["outcome"], "ok", "the stored answer stands: {v}");
     assert_eq!(results(&v), ["block 1/1"]);
     let c = AuthdClient::new(&rig.authd_url()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !c
-        .revoked()
-        .await
-        .unwrap()
-        .revoked
-        .iter()
-        .any(|e| e.jti == jti)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the spawn token is revoked on this path too"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    revoked(&c, &jti, "the spawn token is revoked on this path too").await;
     let n: i64 = rig
         .db()
         .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
@@ -1998,8 +1971,8 @@ async fn daemon_refuses_a_runtime_docker_lacks() {
 impl Rig {
     /// The folder's warm boxes that run, once there are `n` (waits up to 60 s).
     async fn warm_boxes(&self, folder: &str, n: usize) -> Vec<hako_runed::runner::docker::Listed> {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        let what = format!("{folder} has {n} warm boxes");
+        eventually(&what, Duration::from_secs(60), || async {
             let boxes: Vec<_> = self
                 .runner()
                 .list_agents()
@@ -2013,15 +1986,12 @@ impl Rig {
                 })
                 .collect();
             if boxes.len() == n {
-                return boxes;
+                Ok(boxes)
+            } else {
+                Err(boxes)
             }
-            assert!(
-                Instant::now() < deadline,
-                "{folder} has {} warm boxes, not {n}: {boxes:?}",
-                boxes.len()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     /// The container runed.db records for a run.
@@ -2048,17 +2018,13 @@ impl Rig {
 
     /// Waits until Docker no longer has the container.
     async fn until_gone(&self, id: &str, limit: Duration) {
-        let deadline = Instant::now() + limit;
-        while self
-            .runner()
-            .docker()
-            .inspect_container(id, None)
-            .await
-            .is_ok()
-        {
-            assert!(Instant::now() < deadline, "container {id} is still there");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        eventually(&format!("container {id} is gone"), limit, || async {
+            match self.runner().docker().inspect_container(id, None).await {
+                Ok(c) => Err(c.state),
+                Err(_) => Ok(()),
+            }
+        })
+        .await
     }
 
     /// A run's creation time, Unix ms.
@@ -2087,18 +2053,31 @@ async fn metric(rig: &Rig, name: &str, labels: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Waits (up to 20 s) until authd lists `jti` as revoked.
+async fn revoked(c: &AuthdClient, jti: &str, what: &str) {
+    eventually(what, Duration::from_secs(20), || async {
+        let list = c.revoked().await.unwrap().revoked;
+        if list.iter().any(|e| e.jti == jti) {
+            Ok(())
+        } else {
+            Err(list.len())
+        }
+    })
+    .await
+}
+
 /// Waits (up to 10 s) for an unlabelled gauge to read `value`: gauges follow the scheduler's
 /// tick.
 async fn metric_becomes(rig: &Rig, name: &str, value: f64) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let now = metric(rig, name, "").await;
-        if now == value {
-            return;
-        }
-        assert!(Instant::now() < deadline, "{name} stays {now}, not {value}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        &format!("{name} reads {value}"),
+        Duration::from_secs(10),
+        || async {
+            let now = metric(rig, name, "").await;
+            if now == value { Ok(()) } else { Err(now) }
+        },
+    )
+    .await
 }
 
 /// #27: a folder's next turn is answered by the box started after its last one, created
@@ -2307,11 +2286,15 @@ async fn daemon_a_warm_box_that_writes_before_its_turn_is_not_taken() {
     run("warm-h", "turn-wh-1", image.clone()).await;
     let planted = rig.warm_boxes("warm-h", 1).await.remove(0);
     let input = rig.data.join("runed/folders/warm-h/input");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !input.join("planted.json").exists() {
-        assert!(Instant::now() < deadline, "the box never wrote");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the box writes", Duration::from_secs(30), || async {
+        let planted = input.join("planted.json");
+        if planted.exists() {
+            Ok(())
+        } else {
+            Err(planted)
+        }
+    })
+    .await;
     let second = run("warm-h", "turn-wh-2", image.clone()).await;
     assert_ne!(
         rig.container_of(&second),

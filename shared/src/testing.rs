@@ -4,11 +4,37 @@
 //! JSON error envelope (`application/json`, exactly `{"error": "<snake_case code>",
 //! "message": "<text>"}`), or the test fails right there, naming the request. So no route can
 //! answer an error in another shape (axum's text/plain rejections, an empty 500) without a
-//! test noticing.
+//! test noticing. [`eventually`] is the one poller the suites wait with.
 
 use std::time::Duration;
 
 use serde_json::Value;
+
+/// How often [`eventually`] looks again.
+pub const POLL: Duration = Duration::from_millis(50);
+
+/// The one poller of the test suites: calls `probe` until it answers `Ok(value)`, and
+/// returns the value. Past `limit` the test fails, naming `what` and the last `Err` the probe
+/// answered (what it saw instead). A probe looks at what the test claims (a row, a file, a
+/// container, an answer), so a test waits exactly as long as the behaviour takes.
+pub async fn eventually<T, E, F, Fut>(what: &str, limit: Duration, mut probe: F) -> T
+where
+    E: std::fmt::Debug,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match probe().await {
+            Ok(v) => return v,
+            Err(last) => assert!(
+                tokio::time::Instant::now() < deadline,
+                "{what}: not within {limit:?}; last seen: {last:?}"
+            ),
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
 
 /// Checks an error answer against the envelope; `Ok` for any status below 400.
 pub fn check_envelope(status: u16, content_type: Option<&str>, body: &[u8]) -> Result<(), String> {

@@ -9,13 +9,14 @@ pub mod browser;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::chat::MessageView;
 use hako_shared::config::Env;
 use hako_shared::testing::ApiClient;
+pub use hako_shared::testing::eventually;
 use serde_json::{Value, json};
 
 pub const RUNED_KEY: &str = "runed-test-key-0123456789";
@@ -201,16 +202,15 @@ impl Rig {
         }
         self.runed_child = Some(cmd.spawn().expect("runed's process starts"));
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            if let Ok(r) = http.get(format!("{}/ready", self.runed_url())).send().await
-                && r.status().is_success()
-            {
-                return;
+        let ready = format!("{}/ready", self.runed_url());
+        eventually("runed's process gets ready", LIMIT, || async {
+            match http.get(&ready).send().await {
+                Ok(r) if r.status().is_success() => Ok(()),
+                Ok(r) => Err(r.status().to_string()),
+                Err(e) => Err(e.to_string()),
             }
-            assert!(Instant::now() < deadline, "runed's process never got ready");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
     }
 
     /// SIGKILLs runed's process: its containers keep running, nothing is detached cleanly.
@@ -281,17 +281,16 @@ impl Rig {
         }
         let child = cmd.spawn().expect("routd starts");
         let base = format!("http://127.0.0.1:{}", self.routd_port);
-        let deadline = Instant::now() + Duration::from_secs(20);
         let http = reqwest::Client::builder().no_proxy().build().unwrap();
-        loop {
-            if let Ok(r) = http.get(format!("{base}/health")).send().await
-                && r.status().is_success()
-            {
-                break;
+        let health = format!("{base}/health");
+        eventually("routd comes up", Duration::from_secs(20), || async {
+            match http.get(&health).send().await {
+                Ok(r) if r.status().is_success() => Ok(()),
+                Ok(r) => Err(r.status().to_string()),
+                Err(e) => Err(e.to_string()),
             }
-            assert!(Instant::now() < deadline, "routd did not come up");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
         self.child = Some((child, base));
     }
 
@@ -434,15 +433,11 @@ impl Rig {
         what: &str,
         done: impl Fn(&[MessageView]) -> bool,
     ) -> Vec<MessageView> {
-        let deadline = Instant::now() + LIMIT;
-        loop {
+        eventually(what, LIMIT, || async {
             let h = self.history(chat).await;
-            if done(&h) {
-                return h;
-            }
-            assert!(Instant::now() < deadline, "{what}: {h:#?}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            if done(&h) { Ok(h) } else { Err(h) }
+        })
+        .await
     }
 
     pub async fn turn(&self, turn_id: &str) -> Value {
@@ -454,10 +449,10 @@ impl Rig {
         v
     }
 
-    /// Posts `/sleep 60` to `web:<folder>` (a group that exists) and waits until its turn
-    /// runs: a live turn to call the sockets of.
-    /// Starts a turn in `folder` that stays live (a script brain asleep) until the rig stops;
-    /// give the rig [`LONG_RUNS`], or the run's ceiling ends it within a minute.
+    /// Starts a turn in `folder` that stays live (a script brain asleep) until the rig stops
+    /// (`/sleep 600` in `web:<folder>`, a group that exists) and waits until it runs: a live
+    /// turn to call the sockets of. Give the rig [`LONG_RUNS`], or the run's ceiling ends it
+    /// within a minute.
     pub async fn running_turn(&self, folder: &str) -> Value {
         self.say(
             &format!("web:{folder}"),
@@ -465,54 +460,52 @@ impl Rig {
             "/sleep 600",
         )
         .await;
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            let (_, v) = self
-                .api()
-                .get(
-                    &self.operator,
-                    &format!("/v1/turns?folder={folder}&state=running"),
-                )
-                .await;
-            if let Some(t) = v["turns"].as_array().and_then(|t| t.first()) {
-                return t.clone();
-            }
-            assert!(Instant::now() < deadline, "the long run never ran");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        self.first_running(Some(folder)).await
+    }
+
+    /// The first running turn (of `folder`, or of any), once one runs.
+    pub async fn first_running(&self, folder: Option<&str>) -> Value {
+        let running = match folder {
+            Some(f) => format!("/v1/turns?folder={f}&state=running"),
+            None => "/v1/turns?state=running".to_owned(),
+        };
+        eventually("a turn runs", LIMIT, || async {
+            let (_, v) = self.api().get(&self.operator, &running).await;
+            v["turns"]
+                .as_array()
+                .and_then(|t| t.first())
+                .cloned()
+                .ok_or(v)
+        })
+        .await
     }
 
     /// Waits until `folder`'s turn runs and its container has started; answers the turn's
     /// and the run's ids.
     pub async fn live_run(&self, folder: &str) -> (String, String) {
         let runed = ApiClient::new(self.runed_url());
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            let (_, v) = self
-                .api()
-                .get(
-                    &self.operator,
-                    &format!("/v1/turns?folder={folder}&state=running"),
-                )
-                .await;
-            if let Some(t) = v["turns"].as_array().and_then(|t| t.first()) {
-                let run = t["run_id"].as_str().unwrap_or_default().to_owned();
-                let (_, r) = runed.get(&self.operator, &format!("/v1/runs/{run}")).await;
-                if r["state"] == "running" {
-                    return (t["turn_id"].as_str().unwrap().to_owned(), run);
-                }
+        let running = format!("/v1/turns?folder={folder}&state=running");
+        eventually(&format!("{folder}'s turn runs"), LIMIT, || async {
+            let (_, v) = self.api().get(&self.operator, &running).await;
+            let Some(t) = v["turns"].as_array().and_then(|t| t.first()) else {
+                return Err(v);
+            };
+            let run = t["run_id"].as_str().unwrap_or_default().to_owned();
+            let (_, r) = runed.get(&self.operator, &format!("/v1/runs/{run}")).await;
+            if r["state"] == "running" {
+                Ok((t["turn_id"].as_str().unwrap().to_owned(), run))
+            } else {
+                Err(r)
             }
-            assert!(Instant::now() < deadline, "{folder}'s turn never ran");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await
     }
 
     /// Waits until `folder` has no live turn (a message sent now starts a new turn instead of
     /// being steered into the one that just replied).
     pub async fn wait_idle(&self, folder: &str) {
-        let deadline = Instant::now() + LIMIT;
-        loop {
-            let mut live = 0;
+        eventually(&format!("{folder} goes idle"), LIMIT, || async {
+            let mut live = Vec::new();
             for state in ["starting", "running", "waiting"] {
                 let (_, v) = self
                     .api()
@@ -521,14 +514,11 @@ impl Rig {
                         &format!("/v1/turns?folder={folder}&state={state}"),
                     )
                     .await;
-                live += v["turns"].as_array().map_or(0, Vec::len);
+                live.extend(v["turns"].as_array().cloned().unwrap_or_default());
             }
-            if live == 0 {
-                return;
-            }
-            assert!(Instant::now() < deadline, "{folder} never went idle");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            if live.is_empty() { Ok(()) } else { Err(live) }
+        })
+        .await
     }
 
     /// A spawn token as runed mints it for a run: the agent's scopes, bound to `folder`, the
