@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
-
 use common::*;
 use hako_shared::GroupFolder;
 use hako_shared::chat::{Direction, MessageView};
@@ -30,8 +28,8 @@ async fn running(rig: &Rig, folder: &str) -> String {
 /// has not taken it yet.
 async fn placed(rig: &Rig, folder: &str) {
     let dir = DataLayout::new(rig.data()).dir(&GroupFolder::new(folder).unwrap(), FolderDir::Input);
-    let deadline = Instant::now() + LIMIT;
-    loop {
+    let what = format!("a follow-up is placed in {}", dir.display());
+    eventually(&what, LIMIT, || async {
         let names: Vec<String> = std::fs::read_dir(&dir)
             .map(|rd| {
                 rd.filter_map(Result::ok)
@@ -40,16 +38,9 @@ async fn placed(rig: &Rig, folder: &str) {
                     .collect()
             })
             .unwrap_or_default();
-        if !names.is_empty() {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no follow-up was placed in {}",
-            dir.display()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        if names.is_empty() { Err(()) } else { Ok(()) }
+    })
+    .await
 }
 
 /// Waits until every inbound message of the chat is answered; answers the history.

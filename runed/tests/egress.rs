@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use egress_rig::{Rig, answer, rand_hex, status_of};
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{AuthdClient, Signer, now_secs};
+use hako_shared::testing::eventually;
 use serde_json::json;
 
 /// From an `allowlist` container: the allowed HTTP and HTTPS targets answer through the
@@ -203,22 +204,24 @@ async fn an_allowlist_run_reaches_exactly_its_list() {
     // The run's network goes with the run: removed right after the end is recorded (the
     // record comes first, so a slow daemon gets a little while).
     let suffix = run.replace("run-", "");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let nets = rig
-            .docker
-            .list_networks(None::<bollard::query_parameters::ListNetworksOptions>)
-            .await
-            .unwrap();
-        let left = nets
-            .iter()
-            .any(|n| n.name.as_deref().is_some_and(|x| x.contains(&suffix)));
-        if !left {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the run's network is left");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        "the run's network is removed",
+        Duration::from_secs(60),
+        || async {
+            let nets = rig
+                .docker
+                .list_networks(None::<bollard::query_parameters::ListNetworksOptions>)
+                .await
+                .unwrap();
+            let left: Vec<_> = nets
+                .into_iter()
+                .filter_map(|n| n.name)
+                .filter(|x| x.contains(&suffix))
+                .collect();
+            if left.is_empty() { Ok(()) } else { Err(left) }
+        },
+    )
+    .await
 }
 
 /// The container's network: internal, no address on the host, the agent and the proxy only;
@@ -373,17 +376,17 @@ async fn the_proxy_killed_mid_run_fails_closed_and_comes_back() {
         "closed while down: {two}"
     );
     // runed notices, recreates, and says so on /ready once the new proxy is ready.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        if let Some(id) = rig.proxy_id().await
-            && id != old
+    eventually("the proxy comes back", Duration::from_secs(60), || async {
+        let id = rig.proxy_id().await;
+        if let Some(id) = &id
+            && *id != old
             && rig.ready().await.0 == 200
         {
-            break;
+            return Ok(());
         }
-        assert!(Instant::now() < deadline, "the proxy did not come back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        Err(id)
+    })
+    .await;
     let metrics = reqwest::Client::builder()
         .no_proxy()
         .build()

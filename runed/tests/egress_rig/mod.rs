@@ -21,7 +21,7 @@ use futures_util::StreamExt;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{AGENT_SCOPES, AuthdClient};
 use hako_shared::config::Env;
-use hako_shared::testing::ApiClient;
+use hako_shared::testing::{ApiClient, eventually};
 use serde_json::{Value, json};
 
 pub const ROUTD_KEY: &str = "routd-test-key-0123456789";
@@ -235,15 +235,11 @@ impl Rig {
 
     /// runed's `/ready` (which includes the proxy's) answers 200.
     pub async fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        eventually("runed gets ready", Duration::from_secs(60), || async {
             let (s, v) = self.ready().await;
-            if s == 200 {
-                return;
-            }
-            assert!(Instant::now() < deadline, "runed never ready: {v}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            if s == 200 { Ok(()) } else { Err(v) }
+        })
+        .await
     }
 
     pub async fn target(
@@ -429,15 +425,13 @@ impl Rig {
     }
 
     pub async fn wait_end(&self, run: &str) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
+        eventually("the run ends", Duration::from_secs(120), || async {
             let v = self.status(run).await;
-            if ["exited", "error", "killed", "timed_out"].contains(&v["state"].as_str().unwrap()) {
-                return v;
-            }
-            assert!(Instant::now() < deadline, "run never ended: {v}");
-            tokio::time::sleep(Duration::from_millis(150)).await;
-        }
+            let ended =
+                ["exited", "error", "killed", "timed_out"].contains(&v["state"].as_str().unwrap());
+            if ended { Ok(v) } else { Err(v) }
+        })
+        .await
     }
 
     /// Drops a file the agent's `wait-file` is waiting for.
