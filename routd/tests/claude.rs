@@ -511,7 +511,8 @@ fn host_processes() -> Vec<(u32, u32, Vec<String>)> {
 /// arguments and its environment.
 async fn claude_in(docker: &bollard::Docker, id: &str) -> Option<(u32, Vec<String>, String)> {
     let info = docker.inspect_container(id, None).await.ok()?;
-    let init = u32::try_from(info.state?.pid?).ok()?;
+    // A box not started yet has pid 0, whose descendants would be every process on the host.
+    let init = u32::try_from(info.state?.pid?).ok().filter(|p| *p > 0)?;
     let all = host_processes();
     // The box's processes: its init's descendants.
     let mut inside = vec![init];
@@ -529,6 +530,28 @@ async fn claude_in(docker: &bollard::Docker, id: &str) -> Option<(u32, Vec<Strin
     })?;
     let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
     Some((pid, args, String::from_utf8_lossy(&env).replace('\0', "\n")))
+}
+
+/// What runed recorded of each run (its state and the agent's log), for a failure message.
+fn run_logs(rig: &Rig) -> String {
+    let db = rusqlite::Connection::open(rig.data().join("runed.db")).unwrap();
+    let mut q = db
+        .prepare(
+            "SELECT s.run_id, s.state, COALESCE(l.log, '') FROM spawns s \
+             LEFT JOIN spawn_logs l ON l.run_id = s.run_id ORDER BY s.rowid",
+        )
+        .unwrap();
+    q.query_map([], |r| {
+        Ok(format!(
+            "\n{} {}:\n{}",
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?
+        ))
+    })
+    .unwrap()
+    .map(Result::unwrap)
+    .collect()
 }
 
 /// The value of `flag` in `args` (`--flag value` or `--flag=value`).
@@ -594,7 +617,9 @@ async fn claude_code_starts_before_its_turn_in_a_warm_box() {
     assert_eq!(
         arg_after(&args, "--resume"),
         Some(session.as_str()),
-        "{args:?}"
+        "{args:?}; runs: {}; turns: {}",
+        run_logs(&rig),
+        rig.api().get(&rig.operator, "/v1/turns?folder=ccw").await.1
     );
     assert_eq!(
         arg_after(&args, "--append-system-prompt"),
