@@ -3,9 +3,10 @@
 //! of some, and what a daemon that is down looks like.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hako_shared::config::Env;
+use hako_shared::testing::eventually;
 use serde_json::{Value, json};
 
 const OPERATOR_KEY: &str = "operator-ops-test-key-0123456789";
@@ -263,15 +264,14 @@ async fn every_operator_command_against_real_daemons() {
         .await
         .unwrap();
     assert_eq!(posted.status(), 201);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let live = loop {
+    let live = eventually("the long run runs", Duration::from_secs(60), || async {
         let v = d.json(&["runs", "list", "--state", "running"]);
-        if let Some(r) = v["runs"].as_array().and_then(|r| r.first()) {
-            break r["run_id"].as_str().unwrap().to_owned();
+        match v["runs"].as_array().and_then(|r| r.first()) {
+            Some(r) => Ok(r["run_id"].as_str().unwrap().to_owned()),
+            None => Err(v),
         }
-        assert!(Instant::now() < deadline, "the long run never ran");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    })
+    .await;
     let killed = d.json(&["runs", "kill", &live]);
     assert_eq!(
         (&killed["state"], &killed["outcome"]),
@@ -307,15 +307,15 @@ async fn every_operator_command_against_real_daemons() {
         .await
         .unwrap();
     assert_eq!(posted.status(), 201);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let held = loop {
+    let held = eventually("an approval request", Duration::from_secs(60), || async {
         let v = d.json(&["approvals", "list"]);
-        if let Some(a) = v["approvals"].as_array().and_then(|a| a.first()) {
-            break a.clone();
-        }
-        assert!(Instant::now() < deadline, "no approval request");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+        v["approvals"]
+            .as_array()
+            .and_then(|a| a.first())
+            .cloned()
+            .ok_or(v)
+    })
+    .await;
     let ap = held["id"].as_str().unwrap().to_owned();
     assert_eq!(
         (&held["tool"], &held["state"]),
@@ -442,23 +442,24 @@ async fn hako_web_prints_a_link_that_signs_in_once_and_revoke_ends_its_session()
         "{out}"
     );
     assert_eq!(d.json(&["web", "--list"])["sessions"], json!([]));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let r = http
-            .get(format!("{routd}/web/session"))
-            .header("cookie", &cookie)
-            .send()
-            .await
-            .unwrap();
-        if r.status() == 401 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the session outlived its revoked link"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    eventually(
+        "the session ends with its revoked link",
+        Duration::from_secs(60),
+        || async {
+            let r = http
+                .get(format!("{routd}/web/session"))
+                .header("cookie", &cookie)
+                .send()
+                .await
+                .unwrap();
+            if r.status() == 401 {
+                Ok(())
+            } else {
+                Err(r.status())
+            }
+        },
+    )
+    .await;
 
     // A session outlives its link's token: after the token expired, revoking its id still ends
     // the session, at routd (authd may or may not still take the expired token, within its
