@@ -148,8 +148,6 @@ pub struct ClaudeBrain {
     live: Option<Live>,
     session: Option<String>,
     partial: String,
-    /// The turn's system prompt, for the launch left to the next box.
-    system_prompt: String,
     /// The file whose existence tells an early child's MCP bridges that the turn began.
     turn_mark: PathBuf,
 }
@@ -162,7 +160,6 @@ impl ClaudeBrain {
             live: None,
             session: None,
             partial: String::new(),
-            system_prompt: String::new(),
             turn_mark: std::env::temp_dir().join(format!("hako-turn.{}", std::process::id())),
         }
     }
@@ -468,7 +465,6 @@ impl Brain for ClaudeBrain {
         if text.trim().is_empty() {
             return Ok(Outcome::Reply(Reply::default()));
         }
-        self.system_prompt.clone_from(&query.input.system_prompt);
         self.child_for(&query).await?;
         let line = json!({
             "type": "user",
@@ -549,7 +545,7 @@ impl Brain for ClaudeBrain {
                         return Err(BrainError::Failed(why));
                     }
                     // The next box of this folder starts its child with this session.
-                    let next = Launch::new(self.session.clone(), &self.system_prompt);
+                    let next = Launch::new(self.session.clone(), &query.input.system_prompt);
                     if let Err(e) = next.write_next(&self.cfg.home) {
                         log(format_args!(
                             "cannot leave the launch for the next box: {e}"
