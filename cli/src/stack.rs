@@ -287,7 +287,7 @@ pub async fn images() -> anyhow::Result<[String; 5]> {
 /// `runsc` when the Docker daemon lists it (gVisor), else `None`.
 async fn untrusted_runtime() -> Option<String> {
     let docker = hako_deploy::connect_docker().ok()?;
-    let names = hako_runed::runner::docker::runtimes(&docker, Duration::from_secs(10))
+    let names = hako_runner::docker::runtimes(&docker, Duration::from_secs(10))
         .await
         .ok()?;
     names
@@ -503,7 +503,7 @@ pub async fn remove_agents(install: &str) -> anyhow::Result<usize> {
         "label".to_owned(),
         vec![format!(
             "{}={install}",
-            hako_runed::runner::docker::labels::INSTALL
+            hako_runner::docker::labels::INSTALL
         )],
     )]);
     let list = docker

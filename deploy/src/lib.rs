@@ -135,7 +135,7 @@ pub const RUNED: ImageSpec = ImageSpec {
     package: "hako-runed",
     bin: "runed",
     dockerfile: "runed.Dockerfile",
-    sources: &["shared", "runed"],
+    sources: &["shared", "runner", "runed"],
     files: &[],
     inline: &[],
     fetch: None,

@@ -14,8 +14,8 @@ const CONFIG_FILES: &[&str] = &[
     "shared/src/telemetry.rs",
     "authd/src/config.rs",
     "runed/src/config.rs",
-    "runed/src/runner/config.rs",
-    "runed/src/runner/egress.rs",
+    "runner/src/config.rs",
+    "runner/src/egress.rs",
     "routd/src/config.rs",
     "egress/src/config.rs",
 ];

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use hako_runed::runner::sentinel::{ParseEvent, SentinelParser};
+use hako_runner::sentinel::{ParseEvent, SentinelParser};
 use hako_shared::contract::Markers;
 
 fn main() {

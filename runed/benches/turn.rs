@@ -13,9 +13,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use hako_runed::runner::{
-    CloseWhen, LiveRun, RunControl, RunEvent, RunSpec, Runner, RunnerConfig, Start,
-};
+use hako_runner::{CloseWhen, LiveRun, RunControl, RunEvent, RunSpec, Runner, RunnerConfig, Start};
 use hako_shared::GroupFolder;
 use hako_shared::contract::{ContainerInput, Message, OUTPUT_START};
 use hako_shared::runs::{GroupSpec, Outcome};
@@ -121,8 +119,8 @@ fn main() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut cfg = RunnerConfig::new(tmp.path().join("data"));
         cfg.default_image = image.clone();
-        let docker = hako_runed::runner::docker::connect().expect("docker");
-        let runtimes = hako_runed::runner::docker::runtimes(&docker, Duration::from_secs(10))
+        let docker = hako_runner::docker::connect().expect("docker");
+        let runtimes = hako_runner::docker::runtimes(&docker, Duration::from_secs(10))
             .await
             .unwrap_or_default();
         let gvisor = runtimes.iter().any(|r| r == "runsc").then(|| {

@@ -574,15 +574,15 @@ async fn steer(
 /// an id first places it; a concurrent repeat discards its copy.
 async fn place(
     sh: &Shared,
-    runner: &crate::runner::Runner,
-    live: &crate::runner::LiveRun,
+    runner: &hako_runner::Runner,
+    live: &hako_runner::LiveRun,
     run_id: &str,
     steer_id: &str,
     msgs: &[String],
 ) -> Result<SteerState, ApiFailure> {
     let staged = match runner.stage_followup(live, msgs).await {
         Ok(s) => s,
-        Err(crate::runner::RunError::NotLive(_)) => {
+        Err(hako_runner::RunError::NotLive(_)) => {
             return Err(ApiFailure::NotLive(run_id.to_owned()));
         }
         Err(e) => return Err(ApiFailure::internal(e)),

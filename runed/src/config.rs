@@ -7,7 +7,7 @@ use std::time::Duration;
 use hako_shared::auth::VerifierConfig;
 use hako_shared::config::{ConfigError, Env};
 
-use crate::runner::RunnerConfig;
+use hako_runner::RunnerConfig;
 
 /// Everything the daemon needs to know.
 #[derive(Debug, Clone)]

@@ -14,9 +14,9 @@ use tracing::Instrument as _;
 use crate::queue::Kind;
 use crate::record::{end_without_container, finalize, forward, remove_containers, revoke_tokens};
 use crate::recover;
-use crate::runner::{BindHook, Bound, LiveRun, NotWarmed, RunControl, RunEnd, RunReport, RunSpec};
 use crate::state::{Event, Live, Pending, Shared, Slot, lock};
 use crate::tokens::BrokerError;
+use hako_runner::{BindHook, Bound, LiveRun, NotWarmed, RunControl, RunEnd, RunReport, RunSpec};
 
 /// The scheduler: starts whatever the queue allows, whenever something changes.
 pub(crate) async fn scheduler(sh: Arc<Shared>) {

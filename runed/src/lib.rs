@@ -1,11 +1,10 @@
-//! runed: hako's execution daemon. Its library holds the container runner (the seam shared
-//! with the `hako` CLI) and the daemon: run API, durable queue, per-spawn tokens, re-adoption.
+//! runed: hako's execution daemon: run API, durable queue, per-spawn tokens, re-adoption. It
+//! runs each turn through the container runner (`hako-runner`, the crate it shares with the
+//! `hako` CLI; cargo keeps the runner from reaching back into the daemon).
 //! `main.rs` only reads the environment and calls [`start`], so tests run a real runed
 //! in-process on a loopback port.
 
 #![warn(missing_docs)]
-
-pub mod runner;
 
 mod api;
 pub mod config;
@@ -34,9 +33,9 @@ use tokio_util::sync::CancellationToken;
 pub use config::Config;
 pub use state::Event;
 
+use hako_runner::Runner;
 use metrics::DaemonMetrics;
 use queue::FairQueue;
-use runner::Runner;
 use state::{Sched, Shared};
 use store::Store;
 use tokens::Broker;
@@ -60,7 +59,7 @@ pub enum StartError {
     Db(#[from] hako_shared::db::DbError),
     /// The runner could not be set up.
     #[error("runner: {0}")]
-    Runner(#[from] runner::RunError),
+    Runner(#[from] hako_runner::RunError),
     /// The Docker client could not be built.
     #[error("docker: {0}")]
     Docker(String),
@@ -249,7 +248,7 @@ pub async fn start(
 #[cfg(test)]
 mod tests {
     /// The daemon's modules depend on each other one way: `state` at the bottom, then
-    /// `record`, `recover`, `daemon`; the runner (shared with the CLI) on none of them. A
+    /// `record`, `recover`, `daemon` (the runner is a crate of its own below them all). A
     /// `crate::x` in module `m` is an edge m → x; the graph must have no cycle.
     #[test]
     fn module_dependencies_have_no_cycle() {
@@ -290,12 +289,6 @@ mod tests {
             }
         }
         assert!(edges.contains_key("state") && edges.contains_key("recover"));
-        for m in ["daemon", "recover", "record", "state", "api"] {
-            assert!(
-                !edges["runner"].contains(m),
-                "the runner must not depend on the daemon's {m}"
-            );
-        }
         // Depth-first search for a cycle, naming it.
         fn visit(
             m: &str,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use hako_shared::metrics::{Counter, Gauge, Histogram, Metrics};
 use hako_shared::runs::Outcome;
 
-use crate::runner::{Start, WarmMiss};
+use hako_runner::{Start, WarmMiss};
 
 const OUTCOMES: [Outcome; 5] = [
     Outcome::Ok,

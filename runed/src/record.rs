@@ -12,9 +12,9 @@ use hako_shared::runs::{Outcome, RunState, SessionEntry, SteerState};
 use hako_shared::time::unix_millis;
 use tokio::sync::mpsc;
 
-use crate::runner::{FollowUpFate, RunEvent, RunReport};
 use crate::state::{Event, INLINE_BLOCK, Shared};
 use crate::store::Finish;
+use hako_runner::{FollowUpFate, RunEvent, RunReport};
 
 /// Moves a run's events into the store and out to subscribers.
 pub(crate) fn forward(

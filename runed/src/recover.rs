@@ -22,10 +22,10 @@ use crate::queue::Kind;
 use crate::record::{
     end_without_container, finalize, forward, remove_containers, retry_revocations,
 };
-use crate::runner::outcome::{Ending, decide};
-use crate::runner::{Adoption, LiveRun, RunControl, RunEnd};
 use crate::state::{HoldInfo, Live, Pending, Shared};
 use crate::store::SpawnRow;
+use hako_runner::outcome::{Ending, decide};
+use hako_runner::{Adoption, LiveRun, RunControl, RunEnd};
 
 async fn fail(sh: &Shared, row: &SpawnRow, why: &str) {
     end_without_container(
@@ -79,14 +79,14 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
     };
     let by_run: HashMap<String, String> = containers
         .iter()
-        .filter(|c| !crate::runner::warm::is_warm(c))
+        .filter(|c| !hako_runner::warm::is_warm(c))
         .filter_map(|c| c.run_id().map(|r| (r.to_owned(), c.id.clone())))
         .collect();
     // A run that took a warm box is found by the box its row names (the box's labels were
     // written before the run existed, and name no run).
     let warm_ids: HashSet<&str> = containers
         .iter()
-        .filter(|c| crate::runner::warm::is_warm(c))
+        .filter(|c| hako_runner::warm::is_warm(c))
         .map(|c| c.id.as_str())
         .collect();
     let mut keep = HashSet::new();
@@ -260,8 +260,8 @@ async fn adopt_with(
         prior,
         deadline_ms: row.deadline_at,
         close: match sh.cfg.runner.idle_timeout {
-            Some(d) => crate::runner::CloseWhen::Idle(d),
-            None => crate::runner::CloseWhen::Manual,
+            Some(d) => hako_runner::CloseWhen::Idle(d),
+            None => hako_runner::CloseWhen::Manual,
         },
     };
     let sh = sh.clone();

@@ -19,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::metrics::DaemonMetrics;
 use crate::queue::{Entry, FairQueue, Kind};
-use crate::runner::{CloseWhen, LiveRun, RunControl, Runner};
 use crate::store::{Finish, Store};
 use crate::tokens::Broker;
+use hako_runner::{CloseWhen, LiveRun, RunControl, Runner};
 
 /// What SSE subscribers and long-polls hear: the wire's own type.
 pub type Event = hako_shared::runs::RunStreamEvent;

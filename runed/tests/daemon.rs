@@ -690,7 +690,7 @@ async fn daemon_one_live_run_per_folder_under_50_requests() {
 
 impl Rig {
     /// A runner on this rig's install (works whichever way runed runs).
-    fn runner(&self) -> hako_runed::runner::Runner {
+    fn runner(&self) -> hako_runner::Runner {
         let cfg = runed_config(&self.data, &self.authd_url(), &self.extra_env);
         let docker = bollard::Docker::connect_with_unix(
             "/var/run/docker.sock",
@@ -698,7 +698,7 @@ impl Rig {
             bollard::API_DEFAULT_VERSION,
         )
         .unwrap();
-        hako_runed::runner::Runner::new(docker, cfg.runner).unwrap()
+        hako_runner::Runner::new(docker, cfg.runner).unwrap()
     }
 
     async fn delete(&self, token: &str, path: &str) -> (u16, Value) {
@@ -1644,7 +1644,7 @@ async fn daemon_queue_is_bounded_and_kept_on_disk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn daemon_output_cap_counts_every_field() {
     let mut rig = Rig::new(&[("RUNED_OUTPUT_CAP", "64k"), ("MIMALLOC_PURGE_DELAY", "0")]).await;
-    let docker = hako_runed::runner::docker::connect().unwrap();
+    let docker = hako_runner::docker::connect().unwrap();
     let hostile = common::hostile_image(&docker).await;
     rig.runed.take().unwrap().shutdown().await;
     rig.spawn_binary().await;
@@ -1970,7 +1970,7 @@ async fn daemon_refuses_a_runtime_docker_lacks() {
 
 impl Rig {
     /// The folder's warm boxes that run, once there are `n` (waits up to 60 s).
-    async fn warm_boxes(&self, folder: &str, n: usize) -> Vec<hako_runed::runner::docker::Listed> {
+    async fn warm_boxes(&self, folder: &str, n: usize) -> Vec<hako_runner::docker::Listed> {
         let what = format!("{folder} has {n} warm boxes");
         eventually(&what, Duration::from_secs(60), || async {
             let boxes: Vec<_> = self
@@ -1980,7 +1980,7 @@ impl Rig {
                 .unwrap()
                 .into_iter()
                 .filter(|c| {
-                    hako_runed::runner::warm::is_warm(c)
+                    hako_runner::warm::is_warm(c)
                         && c.state == "running"
                         && c.labels.get("io.hako.folder").map(String::as_str) == Some(folder)
                 })
@@ -2200,10 +2200,7 @@ async fn daemon_warm_box_misses_on_a_changed_spec_and_expires() {
     // A group that wants none gets none.
     run("turn-wb-4", json!({"warm": false})).await;
     let after = rig.runner().list_agents().await.unwrap();
-    assert!(
-        !after.iter().any(hako_runed::runner::warm::is_warm),
-        "{after:?}"
-    );
+    assert!(!after.iter().any(hako_runner::warm::is_warm), "{after:?}");
     rig.stop().await;
 }
 

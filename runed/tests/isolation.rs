@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use hako_runed::runner::{CloseWhen, RunEvent};
+use hako_runner::{CloseWhen, RunEvent};
 use hako_shared::runs::{Outcome, RunState, SidecarSpec, Trust};
 
 use common::*;
@@ -18,7 +18,7 @@ const CANARY: &str = "victim-canary-7f3a";
 const HOST_SECRET: &str = "host-secret-91bd";
 
 /// The results of every block of a report, one string.
-fn all_text(r: &hako_runed::runner::RunReport) -> String {
+fn all_text(r: &hako_runner::RunReport) -> String {
     r.blocks
         .iter()
         .map(|b| {
@@ -86,8 +86,7 @@ async fn a_racing_parent_never_redirects_its_childrens_mounts() {
             let mut ok = 0;
             for spec in specs {
                 let (tx, mut rx) = tokio::sync::mpsc::channel(64);
-                let live =
-                    hako_runed::runner::LiveRun::new(spec.run_id.clone(), spec.folder.clone());
+                let live = hako_runner::LiveRun::new(spec.run_id.clone(), spec.folder.clone());
                 let drain = tokio::spawn(async move { while rx.recv().await.is_some() {} });
                 let end = runner
                     .run(spec, tx, Default::default(), live)
@@ -322,7 +321,7 @@ async fn the_data_layout_is_closed_to_other_accounts() {
     std::fs::create_dir_all(data.join("folders")).unwrap();
     std::fs::write(data.join("LAYOUT"), "2").unwrap();
     std::fs::set_permissions(data.join("folders"), std::fs::Permissions::from_mode(0o755)).unwrap();
-    hako_runed::runner::storage::Storage::open(&data).unwrap();
+    hako_runner::storage::Storage::open(&data).unwrap();
     for top in ["folders", "shares", "global"] {
         let mode = std::fs::metadata(data.join(top))
             .unwrap()

@@ -8,8 +8,8 @@ use std::os::unix::fs::{MetadataExt, symlink};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hako_runed::runner::docker::labels;
-use hako_runed::runner::{Adoption, CloseWhen, RunEvent, RunnerConfig};
+use hako_runner::docker::labels;
+use hako_runner::{Adoption, CloseWhen, RunEvent, RunnerConfig};
 use hako_shared::runs::{ExtraMount, Outcome, RunState, SidecarSpec, Trust};
 
 use common::*;
@@ -776,7 +776,7 @@ async fn detached_run_is_readopted() {
     assert!(run.task.await.unwrap().report().is_none());
     assert!(!rig.gone(&id).await, "detach leaves the container running");
     let (tx, mut rx) = tokio::sync::mpsc::channel(16);
-    let live = hako_runed::runner::LiveRun::new(run_id.clone(), folder.clone());
+    let live = hako_runner::LiveRun::new(run_id.clone(), folder.clone());
     let end = tokio::time::timeout(
         RUN_LIMIT,
         rig.runner.adopt(
@@ -834,8 +834,7 @@ async fn mount_allowlist_on_real_runs() {
         let p = tmp.join("allowlist.json");
         std::fs::write(&p, allow.to_string()).unwrap();
         c.allowlist = Some(
-            hako_runed::runner::mountsec::Allowlist::load(&p, &[c.layout.data_dir.as_path()])
-                .unwrap(),
+            hako_runner::mountsec::Allowlist::load(&p, &[c.layout.data_dir.as_path()]).unwrap(),
         );
     })
     .await;
@@ -1033,7 +1032,7 @@ async fn ensure_running_names_the_socket() {
     .unwrap();
     let mut cfg = RunnerConfig::new(rig.tmp.path().join("d2"));
     cfg.docker_socket = dead.to_string_lossy().into_owned();
-    let runner = hako_runed::runner::Runner::new(docker, cfg).unwrap();
+    let runner = hako_runner::Runner::new(docker, cfg).unwrap();
     let e = runner.ensure_running().await.unwrap_err().to_string();
     assert!(
         e.contains("unavailable") && e.contains("no-docker.sock"),

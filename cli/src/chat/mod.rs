@@ -28,9 +28,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use anyhow::Context as _;
-use hako_runed::runner::{
-    CloseWhen, LiveRun, RunControl, RunEnd, RunEvent, RunSpec, Runner, docker,
-};
+use hako_runner::{CloseWhen, LiveRun, RunControl, RunEnd, RunEvent, RunSpec, Runner, docker};
 use hako_shared::config::Env;
 use hako_shared::contract::{BlockStatus, ContainerInput, Message};
 use hako_shared::folder::GroupFolder;
@@ -178,7 +176,7 @@ pub async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     let mut vars: Vec<(String, String)> = std::env::vars().collect();
     vars.retain(|(k, _)| k != "DATA_DIR");
     vars.push(("DATA_DIR".into(), place.data.display().to_string()));
-    let mut cfg = hako_runed::runner::RunnerConfig::from_env(&Env::from_pairs(vars))?;
+    let mut cfg = hako_runner::RunnerConfig::from_env(&Env::from_pairs(vars))?;
     cfg.owner = Some(owner::me());
     let limit = cfg.docker_timeout;
     let runner = Arc::new(Runner::new(docker::connect()?, cfg)?);
@@ -411,7 +409,7 @@ impl Chat {
                 match self.runner.steer(&l.live, &[text.to_owned()]).await {
                     Ok(r) if r.delivered => return Ok(()),
                     Ok(_) => break,
-                    Err(hako_runed::runner::RunError::NotLive(_)) if !l.live.has_ended() => {
+                    Err(hako_runner::RunError::NotLive(_)) if !l.live.has_ended() => {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     Err(_) => break,

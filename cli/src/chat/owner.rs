@@ -16,7 +16,7 @@ use std::io::{Read as _, Seek as _, Write as _};
 use std::path::Path;
 use std::time::Duration;
 
-use hako_runed::runner::docker::{self, labels};
+use hako_runner::docker::{self, labels};
 
 /// The folder's chat lock, held while this chat lives.
 #[derive(Debug)]

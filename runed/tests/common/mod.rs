@@ -17,8 +17,8 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use hako_runed::runner::docker::labels;
-use hako_runed::runner::{
+use hako_runner::docker::labels;
+use hako_runner::{
     CloseWhen, LiveRun, RunControl, RunEnd, RunEvent, RunReport, RunSpec, Runner, RunnerConfig,
 };
 use hako_shared::GroupFolder;
@@ -76,7 +76,7 @@ impl Rig {
         cfg.home = Some(tmp.path().to_owned());
         f(&mut cfg, tmp.path());
         let install = cfg.install_id.clone();
-        let docker = hako_runed::runner::docker::connect().expect("docker client");
+        let docker = hako_runner::docker::connect().expect("docker client");
         let runner = Runner::new(docker.clone(), cfg).expect("runner");
         Rig {
             tmp,
@@ -167,7 +167,7 @@ impl Drop for Rig {
                 return;
             };
             rt.block_on(async {
-                let Ok(docker) = hako_runed::runner::docker::connect() else {
+                let Ok(docker) = hako_runner::docker::connect() else {
                     return;
                 };
                 for c in containers_of(&docker, &install).await {

@@ -117,7 +117,7 @@ impl Rig {
             egress_image.expect("egress image"),
             testkit.expect("testkit image"),
         );
-        let docker = hako_runed::runner::docker::connect().expect("docker");
+        let docker = hako_runner::docker::connect().expect("docker");
         let tag = format!("eg{}", rand_hex(5));
         let uplink = network(
             &docker,
@@ -525,7 +525,7 @@ impl Drop for Rig {
                 return;
             };
             rt.block_on(async {
-                let Ok(docker) = hako_runed::runner::docker::connect() else {
+                let Ok(docker) = hako_runner::docker::connect() else {
                     return;
                 };
                 for label in [

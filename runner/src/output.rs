@@ -299,7 +299,7 @@ impl RunOutput {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runner::outcome::Ending;
+    use crate::outcome::Ending;
     use hako_shared::contract::Markers;
 
     fn cfg(cap: usize, max_blocks: usize) -> RunnerConfig {

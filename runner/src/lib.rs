@@ -18,6 +18,8 @@
 //! with a deadline), `mounts` (the mount table), `sentinel` (the output parser), `storage`
 //! and `safefs` (the data root, never following a link) and `seed` serve the steps above.
 
+#![warn(missing_docs)]
+
 mod adopt;
 pub mod config;
 pub mod docker;
