@@ -7,11 +7,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use bollard::query_parameters::LogsOptionsBuilder;
-use futures_util::{StreamExt, TryStreamExt};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::docker::{self, DockerError};
+use super::docker::{self, EngineError};
 use super::launch::LABEL_DEADLINE;
 use super::outcome::Ending;
 use super::output::RunOutput;
@@ -44,7 +43,7 @@ impl Runner {
         {
             Ok(i) => i,
             Err(e) => {
-                let terminal = matches!(e, DockerError::NotFound(_));
+                let terminal = matches!(e, EngineError::NotFound(_));
                 let ending = Ending::Failed {
                     error: format!("re-adoption: {e}"),
                     terminal,
@@ -69,17 +68,13 @@ impl Runner {
             .stdout(true)
             .stderr(true)
             .build();
-        let output = self
-            .docker
-            .logs(&a.container_id, Some(opts))
-            .map_err(|e| DockerError::from_bollard(e, "logs"))
-            .boxed();
+        let output = docker::frames(self.docker.logs(&a.container_id, Some(opts)), "logs");
         if running {
             *live.gate.write().await = true;
         }
         let deadline = Instant::now() + remaining;
         let supervisor = Supervisor::new(
-            self,
+            self.hands(),
             &mut st,
             &a.container_id,
             output,

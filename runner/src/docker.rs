@@ -10,13 +10,18 @@ use std::future::Future;
 use std::time::Duration;
 
 use bollard::Docker;
+use bollard::container::LogOutput;
 use bollard::errors::Error as BollardError;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
-    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
+use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 
+pub use super::engine::EngineError;
+use super::engine::{Engine, Frame, FrameStream, ProcessState};
 use super::mounts::MountEntry;
 
 /// Labels on every container hako starts.
@@ -39,54 +44,7 @@ pub mod labels {
     pub const WARM_BOX: &str = "io.hako.warm-box";
 }
 
-/// Docker API failures, classified.
-#[derive(Debug, thiserror::Error)]
-pub enum DockerError {
-    /// The daemon does not answer at all.
-    #[error("docker daemon unavailable at {socket}: {message}")]
-    Unavailable {
-        /// The socket or host tried.
-        socket: String,
-        /// What failed.
-        message: String,
-    },
-    /// The image does not exist (and cannot be pulled here).
-    #[error("image {0} not found (build it with `hako-images build`; images are never pulled)")]
-    ImageMissing(String),
-    /// No such container.
-    #[error("container {0} not found")]
-    NotFound(String),
-    /// The container is not running (a signal to it cannot land).
-    #[error("container {0} is not running")]
-    NotRunning(String),
-    /// A call did not finish in time.
-    #[error("docker call {0} timed out after {1:?}")]
-    Timeout(&'static str, Duration),
-    /// Anything else the daemon said: its HTTP status when it answered one (judged by
-    /// number, never by reading the text), and its message.
-    #[error("docker: {}{message}", status.map(|s| format!("{s}: ")).unwrap_or_default())]
-    Api {
-        /// The daemon's HTTP status, when the failure is an answer of the daemon.
-        status: Option<u16>,
-        /// What it said.
-        message: String,
-    },
-}
-
-impl DockerError {
-    /// A failure that is no answer of the daemon's (no HTTP status).
-    pub fn api(message: impl Into<String>) -> Self {
-        DockerError::Api {
-            status: None,
-            message: message.into(),
-        }
-    }
-
-    /// The daemon answered `status`.
-    pub fn is_status(&self, status: u16) -> bool {
-        matches!(self, DockerError::Api { status: Some(s), .. } if *s == status)
-    }
-
+impl EngineError {
     /// Classifies a bollard error from a call about `what`.
     pub fn from_bollard(e: BollardError, what: &str) -> Self {
         match e {
@@ -95,40 +53,40 @@ impl DockerError {
                 message,
             } => {
                 if message.contains("image") {
-                    DockerError::ImageMissing(what.to_owned())
+                    EngineError::ImageMissing(what.to_owned())
                 } else {
-                    DockerError::NotFound(what.to_owned())
+                    EngineError::NotFound(what.to_owned())
                 }
             }
             BollardError::DockerResponseServerError {
                 status_code: 409,
                 message,
-            } if message.contains("is not running") => DockerError::NotRunning(what.to_owned()),
+            } if message.contains("is not running") => EngineError::NotRunning(what.to_owned()),
             BollardError::DockerResponseServerError {
                 status_code,
                 message,
-            } => DockerError::Api {
+            } => EngineError::Api {
                 status: Some(status_code),
                 message,
             },
-            BollardError::IOError { err } => DockerError::Unavailable {
+            BollardError::IOError { err } => EngineError::Unavailable {
                 socket: socket_path(),
                 message: err.to_string(),
             },
-            BollardError::HyperResponseError { err } => DockerError::Unavailable {
+            BollardError::HyperResponseError { err } => EngineError::Unavailable {
                 socket: socket_path(),
                 message: err.to_string(),
             },
             // The connection itself failed (refused, no socket): the daemon is not there.
-            BollardError::HyperLegacyError { err } => DockerError::Unavailable {
+            BollardError::HyperLegacyError { err } => EngineError::Unavailable {
                 socket: socket_path(),
                 message: error_chain(&err),
             },
-            BollardError::SocketNotFoundError(path) => DockerError::Unavailable {
+            BollardError::SocketNotFoundError(path) => EngineError::Unavailable {
                 socket: path,
                 message: "no such socket".into(),
             },
-            BollardError::RequestTimeoutError => DockerError::Unavailable {
+            BollardError::RequestTimeoutError => EngineError::Unavailable {
                 socket: socket_path(),
                 message: "request timed out".into(),
             },
@@ -136,24 +94,107 @@ impl DockerError {
                 let text = other.to_string();
                 let lower = text.to_ascii_lowercase();
                 if lower.contains("connect") || lower.contains("no such file") {
-                    DockerError::Unavailable {
+                    EngineError::Unavailable {
                         socket: socket_path(),
                         message: text,
                     }
                 } else {
-                    DockerError::api(text)
+                    EngineError::api(text)
                 }
             }
         }
     }
+}
 
-    /// Whether the daemon itself is unreachable (as opposed to refusing a request).
-    pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self,
-            DockerError::Unavailable { .. } | DockerError::Timeout(..)
-        )
+/// Docker as the engine of a run's supervision: each call a bounded Engine API call.
+impl Engine for Docker {
+    fn wait(&self, id: &str) -> BoxFuture<'static, Result<i64, EngineError>> {
+        let docker = self.clone();
+        let id = id.to_owned();
+        Box::pin(async move {
+            let opts = WaitContainerOptionsBuilder::new()
+                .condition("not-running")
+                .build();
+            let mut s = docker.wait_container(&id, Some(opts));
+            match s.next().await {
+                Some(Ok(r)) => Ok(r.status_code),
+                // A non-zero exit comes as this "error".
+                Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(code),
+                Some(Err(e)) => Err(EngineError::from_bollard(e, &id)),
+                None => Err(EngineError::api("wait stream ended without a status")),
+            }
+        })
     }
+
+    fn stop(
+        &self,
+        id: &str,
+        grace: Duration,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        let docker = self.clone();
+        let id = id.to_owned();
+        Box::pin(async move {
+            let secs = grace.as_secs().min(i32::MAX as u64) as i32;
+            let opts = StopContainerOptionsBuilder::new().t(secs).build();
+            bounded(
+                "stop",
+                grace + limit,
+                &id,
+                docker.stop_container(&id, Some(opts)),
+            )
+            .await
+        })
+    }
+
+    fn signal(
+        &self,
+        id: &str,
+        sig: &'static str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        let docker = self.clone();
+        let id = id.to_owned();
+        Box::pin(async move { signal(&docker, &id, sig, limit).await })
+    }
+
+    fn state(
+        &self,
+        id: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<ProcessState, EngineError>> {
+        let docker = self.clone();
+        let id = id.to_owned();
+        Box::pin(async move {
+            let info = bounded("inspect", limit, &id, docker.inspect_container(&id, None)).await?;
+            let state = info.state.unwrap_or_default();
+            Ok(ProcessState {
+                running: state.running.unwrap_or(false),
+                exit_code: state.exit_code,
+            })
+        })
+    }
+}
+
+/// A Docker output stream (attach or logs) as the engine's frames; stdin echoes are dropped.
+pub fn frames(
+    stream: impl futures_util::Stream<Item = Result<LogOutput, BollardError>> + Send + 'static,
+    what: &str,
+) -> FrameStream {
+    let what = what.to_owned();
+    stream
+        .filter_map(move |item| {
+            let out = match item {
+                Ok(LogOutput::StdOut { message } | LogOutput::Console { message }) => {
+                    Some(Ok(Frame::Stdout(message)))
+                }
+                Ok(LogOutput::StdErr { message }) => Some(Ok(Frame::Stderr(message))),
+                Ok(LogOutput::StdIn { .. }) => None,
+                Err(e) => Some(Err(EngineError::from_bollard(e, &what))),
+            };
+            std::future::ready(out)
+        })
+        .boxed()
 }
 
 /// An error and its causes, joined (hyper's own text hides the cause, e.g. "refused").
@@ -177,9 +218,9 @@ pub fn socket_path() -> String {
 }
 
 /// Connects a client to the local daemon (no I/O happens until the first call).
-pub fn connect() -> Result<Docker, DockerError> {
+pub fn connect() -> Result<Docker, EngineError> {
     Docker::connect_with_unix(&socket_path(), 120, bollard::API_DEFAULT_VERSION).map_err(|e| {
-        DockerError::Unavailable {
+        EngineError::Unavailable {
             socket: socket_path(),
             message: e.to_string(),
         }
@@ -192,10 +233,10 @@ pub async fn bounded<T>(
     limit: Duration,
     subject: &str,
     fut: impl Future<Output = Result<T, BollardError>>,
-) -> Result<T, DockerError> {
+) -> Result<T, EngineError> {
     match tokio::time::timeout(limit, fut).await {
-        Ok(r) => r.map_err(|e| DockerError::from_bollard(e, subject)),
-        Err(_) => Err(DockerError::Timeout(what, limit)),
+        Ok(r) => r.map_err(|e| EngineError::from_bollard(e, subject)),
+        Err(_) => Err(EngineError::Timeout(what, limit)),
     }
 }
 
@@ -296,7 +337,7 @@ pub async fn create(
     docker: &Docker,
     spec: &ContainerSpec,
     limit: Duration,
-) -> Result<String, DockerError> {
+) -> Result<String, EngineError> {
     let opts = CreateContainerOptionsBuilder::new()
         .name(&spec.name)
         .build();
@@ -309,7 +350,7 @@ pub async fn create(
     .await
     {
         Ok(r) => Ok(r.id),
-        Err(DockerError::NotFound(_)) => Err(DockerError::ImageMissing(spec.image.clone())),
+        Err(EngineError::NotFound(_)) => Err(EngineError::ImageMissing(spec.image.clone())),
         Err(e) => Err(e),
     }
 }
@@ -320,7 +361,7 @@ pub async fn signal(
     id: &str,
     signal: &str,
     limit: Duration,
-) -> Result<(), DockerError> {
+) -> Result<(), EngineError> {
     let opts = KillContainerOptionsBuilder::new().signal(signal).build();
     bounded("kill", limit, id, docker.kill_container(id, Some(opts))).await
 }
@@ -332,7 +373,7 @@ pub async fn stop_and_remove(
     id: &str,
     grace: Duration,
     limit: Duration,
-) -> Result<(), DockerError> {
+) -> Result<(), EngineError> {
     let t = grace.as_secs().min(i32::MAX as u64) as i32;
     let stop = StopContainerOptionsBuilder::new().t(t).build();
     match bounded(
@@ -343,7 +384,7 @@ pub async fn stop_and_remove(
     )
     .await
     {
-        Ok(()) | Err(DockerError::NotFound(_)) => {}
+        Ok(()) | Err(EngineError::NotFound(_)) => {}
         // 304 (already stopped) and friends: removal with force covers them.
         Err(e) if !e.is_unavailable() => tracing::debug!(container = id, error = %e, "stop"),
         Err(e) => return Err(e),
@@ -352,25 +393,25 @@ pub async fn stop_and_remove(
 }
 
 /// Force-removes a container and confirms it is gone.
-pub async fn remove(docker: &Docker, id: &str, limit: Duration) -> Result<(), DockerError> {
+pub async fn remove(docker: &Docker, id: &str, limit: Duration) -> Result<(), EngineError> {
     let opts = RemoveContainerOptionsBuilder::new()
         .force(true)
         .v(true)
         .build();
     match bounded("remove", limit, id, docker.remove_container(id, Some(opts))).await {
-        Ok(()) | Err(DockerError::NotFound(_)) => {}
+        Ok(()) | Err(EngineError::NotFound(_)) => {}
         // "removal already in progress" resolves by itself; the check below waits for it.
-        Err(DockerError::Api { message, .. }) if message.contains("in progress") => {}
+        Err(EngineError::Api { message, .. }) if message.contains("in progress") => {}
         Err(e) => return Err(e),
     }
     // Check that it is gone: a container left behind is how a run burns for nine hours.
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         match bounded("inspect", limit, id, docker.inspect_container(id, None)).await {
-            Err(DockerError::NotFound(_)) => return Ok(()),
+            Err(EngineError::NotFound(_)) => return Ok(()),
             Err(e) if e.is_unavailable() => return Err(e),
             _ if tokio::time::Instant::now() >= deadline => {
-                return Err(DockerError::api(format!(
+                return Err(EngineError::api(format!(
                     "container {id} still present after removal"
                 )));
             }
@@ -402,7 +443,7 @@ pub async fn list_install(
     docker: &Docker,
     install: &str,
     limit: Duration,
-) -> Result<Vec<Listed>, DockerError> {
+) -> Result<Vec<Listed>, EngineError> {
     let filters = HashMap::from([(
         "label".to_owned(),
         vec![format!("{}={install}", labels::INSTALL)],
@@ -428,7 +469,7 @@ pub async fn list_install(
 }
 
 /// The OCI runtimes the Docker daemon lists.
-pub async fn runtimes(docker: &Docker, limit: Duration) -> Result<Vec<String>, DockerError> {
+pub async fn runtimes(docker: &Docker, limit: Duration) -> Result<Vec<String>, EngineError> {
     let info = bounded("info", limit, "daemon", docker.info()).await?;
     let mut names: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
     names.sort();
@@ -440,7 +481,7 @@ pub async fn list_labelled(
     docker: &Docker,
     label: &str,
     limit: Duration,
-) -> Result<Vec<Listed>, DockerError> {
+) -> Result<Vec<Listed>, EngineError> {
     let filters = HashMap::from([("label".to_owned(), vec![label.to_owned()])]);
     let opts = ListContainersOptionsBuilder::new()
         .all(true)

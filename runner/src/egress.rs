@@ -20,7 +20,7 @@ use bollard::query_parameters::{CreateContainerOptionsBuilder, ListNetworksOptio
 use hako_shared::config::{ConfigError, Env};
 use hako_shared::egress::{NO_PROXY_VARS, PROXY_VARS};
 
-use super::docker::{self, DockerError, labels};
+use super::docker::{self, EngineError, labels};
 
 /// The name every run network gives the proxy.
 pub const PROXY_ALIAS: &str = "hako-egress";
@@ -214,7 +214,7 @@ impl Egress {
     /// Makes sure the proxy runs (creating it, and joining it to every live run network, if
     /// it is gone or stopped), then asks its `/ready`. Called on a timer and before each
     /// `allowlist` run.
-    pub async fn check(&self) -> Result<Checked, DockerError> {
+    pub async fn check(&self) -> Result<Checked, EngineError> {
         let result = self.check_inner().await;
         match &result {
             Ok(Checked::Ready | Checked::Recreated) => {}
@@ -224,7 +224,7 @@ impl Egress {
         result
     }
 
-    async fn check_inner(&self) -> Result<Checked, DockerError> {
+    async fn check_inner(&self) -> Result<Checked, EngineError> {
         let _one = self.gate.lock().await;
         let name = self.container_name();
         let t = self.timeout;
@@ -237,7 +237,7 @@ impl Egress {
         .await
         {
             Ok(info) => Some(info),
-            Err(DockerError::NotFound(_)) => None,
+            Err(EngineError::NotFound(_)) => None,
             Err(e) => return Err(e),
         };
         let running = found
@@ -296,7 +296,7 @@ impl Egress {
     }
 
     /// The proxy's address on the first egress network (where runed reaches `/ready`).
-    async fn admin_ip(&self) -> Result<Option<String>, DockerError> {
+    async fn admin_ip(&self) -> Result<Option<String>, EngineError> {
         let name = self.container_name();
         let info = docker::bounded(
             "inspect",
@@ -315,7 +315,7 @@ impl Egress {
 
     /// Creates and starts the proxy container, on the egress networks and every live run
     /// network of this install.
-    async fn create(&self) -> Result<(), DockerError> {
+    async fn create(&self) -> Result<(), EngineError> {
         let name = self.container_name();
         let t = self.timeout;
         let mut env = vec![format!("AUTHD_URL={}", self.cfg.authd_url)];
@@ -360,8 +360,8 @@ impl Egress {
         .await
         {
             Ok(r) => r.id,
-            Err(DockerError::NotFound(_)) => {
-                return Err(DockerError::ImageMissing(self.cfg.image.clone()));
+            Err(EngineError::NotFound(_)) => {
+                return Err(EngineError::ImageMissing(self.cfg.image.clone()));
             }
             Err(e) => return Err(e),
         };
@@ -376,7 +376,7 @@ impl Egress {
         Ok(())
     }
 
-    async fn join(&self, net: &str, container: &str, alias: bool) -> Result<(), DockerError> {
+    async fn join(&self, net: &str, container: &str, alias: bool) -> Result<(), EngineError> {
         let req = NetworkConnectRequest {
             container: container.to_owned(),
             endpoint_config: Some(EndpointSettings {
@@ -394,13 +394,13 @@ impl Egress {
         {
             Ok(()) => Ok(()),
             // Joined already (a retry after a partial failure).
-            Err(DockerError::Api { message, .. }) if message.contains("already exists") => Ok(()),
+            Err(EngineError::Api { message, .. }) if message.contains("already exists") => Ok(()),
             Err(e) => Err(e),
         }
     }
 
     /// This install's run networks, by name.
-    async fn run_networks(&self) -> Result<Vec<String>, DockerError> {
+    async fn run_networks(&self) -> Result<Vec<String>, EngineError> {
         Ok(self
             .run_networks_labelled()
             .await?
@@ -410,7 +410,7 @@ impl Egress {
     }
 
     /// This install's run networks: (name, run id).
-    async fn run_networks_labelled(&self) -> Result<Vec<(String, String)>, DockerError> {
+    async fn run_networks_labelled(&self) -> Result<Vec<(String, String)>, EngineError> {
         let filters = HashMap::from([(
             "label".to_owned(),
             vec![
@@ -442,7 +442,7 @@ impl Egress {
     /// Creates `run_id`'s network (internal, no address on the host) and joins the proxy to
     /// it; returns the network's name, for the agent's `NetworkMode`. The proxy is checked
     /// (and recreated) first, so a run never starts against a dead proxy.
-    pub async fn attach_run(&self, run_id: &str, folder: &str) -> Result<String, DockerError> {
+    pub async fn attach_run(&self, run_id: &str, folder: &str) -> Result<String, EngineError> {
         if self.check().await? == Checked::NotReady {
             // A proxy that runs but cannot check tokens refuses everything: the run may
             // start, its requests fail closed, and `/ready` says why.
@@ -487,7 +487,7 @@ impl Egress {
         {
             Ok(_) => {}
             // A retry of the same run after a partial failure: the network is there.
-            Err(e @ DockerError::Api { .. })
+            Err(e @ EngineError::Api { .. })
                 if e.is_status(409) || e.to_string().contains("already exists") => {}
             Err(e) => return Err(e),
         }
@@ -500,11 +500,11 @@ impl Egress {
     }
 
     /// Removes `run_id`'s network (the proxy leaves it first). Nothing to do is fine.
-    pub async fn detach_run(&self, run_id: &str) -> Result<(), DockerError> {
+    pub async fn detach_run(&self, run_id: &str) -> Result<(), EngineError> {
         self.remove_network(&self.network_name(run_id)).await
     }
 
-    async fn remove_network(&self, name: &str) -> Result<(), DockerError> {
+    async fn remove_network(&self, name: &str) -> Result<(), EngineError> {
         let req = NetworkDisconnectRequest {
             container: self.container_name(),
             force: Some(true),
@@ -517,9 +517,9 @@ impl Egress {
         )
         .await
         {
-            Ok(()) | Err(DockerError::NotFound(_)) => {}
+            Ok(()) | Err(EngineError::NotFound(_)) => {}
             // Not connected (the proxy was recreated without it, or never joined).
-            Err(e @ DockerError::Api { .. })
+            Err(e @ EngineError::Api { .. })
                 if e.is_status(403) || e.to_string().contains("not connected") => {}
             Err(e) => tracing::debug!(network = name, error = %e, "disconnecting the proxy"),
         }
@@ -531,13 +531,13 @@ impl Egress {
         )
         .await
         {
-            Ok(()) | Err(DockerError::NotFound(_)) => Ok(()),
+            Ok(()) | Err(EngineError::NotFound(_)) => Ok(()),
             Err(e) => Err(e),
         }
     }
 
     /// Removes the run networks of this install whose run is not in `live`; returns how many.
-    pub async fn cleanup_networks(&self, live: &HashSet<String>) -> Result<usize, DockerError> {
+    pub async fn cleanup_networks(&self, live: &HashSet<String>) -> Result<usize, EngineError> {
         let mut removed = 0;
         for (name, run) in self.run_networks_labelled().await? {
             if live.contains(&run) {
@@ -553,7 +553,7 @@ impl Egress {
     }
 
     /// Stops and removes the proxy container (an install being torn down).
-    pub async fn remove(&self) -> Result<(), DockerError> {
+    pub async fn remove(&self) -> Result<(), EngineError> {
         docker::remove(&self.docker, &self.container_name(), self.timeout).await
     }
 }

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
 use bollard::query_parameters::AttachContainerOptionsBuilder;
-use futures_util::{StreamExt, TryStreamExt};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
@@ -19,10 +18,10 @@ use hako_shared::contract::{
 use hako_shared::layout::{self, FolderDir};
 use hako_shared::runs::{AgentKind, GroupSpec, Network, SidecarSpec};
 
-use super::docker::{self, ContainerSpec, DockerError, Limits, labels};
+use super::docker::{self, ContainerSpec, EngineError, Limits, labels};
+use super::engine::FrameStream;
 use super::prepare::Prepared;
 use super::safefs::SafeDir;
-use super::supervise::OutputStream;
 use super::warm::{Start, WarmBox};
 use super::{Bound, LiveRun, RunError, RunSpec, Runner, config, mounts, seed};
 
@@ -34,7 +33,7 @@ pub(super) struct Launched {
     /// Its id.
     pub id: String,
     /// Its output, attached before it started.
-    pub output: OutputStream,
+    pub output: FrameStream,
     /// The run's ceiling (counted from just before the agent's launch, or the warm box's
     /// take).
     pub deadline: Instant,
@@ -300,7 +299,7 @@ impl Runner {
     pub(super) async fn attach_and_start(
         &self,
         id: &str,
-    ) -> Result<bollard::container::AttachContainerResults, DockerError> {
+    ) -> Result<bollard::container::AttachContainerResults, EngineError> {
         let t = self.cfg.docker_timeout;
         let opts = AttachContainerOptionsBuilder::new()
             .stdin(true)
@@ -326,17 +325,14 @@ impl Runner {
         spec: &RunSpec,
         cspec: &ContainerSpec,
         live: &LiveRun,
-    ) -> Result<(String, OutputStream), RunError> {
+    ) -> Result<(String, FrameStream), RunError> {
         let t = self.cfg.docker_timeout;
         let id = docker::create(&self.docker, cspec, t).await?;
         live.set_container(&id);
         let attached = self.attach_and_start(&id).await?;
         // The agent counts the env's deadline from its own start, just after this.
         self.write_input(spec, attached.input, None, live).await?;
-        let output = attached
-            .output
-            .map_err(|e| DockerError::from_bollard(e, "attach"))
-            .boxed();
+        let output = docker::frames(attached.output, "attach");
         Ok((id, output))
     }
 
@@ -349,7 +345,7 @@ impl Runner {
         ceiling: Duration,
         deadline: Instant,
         live: &LiveRun,
-    ) -> Result<(String, OutputStream), RunError> {
+    ) -> Result<(String, FrameStream), RunError> {
         live.set_container(&b.container);
         if let Some(hook) = &spec.bind {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -395,7 +391,7 @@ impl Runner {
             Ok(Err(e)) => {
                 tracing::warn!(run = %spec.run_id, error = %e, "writing the input line failed")
             }
-            Err(_) => return Err(DockerError::Timeout("stdin", t).into()),
+            Err(_) => return Err(EngineError::Timeout("stdin", t).into()),
         }
         drop(line);
         *live.gate.write().await = true;

@@ -24,6 +24,7 @@ mod adopt;
 pub mod config;
 pub mod docker;
 pub mod egress;
+pub mod engine;
 mod finish;
 mod launch;
 pub mod mounts;
@@ -56,7 +57,7 @@ use hako_shared::contract::{ContainerInput, OutputBlock};
 use hako_shared::runs::{GroupSpec, Outcome, RunState};
 
 pub use config::RunnerConfig;
-use docker::{DockerError, labels};
+use docker::{EngineError, labels};
 use launch::Launched;
 use mounts::Layout;
 use outcome::Ending;
@@ -70,7 +71,7 @@ use supervise::Supervisor;
 pub enum RunError {
     /// Docker failed.
     #[error(transparent)]
-    Docker(#[from] DockerError),
+    Docker(#[from] EngineError),
     /// A host file operation failed.
     #[error("{0}")]
     Io(#[from] std::io::Error),
@@ -110,8 +111,8 @@ impl RunError {
     /// conflict, the daemon away) are retryable.
     pub fn is_terminal(&self) -> bool {
         match self {
-            RunError::Docker(DockerError::ImageMissing(_)) => true,
-            RunError::Docker(e @ DockerError::Api { .. }) => e.is_status(400),
+            RunError::Docker(EngineError::ImageMissing(_)) => true,
+            RunError::Docker(e @ EngineError::Api { .. }) => e.is_status(400),
             RunError::Docker(_) => false,
             RunError::Io(_) | RunError::NotLive(_) => false,
             RunError::Mount(_)
@@ -390,7 +391,7 @@ impl Runner {
     }
 
     /// The OCI runtimes the Docker daemon lists (asked once, then remembered).
-    pub async fn runtimes(&self) -> Result<Vec<String>, DockerError> {
+    pub async fn runtimes(&self) -> Result<Vec<String>, EngineError> {
         if let Some(r) = self
             .runtimes
             .lock()
@@ -476,7 +477,7 @@ impl Runner {
     }
 
     /// EnsureRunning: the Docker daemon answers. Returns its API version.
-    pub async fn ensure_running(&self) -> Result<String, DockerError> {
+    pub async fn ensure_running(&self) -> Result<String, EngineError> {
         let v = docker::bounded(
             "version",
             Duration::from_secs(5),
@@ -485,11 +486,11 @@ impl Runner {
         )
         .await
         .map_err(|e| match e {
-            DockerError::Unavailable { message, .. } => DockerError::Unavailable {
+            EngineError::Unavailable { message, .. } => EngineError::Unavailable {
                 socket: self.cfg.docker_socket.clone(),
                 message,
             },
-            DockerError::Timeout(..) => DockerError::Unavailable {
+            EngineError::Timeout(..) => EngineError::Unavailable {
                 socket: self.cfg.docker_socket.clone(),
                 message: "no answer within 5s".into(),
             },
@@ -502,7 +503,7 @@ impl Runner {
     /// or container ids: a run in a warm box is known by its box) and that are not this
     /// runner's warm boxes. Other installs' containers are never touched. Returns how many
     /// were removed.
-    pub async fn cleanup_orphans(&self, live: &HashSet<String>) -> Result<usize, DockerError> {
+    pub async fn cleanup_orphans(&self, live: &HashSet<String>) -> Result<usize, EngineError> {
         let t = self.cfg.docker_timeout;
         let orphans: Vec<_> = docker::list_install(&self.docker, &self.cfg.install_id, t)
             .await?
@@ -513,7 +514,7 @@ impl Runner {
             .filter(|c| !live.contains(&c.id) && !self.warm.holds(&c.id))
             .collect();
         // In parallel (a few at a time): a restart after a crash may find many.
-        let results: Vec<Result<(), DockerError>> = futures_util::stream::iter(orphans)
+        let results: Vec<Result<(), EngineError>> = futures_util::stream::iter(orphans)
             .map(|c| async move {
                 tracing::info!(container = %c.id, run = ?c.run_id(), "removing orphaned container");
                 docker::stop_and_remove(&self.docker, &c.id, Duration::ZERO, t).await
@@ -535,7 +536,7 @@ impl Runner {
     }
 
     /// This install's agent containers, for re-adoption.
-    pub async fn list_agents(&self) -> Result<Vec<docker::Listed>, DockerError> {
+    pub async fn list_agents(&self) -> Result<Vec<docker::Listed>, EngineError> {
         let all = docker::list_install(&self.docker, &self.cfg.install_id, self.cfg.docker_timeout)
             .await?;
         Ok(all
@@ -582,7 +583,15 @@ impl Runner {
             })
             .await;
         let supervisor = Supervisor::new(
-            self, &mut st, &id, output, deadline, spec.close, &events, &control, &live,
+            self.hands(),
+            &mut st,
+            &id,
+            output,
+            deadline,
+            spec.close,
+            &events,
+            &control,
+            &live,
         );
         match supervisor.run().await {
             None => RunEnd::Detached,
@@ -643,9 +652,9 @@ mod tests {
 
     #[test]
     fn only_permanent_failures_are_terminal() {
-        let d = |e: DockerError| RunError::Docker(e).is_terminal();
-        assert!(d(DockerError::ImageMissing("x".into())));
-        let answer = |status, message: &str| DockerError::Api {
+        let d = |e: EngineError| RunError::Docker(e).is_terminal();
+        assert!(d(EngineError::ImageMissing("x".into())));
+        let answer = |status, message: &str| EngineError::Api {
             status: Some(status),
             message: message.into(),
         };
@@ -653,13 +662,13 @@ mod tests {
         assert!(!d(answer(500, "failed to create shim")));
         assert!(!d(answer(409, "Conflict. The container name is in use")));
         assert!(
-            !d(DockerError::api(
+            !d(EngineError::api(
                 "400: a message that only looks like a status"
             )),
             "judged by the daemon's status, not by the text"
         );
-        assert!(!d(DockerError::NotFound("c".into())));
-        assert!(!d(DockerError::Timeout("create", Duration::from_secs(1))));
+        assert!(!d(EngineError::NotFound("c".into())));
+        assert!(!d(EngineError::Timeout("create", Duration::from_secs(1))));
         assert!(RunError::Invalid("x".into()).is_terminal());
     }
 }

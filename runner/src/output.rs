@@ -8,11 +8,11 @@
 
 use std::time::SystemTime;
 
-use bollard::container::LogOutput;
 use hako_shared::GroupFolder;
 use hako_shared::contract::{BlockStatus, ContainerInput, OutputBlock};
 
 use super::config::RunnerConfig;
+use super::engine::Frame;
 use super::outcome;
 use super::runlog;
 use super::safefs::SafeDir;
@@ -146,16 +146,13 @@ impl RunOutput {
     }
 
     /// Handles one output frame; returns the new blocks kept, with their indexes.
-    pub fn frame(&mut self, frame: LogOutput) -> Vec<(usize, OutputBlock)> {
+    pub fn frame(&mut self, frame: Frame) -> Vec<(usize, OutputBlock)> {
         match frame {
-            LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                self.parser.feed(&message, &mut self.events);
-            }
-            LogOutput::StdErr { message } => {
+            Frame::Stdout(message) => self.parser.feed(&message, &mut self.events),
+            Frame::Stderr(message) => {
                 self.stderr.push(&message);
                 return Vec::new();
             }
-            LogOutput::StdIn { .. } => return Vec::new(),
         }
         let mut out = Vec::new();
         // Taken and put back, so the buffer's capacity is reused frame after frame.
@@ -323,9 +320,7 @@ mod tests {
     }
 
     fn feed(st: &mut RunOutput, bytes: Vec<u8>) -> Vec<(usize, OutputBlock)> {
-        st.frame(LogOutput::StdOut {
-            message: bytes.into(),
-        })
+        st.frame(Frame::Stdout(bytes.into()))
     }
 
     fn folder() -> GroupFolder {
@@ -401,9 +396,7 @@ mod tests {
     #[test]
     fn an_adopted_runs_log_keeps_no_stderr() {
         let mut st = RunOutput::adopted(&cfg(100, 10), "r", &folder(), Vec::new());
-        st.frame(LogOutput::StdErr {
-            message: b"token=sk-secret-value-123".to_vec().into(),
-        });
+        st.frame(Frame::Stderr(b"token=sk-secret-value-123".to_vec().into()));
         let v = outcome::decide(&Ending::Exited(0), &[]);
         let log = st.render_log(&v, Some(0), SystemTime::now());
         assert!(!log.contains("sk-secret"), "{log}");

@@ -21,7 +21,7 @@ use hako_shared::GroupFolder;
 use hako_shared::contract::{CLOSE_FILE, FollowUp};
 use hako_shared::layout::{self, FolderDir};
 
-use super::docker::{self, DockerError};
+use super::docker::{self, EngineError};
 use super::safefs::SafeDir;
 use super::{LiveRun, RunError, Runner, SteerReport};
 
@@ -62,7 +62,7 @@ impl StagedFollowUp<'_> {
         {
             match docker::signal(&runner.docker, &id, "SIGUSR1", runner.cfg.docker_timeout).await {
                 // The poll finds it; a run that ended settles it.
-                Ok(()) | Err(DockerError::NotRunning(_) | DockerError::NotFound(_)) => {}
+                Ok(()) | Err(EngineError::NotRunning(_) | EngineError::NotFound(_)) => {}
                 Err(e) => {
                     tracing::warn!(run = %self.live.run_id, error = %e, "could not wake the agent for a follow-up; its polling finds it")
                 }
@@ -210,7 +210,7 @@ impl Runner {
         {
             match docker::signal(&self.docker, &id, "SIGUSR1", self.cfg.docker_timeout).await {
                 // It ended meanwhile: nothing left to close.
-                Ok(()) | Err(DockerError::NotRunning(_) | DockerError::NotFound(_)) => {}
+                Ok(()) | Err(EngineError::NotRunning(_) | EngineError::NotFound(_)) => {}
                 Err(e) => return Err(e.into()),
             }
         }

@@ -26,7 +26,6 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use futures_util::{StreamExt, TryStreamExt};
 use tokio::io::AsyncWrite;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -35,8 +34,8 @@ use hako_shared::GroupFolder;
 use hako_shared::contract::{WARM_ENV, WARM_LABEL};
 use hako_shared::runs::Network;
 
-use super::docker::{self, ContainerSpec, DockerError, labels};
-use super::supervise::OutputStream;
+use super::docker::{self, ContainerSpec, EngineError, labels};
+use super::engine::FrameStream;
 use super::{RunError, RunSpec, Runner};
 
 /// Why a run did not get a warm box.
@@ -114,8 +113,8 @@ impl From<RunError> for NotWarmed {
     }
 }
 
-impl From<DockerError> for NotWarmed {
-    fn from(e: DockerError) -> Self {
+impl From<EngineError> for NotWarmed {
+    fn from(e: EngineError) -> Self {
         NotWarmed::Failed(e.to_string())
     }
 }
@@ -131,7 +130,7 @@ pub(super) struct WarmBox {
     /// Its stdin, open until the run's line is written.
     pub stdin: Pin<Box<dyn AsyncWrite + Send>>,
     /// Its output, attached before it started.
-    pub output: OutputStream,
+    pub output: FrameStream,
     /// What making it took.
     pub saved: Duration,
     /// Cancels its expiry when it leaves the pool.
@@ -312,10 +311,7 @@ impl Runner {
             spec: key,
             image_id: image.id.unwrap_or_default(),
             stdin: attached.input,
-            output: attached
-                .output
-                .map_err(|e| DockerError::from_bollard(e, "attach"))
-                .boxed(),
+            output: docker::frames(attached.output, "attach"),
             saved: t0.elapsed(),
             _expiry: expiry.clone().drop_guard(),
         };

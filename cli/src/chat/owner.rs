@@ -106,7 +106,7 @@ pub fn alive(owner: &str) -> bool {
 
 /// Removes every container whose owning chat is dead (any folder, any data root). Answers how
 /// many were removed.
-pub async fn reap_dead(limit: Duration) -> Result<usize, docker::DockerError> {
+pub async fn reap_dead(limit: Duration) -> Result<usize, docker::EngineError> {
     let d = docker::connect()?;
     let mut n = 0;
     for c in docker::list_labelled(&d, labels::OWNER, limit).await? {
