@@ -17,6 +17,7 @@ use hako_shared::auth::{
     service_grants,
 };
 use hako_shared::config::Env;
+use hako_shared::testing::eventually;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
@@ -252,7 +253,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    hako_shared::testing::eventually(what, limit, || {
+    eventually(what, limit, || {
         let check = f();
         async move { if check.await { Ok(()) } else { Err("not yet") } }
     })
@@ -1587,20 +1588,22 @@ impl AuthdProcess {
             .expect("authd starts");
         let url = format!("http://127.0.0.1:{port}");
         let http = reqwest::Client::new();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(r) = http.get(format!("{url}/ready")).send().await
-                && r.status().is_success()
-            {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "authd did not come up on {url}: {}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        let ready = format!("{url}/ready");
+        eventually(
+            &format!("authd up on {url}"),
+            Duration::from_secs(20),
+            || async {
+                let answer = match http.get(&ready).send().await {
+                    Ok(r) if r.status().is_success() => return Ok(()),
+                    Ok(r) => r.status().to_string(),
+                    Err(e) => e.to_string(),
+                };
+                // Its log says why it is not up: read at each miss, the last read is shown.
+                let said = std::fs::read_to_string(&log).unwrap_or_default();
+                Err(format!("{answer}; its log: {said}"))
+            },
+        )
+        .await;
         Self { child, url }
     }
 }
@@ -1639,11 +1642,11 @@ async fn sigkill_under_load_loses_no_token_that_was_handed_out() {
             }
         }));
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while handed_out.lock().expect("lock").len() < 300 {
-        assert!(Instant::now() < deadline, "authd minted too slowly");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    eventually("300 tokens handed out", Duration::from_secs(30), || async {
+        let n = handed_out.lock().expect("lock").len();
+        if n >= 300 { Ok(()) } else { Err(n) }
+    })
+    .await;
     first.child.kill().expect("SIGKILL");
     first.child.wait().expect("reaped");
     for t in load {
@@ -1763,11 +1766,19 @@ async fn a_revoked_token_stays_refused_through_the_leeway() {
         "refused once revoked"
     );
     // Past its exp (still inside the leeway), after fresh polls of the list.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while now_secs() <= child.expires_at {
-        assert!(std::time::Instant::now() < deadline, "exp never passed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        "the token's exp passing",
+        Duration::from_secs(10),
+        || async {
+            let now = now_secs();
+            if now > child.expires_at {
+                Ok(())
+            } else {
+                Err(now)
+            }
+        },
+    )
+    .await;
     v.refresh_revoked().await.expect("list");
     let fresh = a.verifier(|c| c.leeway = Duration::from_secs(30));
     fresh.refresh_revoked().await.expect("list");

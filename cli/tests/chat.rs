@@ -7,6 +7,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use bollard::query_parameters::ListContainersOptionsBuilder;
+use hako_shared::testing::eventually;
 use serde_json::{Value, json};
 
 const T: Duration = Duration::from_secs(90);
@@ -67,17 +68,16 @@ impl Session {
     }
 
     /// Closes stdin and waits for the exit code.
-    fn end(mut self) -> (i32, String) {
+    async fn end(mut self) -> (i32, String) {
         drop(self.child.stdin.take());
-        let deadline = Instant::now() + T;
-        loop {
-            if let Some(s) = self.child.try_wait().unwrap() {
-                let rest: Vec<String> = self.lines.try_iter().collect();
-                return (s.code().unwrap_or(-1), rest.join("\n"));
-            }
-            assert!(Instant::now() < deadline, "hako chat did not exit");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        // `try_wait` does not block: the probe answers a ready future (an async block could
+        // not hold the `&mut` child past the probe's call).
+        let s = eventually("hako chat's exit", T, || {
+            std::future::ready(self.child.try_wait().unwrap().ok_or("still running"))
+        })
+        .await;
+        let rest: Vec<String> = self.lines.try_iter().collect();
+        (s.code().unwrap_or(-1), rest.join("\n"))
     }
 }
 
@@ -148,7 +148,7 @@ async fn a_conversation_is_one_container_and_the_next_chat_resumes_it() {
         "still the one container"
     );
     let install = s.install.clone();
-    let (code, _) = s.end();
+    let (code, _) = s.end().await;
     assert_eq!(code, 0);
     assert!(containers(&install).await.is_empty(), "removed at the end");
     let session: Value = serde_json::from_slice(
@@ -168,7 +168,7 @@ async fn a_conversation_is_one_container_and_the_next_chat_resumes_it() {
     assert_eq!(input["sessionId"], "s-42");
     s.say("/read notes.txt");
     assert_eq!(s.next(), r#"read notes.txt: "remember-me""#);
-    assert_eq!(s.end().0, 0);
+    assert_eq!(s.end().await.0, 0);
 }
 
 /// A line typed while the agent is still answering the previous one is answered after it,
@@ -187,7 +187,7 @@ async fn a_follow_up_typed_while_a_reply_is_under_way() {
     assert_eq!(input["followUp"], true);
     assert_eq!(s.next(), "quick one");
     let install = s.install.clone();
-    assert_eq!(s.end().0, 0);
+    assert_eq!(s.end().await.0, 0);
     assert!(containers(&install).await.is_empty());
 }
 
@@ -216,7 +216,7 @@ async fn the_tools_work_in_chat_mode_with_the_cli_stubs() {
         "the task's prompt",
         "the task fired into the chat"
     );
-    assert_eq!(s.end().0, 0);
+    assert_eq!(s.end().await.0, 0);
 }
 
 /// Ctrl-C at the terminal during a turn: the container is stopped and removed and the
@@ -410,7 +410,7 @@ async fn a_killed_chats_container_never_eats_the_next_chats_lines() {
         "the dead chat's container was removed"
     );
     let install = s.install.clone();
-    assert_eq!(s.end().0, 0);
+    assert_eq!(s.end().await.0, 0);
     assert!(containers(&install).await.is_empty());
     drop(dead);
 }
@@ -587,7 +587,7 @@ async fn claude_code_in_chat_mode_two_lines_two_replies_one_container() {
     s.say("second line");
     assert_eq!(s.next(), "You said: second line");
     assert_eq!(containers(&install).await, first, "the same container");
-    assert_eq!(s.end().0, 0);
+    assert_eq!(s.end().await.0, 0);
     assert!(containers(&install).await.is_empty(), "removed at the end");
     let keys = keys.lock().unwrap().clone();
     assert!(!keys.is_empty());

@@ -5,11 +5,12 @@
 //! duplicate. Everything (containers, networks, agents, the home) is torn down even when an
 //! assertion fails.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bollard::query_parameters::{ListContainersOptionsBuilder, RestartContainerOptionsBuilder};
 use hako_cli::daemons::{Daemons, Endpoints};
 use hako_cli::stack::{self, StackArgs};
+use hako_shared::testing::eventually;
 use serde_json::{Value, json};
 
 const LIMIT: Duration = Duration::from_secs(120);
@@ -93,38 +94,34 @@ async fn restart(project: &str, service: &str) {
         .unwrap();
 }
 
-/// A GET on routd, polled: a call that gets no answer (a transport error or a timeout, never a
-/// refusal) is tried again until `deadline`, then fails with what the last try said. On a
-/// loaded 2-core CI machine the stack's containers have stalled past one call's 15 s.
-async fn routd_get(d: &Daemons, path: &str, token: &str, deadline: Instant) -> Value {
-    loop {
-        match d.routd_json(reqwest::Method::GET, path, token, None).await {
-            Ok(v) => return v,
-            Err(e)
-                if Instant::now() < deadline
-                    && e.downcast_ref::<hako_cli::daemons::Refused>().is_none() =>
-            {
-                eprintln!("routd GET {path}: {e}; trying again");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => panic!("routd GET {path}: {e}"),
+/// One GET on routd, as a probe of [`eventually`]: a call that gets no answer (a transport
+/// error or a timeout) is logged and answered as `Err`, so the poll tries it again; a refusal
+/// fails the test at once. On a loaded 2-core CI machine the stack's containers have stalled
+/// past one call's 15 s.
+async fn routd_get(d: &Daemons, path: &str, token: &str) -> Result<Value, String> {
+    match d.routd_json(reqwest::Method::GET, path, token, None).await {
+        Ok(v) => Ok(v),
+        Err(e) if e.downcast_ref::<hako_cli::daemons::Refused>().is_none() => {
+            eprintln!("routd GET {path}: {e}; trying again");
+            Err(format!("routd GET {path}: {e}"))
         }
+        Err(e) => panic!("routd GET {path}: {e}"),
     }
 }
 
 /// The operator's token, tried again while authd does not answer (as [`routd_get`]).
 async fn operator_token(d: &Daemons) -> String {
-    let deadline = Instant::now() + LIMIT;
-    loop {
+    eventually("the operator's token", LIMIT, || async {
         match d.operator_token().await {
-            Ok(t) => return t,
-            Err(e) if Instant::now() < deadline && e.to_string().contains("does not answer") => {
+            Ok(t) => Ok(t),
+            Err(e) if e.to_string().contains("does not answer") => {
                 eprintln!("the operator's token: {e}; trying again");
-                tokio::time::sleep(Duration::from_millis(500)).await;
+                Err(e)
             }
             Err(e) => panic!("the operator's token: {e}"),
         }
-    }
+    })
+    .await
 }
 
 async fn history(d: &Daemons, token: &str, chat: &str) -> Vec<Value> {
@@ -132,7 +129,7 @@ async fn history(d: &Daemons, token: &str, chat: &str) -> Vec<Value> {
         "/v1/chats/{}/messages?limit=1000",
         hako_cli::daemons::encode(chat)
     );
-    let v = routd_get(d, &path, token, Instant::now() + LIMIT).await;
+    let v = eventually("the chat's history", LIMIT, || routd_get(d, &path, token)).await;
     v["messages"].as_array().cloned().unwrap_or_default()
 }
 
@@ -147,73 +144,71 @@ fn replies_with(h: &[Value], text: &str) -> usize {
 }
 
 async fn wait_ready(d: &Daemons) {
-    let deadline = Instant::now() + LIMIT;
-    loop {
+    eventually("the daemons ready again", LIMIT, || async {
         let r = d.ready_all().await;
         if r.iter().all(|(_, r)| r.is_ok()) {
-            return;
+            Ok(())
+        } else {
+            Err(r)
         }
-        assert!(Instant::now() < deadline, "not ready again: {r:?}");
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await;
 }
 
 /// Waits until the turn that covers message `id` of `folder` runs; answers it.
 async fn running_turn(d: &Daemons, token: &str, folder: &str, id: &str) -> Value {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let path = format!("/v1/turns?folder={folder}&state=running");
-        let v = routd_get(d, &path, token, deadline).await;
-        let covering = v["turns"].as_array().and_then(|ts| {
-            ts.iter().find(|t| {
-                t["messages"]
-                    .as_array()
-                    .is_some_and(|m| m.contains(&json!(id)))
-            })
-        });
-        if let Some(t) = covering {
-            return t.clone();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no running turn for {id} in {folder}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let path = format!("/v1/turns?folder={folder}&state=running");
+    eventually(
+        &format!("a running turn for {id} in {folder}"),
+        LIMIT,
+        || async {
+            let v = routd_get(d, &path, token).await?;
+            let covering = v["turns"].as_array().and_then(|ts| {
+                ts.iter().find(|t| {
+                    t["messages"]
+                        .as_array()
+                        .is_some_and(|m| m.contains(&json!(id)))
+                })
+            });
+            covering.cloned().ok_or_else(|| v.to_string())
+        },
+    )
+    .await
 }
 
 /// Waits until `folder` has no live turn, so that the next message starts a turn of its own
 /// (a message arriving during a turn is steered into it).
 async fn wait_idle(d: &Daemons, token: &str, folder: &str) {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let mut live = 0;
+    eventually(&format!("{folder} going idle"), LIMIT, || async {
+        let mut live = Vec::new();
         for state in ["starting", "running", "waiting"] {
             let path = format!("/v1/turns?folder={folder}&state={state}");
-            let v = routd_get(d, &path, token, deadline).await;
-            live += v["turns"].as_array().map_or(0, Vec::len);
+            let v = routd_get(d, &path, token).await?;
+            live.extend(v["turns"].as_array().cloned().unwrap_or_default());
         }
-        if live == 0 {
-            return;
+        if live.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("live turns: {live:?}"))
         }
-        assert!(Instant::now() < deadline, "{folder} never went idle");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
 }
 
 async fn turn_done(d: &Daemons, token: &str, turn_id: &str) -> Value {
-    let deadline = Instant::now() + LIMIT;
-    loop {
-        let v = routd_get(d, &format!("/v1/turns/{turn_id}"), token, deadline).await;
-        if !matches!(
+    let path = format!("/v1/turns/{turn_id}");
+    eventually("the turn's end", LIMIT, || async {
+        let v = routd_get(d, &path, token).await?;
+        if matches!(
             v["state"].as_str(),
             Some("starting" | "running" | "waiting")
         ) {
-            return v;
+            Err(v.to_string())
+        } else {
+            Ok(v)
         }
-        assert!(Instant::now() < deadline, "the turn never ended: {v}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
 }
 
 /// Stacks of earlier runs of this test that were killed before their teardown (a timeout

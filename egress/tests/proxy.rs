@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{AGENT_SCOPES, AuthdClient, Signer, now_secs};
 use hako_shared::config::Env;
+use hako_shared::testing::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -110,11 +111,15 @@ async fn start_proxy(cfg: hako_egress::Config) -> hako_egress::Running {
     let a = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let running = hako_egress::start(cfg, p, a).await.unwrap();
     // Ready once the first revocation list is in.
-    let deadline = Instant::now() + LIMIT;
-    while admin_get(running.admin_addr(), "/ready").await.0 != 200 {
-        assert!(Instant::now() < deadline, "proxy never ready");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the proxy ready", LIMIT, || async {
+        let (status, body) = admin_get(running.admin_addr(), "/ready").await;
+        if status == 200 {
+            Ok(())
+        } else {
+            Err((status, body))
+        }
+    })
+    .await;
     running
 }
 
@@ -467,16 +472,11 @@ async fn every_refusal_is_counted_under_its_reason_and_names_the_host() {
         "{text}"
     );
     drop(a);
-    let deadline = Instant::now() + LIMIT;
-    let mut c = loop {
-        match connect(p, &tls.to_string(), &bearer(&token)).await {
-            Ok(c) => break c,
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await
-            }
-            Err(e) => panic!("the place never came back: {e:?}"),
-        }
-    };
+    let (target, auth) = (tls.to_string(), bearer(&token));
+    let mut c = eventually("a connection in the freed place", LIMIT, || {
+        connect(p, &target, &auth)
+    })
+    .await;
     assert!(echo_round(&mut b, b"b").await && echo_round(&mut c, b"c").await);
 
     for (reason, n) in [

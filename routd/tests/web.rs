@@ -5,10 +5,10 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::browser::{Browser, link, sign_in};
-use common::{Rig, enc};
+use common::{Rig, enc, eventually};
 use hako_shared::auth::AuthdClient;
 use serde_json::{Value, json};
 
@@ -44,18 +44,16 @@ async fn wait_reply(b: &Browser, needle: &str) {
 async fn page_matches_log(rig: &Rig, b: &Browser, chat: &str) {
     let log = rig.history(chat).await;
     let want: Vec<(String, i64)> = log.iter().map(|m| (m.id.clone(), m.seq)).collect();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let got: Vec<(String, i64)> = shown(b).await.into_iter().map(|(i, s, _)| (i, s)).collect();
-        if got == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the page shows {got:?}, the log holds {want:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(
+        &format!("the page showing the log's messages {want:?}"),
+        WAIT,
+        || async {
+            let got: Vec<(String, i64)> =
+                shown(b).await.into_iter().map(|(i, s, _)| (i, s)).collect();
+            if got == want { Ok(()) } else { Err(got) }
+        },
+    )
+    .await;
 }
 
 fn screenshot_path(name: &str) -> std::path::PathBuf {
@@ -379,8 +377,7 @@ async fn a_tenants_link_sees_its_folder_only_and_sessions_end_as_they_should() {
         .revoke(&rig.operator, &jti)
         .await
         .unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
+    let v = eventually("the revoked link's session ending", WAIT, || async {
         let (s, v) = with_cookie(
             &rig,
             reqwest::Method::GET,
@@ -390,16 +387,10 @@ async fn a_tenants_link_sees_its_folder_only_and_sessions_end_as_they_should() {
             None,
         )
         .await;
-        if s == 401 {
-            assert_eq!(v["error"], "session_ended", "{v}");
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "a revoked link's session still holds"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        if s == 401 { Ok(v) } else { Err((s, v)) }
+    })
+    .await;
+    assert_eq!(v["error"], "session_ended", "{v}");
     let (s, v) = with_cookie(
         &rig,
         reqwest::Method::POST,

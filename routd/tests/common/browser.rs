@@ -4,11 +4,11 @@
 //! kills routd between two steps of the browser).
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{LIMIT, Rig};
+use super::{LIMIT, Rig, eventually};
 
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
@@ -84,17 +84,17 @@ impl Browser {
             .timeout(Duration::from_secs(60))
             .build()
             .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(r) = http.get(format!("{base}/status")).send().await
-                && let Ok(v) = r.json::<Value>().await
-                && v["value"]["ready"] == true
-            {
-                break;
+        let status = format!("{base}/status");
+        eventually("chromedriver ready", Duration::from_secs(30), || async {
+            let r = http.get(&status).send().await.map_err(|e| e.to_string())?;
+            let v = r.json::<Value>().await.map_err(|e| e.to_string())?;
+            if v["value"]["ready"] == true {
+                Ok(())
+            } else {
+                Err(v.to_string())
             }
-            assert!(Instant::now() < deadline, "chromedriver did not come up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await;
         let profile = tempfile::tempdir().unwrap();
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
@@ -185,15 +185,15 @@ impl Browser {
 
     /// Waits until `script` returns something truthy; answers it.
     pub async fn wait(&self, what: &str, script: &str, limit: Duration) -> Value {
-        let deadline = Instant::now() + limit;
-        loop {
+        eventually(what, limit, || async {
             let v = self.js(script, json!([])).await;
-            if !(v.is_null() || v == false || v == "" || v == 0) {
-                return v;
+            if v.is_null() || v == false || v == "" || v == 0 {
+                Err(v)
+            } else {
+                Ok(v)
             }
-            assert!(Instant::now() < deadline, "waited {limit:?} for {what}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await
     }
 
     async fn element(&self, css: &str) -> String {
