@@ -527,7 +527,11 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<String, RunedError
         secrets: Default::default(),
         group: group.spec,
     };
-    Ok(sh.runed.create_run(&req).await.map(|c| c.run_id))
+    Ok(sh
+        .runed
+        .create_run(&req)
+        .await
+        .map(|c| c.run_id.into_string()))
 }
 
 /// Follows a run to its end: every block becomes what it means for the chat as it arrives.

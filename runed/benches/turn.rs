@@ -34,7 +34,7 @@ fn input() -> ContainerInput {
 
 fn spec(i: usize) -> RunSpec {
     RunSpec {
-        run_id: format!("bench-{i}"),
+        run_id: hako_shared::ids::RunId::new(format!("bench-{i}")).expect("id"),
         turn_id: "turn".into(),
         folder: GroupFolder::new("bench").expect("folder"),
         input: input(),

@@ -15,7 +15,7 @@ use futures_util::stream::Stream;
 use hako_shared::auth::{Principal, Verifier, scopes};
 use hako_shared::http::ErrorBody;
 use hako_shared::http::{ApiInfo, ApiJson, ApiQuery, api_router};
-use hako_shared::ids::is_valid_id;
+use hako_shared::ids::{RunId, is_valid_id};
 use hako_shared::runs::{
     CreatedRun, HoldRequest, RunRequest, RunState, RunStatus, SessionPage, SteerReply,
     SteerRequest, SteerState, SteerStatus, StopReply, StopRequest,
@@ -98,10 +98,10 @@ async fn audit_row(
 /// A run the caller may see, or 404.
 async fn visible(sh: &Shared, who: &Principal, run_id: &str) -> Result<SpawnRow, ApiFailure> {
     let missing = || ApiFailure::NoRun(run_id.to_owned());
-    if !is_valid_id(run_id) {
+    let Ok(id) = RunId::new(run_id) else {
         return Err(missing());
-    }
-    match sh.store.get(run_id).await? {
+    };
+    match sh.store.get(&id).await? {
         Some(r) if who.covers_folder(&r.folder) => Ok(r),
         _ => Err(missing()),
     }
@@ -325,7 +325,7 @@ async fn get_run(
         loop {
             let ended = tokio::select! {
                 r = rx.recv() => match r {
-                    Ok(e) => matches!(&*e, Event::State { run_id: id, state } if *id == run_id && state.is_terminal()),
+                    Ok(e) => matches!(&*e, Event::State { run_id: id, state } if **id == *run_id && state.is_terminal()),
                     // Missed events: re-read the row.
                     Err(broadcast::error::RecvError::Lagged(_)) => true,
                     Err(broadcast::error::RecvError::Closed) => break,
@@ -364,7 +364,7 @@ struct RunStream {
     store: crate::store::Store,
     stop: tokio_util::sync::CancellationToken,
     rx: broadcast::Receiver<Arc<Event>>,
-    run_id: String,
+    run_id: RunId,
     /// Blocks sent: the next index expected.
     seen: usize,
     /// Read the store before the next broadcast event (at start, and after a lag).
@@ -384,7 +384,7 @@ impl RunStream {
             .store
             .get(&self.run_id)
             .await?
-            .ok_or_else(|| ApiFailure::NoRun(self.run_id.clone()))?;
+            .ok_or_else(|| ApiFailure::NoRun(self.run_id.to_string()))?;
         for (index, block) in self.store.outputs_from(&self.run_id, self.seen).await? {
             self.seen = index + 1;
             self.pending.push_back(Event::Output {
@@ -432,7 +432,7 @@ impl RunStream {
                 () = self.stop.cancelled() => return None,
             };
             match got {
-                Ok(e) if e.run_id() == self.run_id => match &*e {
+                Ok(e) if *e.run_id() == self.run_id => match &*e {
                     Event::Output { index, block, .. } => {
                         if *index < self.seen {
                             continue;
@@ -478,7 +478,7 @@ async fn events(
     Path(run_id): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiFailure> {
     who.require(scopes::RUNS_READ)?;
-    visible(&sh, &who, &run_id).await?;
+    let run_id = visible(&sh, &who, &run_id).await?.run_id;
     let pass = sh.watchers.enter(&who.bound_key())?;
     // Subscribed before the first read of the store, so nothing falls between the two.
     let st = RunStream {
@@ -524,6 +524,7 @@ async fn steer(
 ) -> Result<Json<SteerReply>, ApiFailure> {
     who.require(scopes::RUNS_RUN)?;
     let row = visible(&sh, &who, &run_id).await?;
+    let run_id = row.run_id.clone();
     if body.messages.is_empty() {
         return Err(ApiFailure::EmptyMessages);
     }
@@ -542,7 +543,7 @@ async fn steer(
         return Ok(Json(reply(existing.state)));
     }
     let live = sh.sched().live.get(&run_id).map(|l| l.run.clone());
-    let not_live = || ApiFailure::NotLive(run_id.clone());
+    let not_live = || ApiFailure::NotLive(run_id.to_string());
     let Some(live) = live else {
         return Err(not_live());
     };
@@ -576,14 +577,14 @@ async fn place(
     sh: &Shared,
     runner: &hako_runner::Runner,
     live: &hako_runner::LiveRun,
-    run_id: &str,
+    run_id: &RunId,
     steer_id: &str,
     msgs: &[String],
 ) -> Result<SteerState, ApiFailure> {
     let staged = match runner.stage_followup(live, msgs).await {
         Ok(s) => s,
         Err(hako_runner::RunError::NotLive(_)) => {
-            return Err(ApiFailure::NotLive(run_id.to_owned()));
+            return Err(ApiFailure::NotLive(run_id.to_string()));
         }
         Err(e) => return Err(ApiFailure::internal(e)),
     };
@@ -609,7 +610,7 @@ async fn place(
     }
     if let Err(e) = staged.publish(runner).await {
         // Recorded but never shown: the run's end settles it as returned.
-        tracing::warn!(run = run_id, steer = steer_id, error = %e, "placing a follow-up failed");
+        tracing::warn!(run = %run_id, steer = steer_id, error = %e, "placing a follow-up failed");
     }
     Ok(SteerState::Placed)
 }
@@ -625,7 +626,7 @@ async fn kill_and_wait(sh: &Arc<Shared>, row: &SpawnRow) -> Result<SpawnRow, Api
             .store
             .get(&row.run_id)
             .await?
-            .ok_or_else(|| ApiFailure::NoRun(row.run_id.clone()))?;
+            .ok_or_else(|| ApiFailure::NoRun(row.run_id.to_string()))?;
         if r.state.is_terminal() {
             return Ok(r);
         }
@@ -653,6 +654,7 @@ async fn kill_run(
 ) -> Result<Json<RunStatus>, ApiFailure> {
     who.require(scopes::RUNS_KILL)?;
     let row = visible(&sh, &who, &run_id).await?;
+    let run_id = row.run_id.clone();
     let row = if row.state.is_terminal() {
         row
     } else {
@@ -691,7 +693,7 @@ async fn stop_folder(
     who.require_folder(&folder)?;
     // The live run and those still waiting for the folder's slot: a stop that left a
     // queued run to start after it would stop nothing the user sees.
-    let ids: Vec<String> = {
+    let ids: Vec<RunId> = {
         let s = sh.sched();
         let live = s
             .live
@@ -719,7 +721,11 @@ async fn stop_folder(
         None,
         Some(&folder),
         "ok",
-        killed.join(","),
+        killed
+            .iter()
+            .map(RunId::as_str)
+            .collect::<Vec<_>>()
+            .join(","),
     )
     .await;
     Ok(Json(StopReply { folder, killed }))
@@ -965,7 +971,7 @@ mod tests {
 
     fn row(id: &str) -> SpawnRow {
         SpawnRow {
-            run_id: id.into(),
+            run_id: hako_shared::ids::RunId::new(id).unwrap(),
             kind: "run".into(),
             folder: "a".into(),
             turn_id: format!("t-{id}"),
@@ -1007,7 +1013,7 @@ mod tests {
             store: store.clone(),
             stop: Default::default(),
             rx: tx.subscribe(),
-            run_id: "r".into(),
+            run_id: hako_shared::ids::RunId::new("r").unwrap(),
             seen: 0,
             resync: true,
             pending: Default::default(),
@@ -1025,9 +1031,12 @@ mod tests {
         ));
         // 100 blocks and the end, while the subscriber does not read: far past the ring.
         for i in 0..100 {
-            store.add_output("r", i, &block(i)).await.unwrap();
+            store
+                .add_output(&hako_shared::ids::RunId::new("r").unwrap(), i, &block(i))
+                .await
+                .unwrap();
             let _ = tx.send(Arc::new(Event::Output {
-                run_id: "r".into(),
+                run_id: hako_shared::ids::RunId::new("r").unwrap(),
                 index: i,
                 block: Some(block(i)),
             }));
@@ -1042,9 +1051,18 @@ mod tests {
             started_at: None,
             ended_at: 2,
         };
-        assert!(store.finish("r", &[RunState::Running], f).await.unwrap());
+        assert!(
+            store
+                .finish(
+                    &hako_shared::ids::RunId::new("r").unwrap(),
+                    &[RunState::Running],
+                    f
+                )
+                .await
+                .unwrap()
+        );
         let _ = tx.send(Arc::new(Event::State {
-            run_id: "r".into(),
+            run_id: hako_shared::ids::RunId::new("r").unwrap(),
             state: RunState::Exited,
         }));
         let mut indexes = Vec::new();
@@ -1078,7 +1096,7 @@ mod tests {
             store: store.clone(),
             stop: Default::default(),
             rx: tx.subscribe(),
-            run_id: "r".into(),
+            run_id: hako_shared::ids::RunId::new("r").unwrap(),
             seen: 0,
             resync: true,
             pending: Default::default(),
@@ -1088,7 +1106,7 @@ mod tests {
         };
         for state in [RunState::Starting, RunState::Running, RunState::Exited] {
             let _ = tx.send(Arc::new(Event::State {
-                run_id: "r".into(),
+                run_id: hako_shared::ids::RunId::new("r").unwrap(),
                 state,
             }));
         }

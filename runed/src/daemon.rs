@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use hako_shared::contract::{ContainerInput, Redacted};
+use hako_shared::ids::RunId;
 use hako_shared::runs::{Outcome, RunRequest, RunState};
 use hako_shared::time::unix_millis;
 use tokio_util::sync::CancellationToken;
@@ -108,7 +109,7 @@ pub(crate) async fn scheduler(sh: Arc<Shared>) {
 }
 
 /// A hold keeps its folder's slot until released, its TTL passes, or shutdown.
-pub(crate) async fn hold(sh: Arc<Shared>, run_id: String, control: RunControl, ttl: Duration) {
+pub(crate) async fn hold(sh: Arc<Shared>, run_id: RunId, control: RunControl, ttl: Duration) {
     let _slot = Slot::new(&sh, &run_id);
     match sh
         .store
@@ -132,7 +133,7 @@ pub(crate) async fn hold(sh: Arc<Shared>, run_id: String, control: RunControl, t
 /// One run, from the queue to its end.
 async fn run_one(
     sh: Arc<Shared>,
-    run_id: String,
+    run_id: RunId,
     folder: String,
     p: Option<Pending>,
     control: RunControl,
@@ -147,7 +148,7 @@ async fn run_one(
             .and_then(|r| r.request)
             .and_then(|r| serde_json::from_str::<RunRequest>(&r).ok()),
         Err(e) => {
-            tracing::error!(run = run_id, error = %e, "reading a queued request failed");
+            tracing::error!(run = %run_id, error = %e, "reading a queued request failed");
             None
         }
     };
@@ -176,7 +177,7 @@ async fn run_one(
         // Killed while waiting: never started.
         Ok(false) => return,
         Err(e) => {
-            tracing::error!(run = run_id, error = %e, "recording a start failed");
+            tracing::error!(run = %run_id, error = %e, "recording a start failed");
             return;
         }
     }
@@ -199,7 +200,7 @@ async fn run_one(
     {
         Ok(t) => t,
         Err(BrokerError::Unavailable(why)) => {
-            tracing::warn!(run = run_id, error = %why, "no spawn token; the run stays queued");
+            tracing::warn!(run = %run_id, error = %why, "no spawn token; the run stays queued");
             *lock(&sh.broker_pause) = Some((Instant::now() + Duration::from_secs(1), why));
             slot.keep();
             sh.back_to_queue(&run_id, &folder, req.secrets).await;
@@ -225,9 +226,9 @@ async fn run_one(
         .add_token(&token.jti, &run_id, &folder, token.expires_at)
         .await
     {
-        tracing::error!(run = run_id, error = %e, "recording the spawn token failed");
+        tracing::error!(run = %run_id, error = %e, "recording the spawn token failed");
         if let Err(e) = sh.broker.revoke(&token.jti).await {
-            tracing::warn!(run = run_id, error = %e, "revoking the unrecorded spawn token failed; it expires with the run ceiling");
+            tracing::warn!(run = %run_id, error = %e, "revoking the unrecorded spawn token failed; it expires with the run ceiling");
         }
         end_without_container(
             &sh,
@@ -247,7 +248,7 @@ async fn run_one(
         folder: folder.clone(),
         sender_jid: req.sender_jid.clone(),
         turn_id: req.turn_id.to_string(),
-        run_id: run_id.clone(),
+        run_id: run_id.to_string(),
         token: Redacted(token.token.clone()),
         secrets: req.secrets.clone(),
         query_timeout_ms: None,
@@ -304,7 +305,7 @@ async fn run_one(
             if never_started && sh.probe_docker().await.is_err() {
                 // Docker went away before the container existed: back to the queue.
                 tracing::warn!(
-                    run = run_id,
+                    run = %run_id,
                     "docker unavailable; the run goes back to the queue"
                 );
                 revoke_tokens(&sh, &run_id).await;
@@ -322,7 +323,7 @@ async fn run_one(
                 && sh.probe_docker().await.is_err()
             {
                 tracing::warn!(
-                    run = run_id,
+                    run = %run_id,
                     container = cid,
                     "docker unavailable mid-run; re-attaching when it is back"
                 );
@@ -343,7 +344,7 @@ async fn run_one(
 
 /// Records that a run took a warm box, before the box gets its input: the box's labels name
 /// no run, so this is what re-adoption after a restart finds it by.
-fn bind_hook(sh: Arc<Shared>, run_id: String) -> BindHook {
+fn bind_hook(sh: Arc<Shared>, run_id: RunId) -> BindHook {
     BindHook(Arc::new(move |b: Bound| {
         let (sh, run_id) = (sh.clone(), run_id.clone());
         Box::pin(async move {
@@ -359,7 +360,7 @@ fn bind_hook(sh: Arc<Shared>, run_id: String) -> BindHook {
                 }),
                 Ok(false) => {}
                 Err(e) => {
-                    tracing::error!(run = run_id, error = %e, "recording the warm box taken failed")
+                    tracing::error!(run = %run_id, error = %e, "recording the warm box taken failed")
                 }
             }
         })

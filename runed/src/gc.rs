@@ -33,7 +33,7 @@ pub(crate) async fn collect(sh: &Shared) -> (usize, usize) {
     let keep: HashSet<String> = match sh.store.unfinished().await {
         Ok(r) => r
             .into_iter()
-            .flat_map(|r| [Some(r.run_id), r.container_id])
+            .flat_map(|r| [Some(r.run_id.into_string()), r.container_id])
             .flatten()
             .collect(),
         Err(_) => return (rows, 0),

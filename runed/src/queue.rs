@@ -8,6 +8,8 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
+use hako_shared::ids::RunId;
+
 /// What waits in the queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -21,7 +23,7 @@ pub enum Kind {
 #[derive(Debug, Clone)]
 pub struct Entry {
     /// The run id.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Run or hold.
     pub kind: Kind,
     /// When it was queued.
@@ -92,11 +94,11 @@ impl FairQueue {
     }
 
     /// Removes a waiting item; `false` if it was not waiting.
-    pub fn remove(&mut self, folder: &str, run_id: &str) -> bool {
+    pub fn remove(&mut self, folder: &str, run_id: &RunId) -> bool {
         let Some(q) = self.queues.get_mut(folder) else {
             return false;
         };
-        let Some(pos) = q.iter().position(|e| e.run_id == run_id) else {
+        let Some(pos) = q.iter().position(|e| e.run_id == *run_id) else {
             return false;
         };
         q.remove(pos);
@@ -226,7 +228,7 @@ mod tests {
 
     fn e(id: &str) -> Entry {
         Entry {
-            run_id: id.into(),
+            run_id: RunId::new(id).unwrap(),
             kind: Kind::Run,
             since: Instant::now(),
         }
@@ -259,7 +261,7 @@ mod tests {
         q.push(
             "d",
             Entry {
-                run_id: "h".into(),
+                run_id: RunId::new("h").unwrap(),
                 kind: Kind::Hold,
                 since: Instant::now(),
             },
@@ -267,7 +269,7 @@ mod tests {
         assert_eq!(q.next_ready().unwrap().1.run_id, "h");
         assert_eq!(q.active(), 2);
         assert_eq!(q.folder_len("a"), 1);
-        assert!(q.remove("a", "a2"));
+        assert!(q.remove("a", &RunId::new("a2").unwrap()));
         assert!(q.is_empty());
         assert_eq!(q.folder_len("a"), 0);
     }
@@ -281,7 +283,7 @@ mod tests {
             q.push(&format!("acme/g{i}"), e(&format!("acme{i}")));
         }
         let started: Vec<String> =
-            std::iter::from_fn(|| q.next_ready().map(|(_, e)| e.run_id)).collect();
+            std::iter::from_fn(|| q.next_ready().map(|(_, e)| e.run_id.into_string())).collect();
         assert_eq!(started, ["acme0", "acme1"], "acme's cap of 2");
         assert_eq!(q.active(), 2);
         // Another tenant arrives last, and starts at once.

@@ -8,6 +8,7 @@ use std::time::SystemTime;
 
 use hako_shared::GroupFolder;
 use hako_shared::auth::now_secs;
+use hako_shared::ids::RunId;
 use hako_shared::runs::{Outcome, RunState, SessionEntry, SteerState};
 use hako_shared::time::unix_millis;
 use tokio::sync::mpsc;
@@ -19,7 +20,7 @@ use hako_runner::{FollowUpFate, RunEvent, RunReport};
 /// Moves a run's events into the store and out to subscribers.
 pub(crate) fn forward(
     sh: Arc<Shared>,
-    run_id: String,
+    run_id: RunId,
 ) -> (mpsc::Sender<RunEvent>, tokio::task::JoinHandle<()>) {
     let (tx, mut rx) = mpsc::channel::<RunEvent>(64);
     let h = tokio::spawn(async move {
@@ -38,13 +39,13 @@ pub(crate) fn forward(
                         }),
                         Ok(false) => {}
                         Err(e) => {
-                            tracing::error!(run = run_id, error = %e, "recording a start failed")
+                            tracing::error!(run = %run_id, error = %e, "recording a start failed")
                         }
                     }
                 }
                 RunEvent::Block { index, block } => {
                     if let Err(e) = sh.store.add_output(&run_id, index, &block).await {
-                        tracing::error!(run = run_id, error = %e, "storing output failed");
+                        tracing::error!(run = %run_id, error = %e, "storing output failed");
                     }
                     let small = [&block.result, &block.error, &block.new_session_id]
                         .iter()
@@ -72,7 +73,7 @@ pub(crate) async fn finalize(
     session_id: &str,
     r: &RunReport,
 ) {
-    let run_id = r.run_id.as_str();
+    let run_id = &r.run_id;
     let ended = unix_millis(r.ended_at);
     let started = r.started_at.map(unix_millis);
     if let Some(s) = r.started_at
@@ -115,7 +116,7 @@ pub(crate) async fn finalize(
             });
         }
         Ok(false) => {}
-        Err(e) => tracing::error!(run = run_id, error = %e, "recording the end of a run failed"),
+        Err(e) => tracing::error!(run = %run_id, error = %e, "recording the end of a run failed"),
     }
     revoke_tokens(sh, run_id).await;
 }
@@ -132,7 +133,7 @@ pub(crate) async fn remove_containers(sh: &Shared, report: &RunReport) {
 /// gone after a restart), from any unfinished state, and revokes its spawn tokens.
 pub(crate) async fn end_without_container(
     sh: &Shared,
-    run_id: &str,
+    run_id: &RunId,
     state: RunState,
     outcome: Outcome,
     error: Option<String>,
@@ -160,7 +161,7 @@ pub(crate) async fn end_without_container(
             });
         }
         Ok(false) => {}
-        Err(e) => tracing::error!(run = run_id, error = %e, "recording the end of a run failed"),
+        Err(e) => tracing::error!(run = %run_id, error = %e, "recording the end of a run failed"),
     }
     revoke_tokens(sh, run_id).await;
 }
@@ -169,14 +170,14 @@ pub(crate) async fn end_without_container(
 /// status never shows a terminal state with a follow-up undecided. Its agent is gone (or its
 /// gate is shut), so what it has not taken by now is taken back. Idempotent (the files
 /// decide), so a runed killed half-way settles the same way when it ends the run again.
-pub(crate) async fn settle_steers(sh: &Shared, run_id: &str, folder: &str) {
+pub(crate) async fn settle_steers(sh: &Shared, run_id: &RunId, folder: &str) {
     let placed: Vec<_> = match sh.store.steers(run_id).await {
         Ok(rows) => rows
             .into_iter()
             .filter(|r| r.state == SteerState::Placed)
             .collect(),
         Err(e) => {
-            tracing::error!(run = run_id, error = %e, "reading the run's follow-ups failed");
+            tracing::error!(run = %run_id, error = %e, "reading the run's follow-ups failed");
             return;
         }
     };
@@ -185,7 +186,7 @@ pub(crate) async fn settle_steers(sh: &Shared, run_id: &str, folder: &str) {
     }
     let (Ok(runner), Ok(folder)) = (sh.runner(), GroupFolder::new(folder)) else {
         tracing::error!(
-            run = run_id,
+            run = %run_id,
             "the run's follow-ups cannot be settled now (no runner); they are at the next start"
         );
         return;
@@ -201,7 +202,7 @@ pub(crate) async fn settle_steers(sh: &Shared, run_id: &str, folder: &str) {
                 },
             )),
             Err(e) => {
-                tracing::error!(run = run_id, steer = r.steer_id, error = %e, "settling a follow-up failed")
+                tracing::error!(run = %run_id, steer = r.steer_id, error = %e, "settling a follow-up failed")
             }
         }
     }
@@ -210,7 +211,7 @@ pub(crate) async fn settle_steers(sh: &Shared, run_id: &str, folder: &str) {
         .filter(|(_, s)| *s == SteerState::Taken)
         .count();
     tracing::info!(
-        run = run_id,
+        run = %run_id,
         taken,
         returned = fates.len() - taken,
         "follow-ups settled"
@@ -220,16 +221,16 @@ pub(crate) async fn settle_steers(sh: &Shared, run_id: &str, folder: &str) {
         .decide_steers(run_id, fates, unix_millis(SystemTime::now()))
         .await
     {
-        tracing::error!(run = run_id, error = %e, "recording the follow-ups' fates failed");
+        tracing::error!(run = %run_id, error = %e, "recording the follow-ups' fates failed");
     }
 }
 
 /// Revokes a run's spawn tokens; one that fails is retried by [`retry_revocations`].
-pub(crate) async fn revoke_tokens(sh: &Shared, run_id: &str) {
+pub(crate) async fn revoke_tokens(sh: &Shared, run_id: &RunId) {
     let jtis = match sh.store.live_tokens(run_id).await {
         Ok(j) => j,
         Err(e) => {
-            tracing::error!(run = run_id, error = %e, "listing spawn tokens failed");
+            tracing::error!(run = %run_id, error = %e, "listing spawn tokens failed");
             return;
         }
     };
@@ -240,7 +241,7 @@ pub(crate) async fn revoke_tokens(sh: &Shared, run_id: &str) {
             }
             // Retried by `retry_revocations` (GC, start) until it expires.
             Err(e) => {
-                tracing::warn!(run = run_id, jti, error = %e, "revoking a spawn token failed; retried later")
+                tracing::warn!(run = %run_id, jti, error = %e, "revoking a spawn token failed; retried later")
             }
         }
     }
@@ -264,7 +265,7 @@ pub(crate) async fn retry_revocations(sh: &Shared) -> usize {
                 n += 1;
             }
             Err(e) => {
-                tracing::warn!(run = run_id, jti, error = %e, "revoking a spawn token failed; retried later");
+                tracing::warn!(run = %run_id, jti, error = %e, "revoking a spawn token failed; retried later");
                 break;
             }
         }

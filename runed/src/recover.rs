@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use hako_shared::GroupFolder;
+use hako_shared::ids::RunId;
 use hako_shared::runs::{Outcome, RunRequest, RunState};
 use hako_shared::time::unix_millis;
 use tokio_util::sync::CancellationToken;
@@ -147,7 +148,7 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
                     .container_id
                     .as_deref()
                     .filter(|cid| warm_ids.contains(cid));
-                let cid = match (by_run.get(&row.run_id), warm) {
+                let cid = match (by_run.get(row.run_id.as_str()), warm) {
                     (Some(cid), _) => cid.clone(),
                     (None, Some(cid)) => {
                         keep.insert(cid.to_owned());
@@ -158,7 +159,7 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
                         continue;
                     }
                 };
-                keep.insert(row.run_id.clone());
+                keep.insert(row.run_id.to_string());
                 adopt_one(sh, row, cid, folder).await;
             }
         }
@@ -194,7 +195,7 @@ async fn adopt_one(sh: &Arc<Shared>, row: SpawnRow, container_id: String, folder
 /// again; at shutdown it gives up and leaves the run to the next start's re-adoption.
 pub(crate) async fn readopt_after_outage(
     sh: Arc<Shared>,
-    run_id: String,
+    run_id: RunId,
     container_id: String,
     control: RunControl,
 ) {
@@ -210,7 +211,7 @@ pub(crate) async fn readopt_after_outage(
     let row = match sh.store.unfinished().await {
         Ok(rows) => rows.into_iter().find(|r| r.run_id == run_id),
         Err(e) => {
-            tracing::error!(run = run_id, error = %e, "reading the run to re-attach failed");
+            tracing::error!(run = %run_id, error = %e, "reading the run to re-attach failed");
             None
         }
     };

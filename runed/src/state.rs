@@ -11,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use hako_shared::auth::Verifier;
 use hako_shared::contract::Secrets;
+use hako_shared::ids::RunId;
 use hako_shared::runs::{Outcome, RunState};
 use hako_shared::time::unix_millis;
 use tokio::sync::{Notify, broadcast};
@@ -63,8 +64,8 @@ pub(crate) struct Live {
 
 pub(crate) struct Sched {
     pub queue: FairQueue,
-    pub pending: HashMap<String, Pending>,
-    pub live: HashMap<String, Live>,
+    pub pending: HashMap<RunId, Pending>,
+    pub live: HashMap<RunId, Live>,
     /// Places promised to requests being written to the store, overall and per folder.
     pub reserved: usize,
     pub reserved_per: HashMap<String, usize>,
@@ -107,12 +108,12 @@ impl Drop for Reserved<'_> {
 /// after a Docker outage, detached at shutdown), so no path can forget it.
 pub(crate) struct Slot<'a> {
     sh: &'a Shared,
-    run_id: &'a str,
+    run_id: &'a RunId,
     kept: bool,
 }
 
 impl<'a> Slot<'a> {
-    pub(crate) fn new(sh: &'a Shared, run_id: &'a str) -> Self {
+    pub(crate) fn new(sh: &'a Shared, run_id: &'a RunId) -> Self {
         Slot {
             sh,
             run_id,
@@ -175,8 +176,8 @@ pub(crate) fn connect(cfg: &Config) -> Result<Runner, String> {
 }
 
 /// A new run id: `run-` and 16 random hex digits.
-pub fn new_run_id() -> String {
-    hako_shared::ids::random_id("run-", 8)
+pub fn new_run_id() -> RunId {
+    RunId::random("run-", 8)
 }
 
 impl Shared {
@@ -224,7 +225,7 @@ impl Shared {
     }
 
     /// Queues a run (or hold) already stored as `queued`.
-    pub(crate) fn enqueue(&self, run_id: &str, folder: &str, kind: Kind, p: Pending) {
+    pub(crate) fn enqueue(&self, run_id: &RunId, folder: &str, kind: Kind, p: Pending) {
         {
             let mut s = self.sched();
             s.pending.insert(run_id.to_owned(), p);
@@ -273,7 +274,7 @@ impl Shared {
 
     /// Kills a run: a queued one never starts; a live one is stopped, killed and removed.
     /// Returns `false` when the run is not known to be waiting or live.
-    pub(crate) async fn kill(self: &Arc<Self>, run_id: &str, folder: &str) -> bool {
+    pub(crate) async fn kill(self: &Arc<Self>, run_id: &RunId, folder: &str) -> bool {
         let waiting = {
             let mut s = self.sched();
             if s.queue.remove(folder, run_id) {
@@ -309,14 +310,14 @@ impl Shared {
             }
             Ok(false) => waiting,
             Err(e) => {
-                tracing::error!(run = run_id, error = %e, "recording a kill failed");
+                tracing::error!(run = %run_id, error = %e, "recording a kill failed");
                 waiting
             }
         }
     }
 
     /// Releases a run's slot (its folder may start the next run) and wakes the scheduler.
-    pub(crate) fn release(&self, run_id: &str) {
+    pub(crate) fn release(&self, run_id: &RunId) {
         {
             let mut s = self.sched();
             if let Some(l) = s.live.remove(run_id) {
@@ -329,14 +330,14 @@ impl Shared {
     }
 
     /// A detached run leaves `live` keeping its folder's slot (the next start re-adopts it).
-    pub(crate) fn detached(&self, run_id: &str) {
+    pub(crate) fn detached(&self, run_id: &RunId) {
         self.sched().live.remove(run_id);
         self.left.notify_waiters();
     }
 
     /// A run that could not start (no token, no Docker) goes back to the head of its folder's
     /// queue, to be tried again: `starting → queued`.
-    pub(crate) async fn back_to_queue(&self, run_id: &str, folder: &str, secrets: Secrets) {
+    pub(crate) async fn back_to_queue(&self, run_id: &RunId, folder: &str, secrets: Secrets) {
         let _ = self
             .store
             .transition(run_id, &[RunState::Starting], RunState::Queued)
@@ -356,7 +357,7 @@ impl Shared {
         );
     }
 
-    fn requeue(&self, run_id: &str, folder: &str, p: Pending) {
+    fn requeue(&self, run_id: &RunId, folder: &str, p: Pending) {
         let mut s = self.sched();
         if let Some(l) = s.live.remove(run_id) {
             s.queue.release(&l.folder, l.kind);

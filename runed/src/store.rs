@@ -8,6 +8,7 @@ use std::path::Path;
 
 use hako_shared::contract::OutputBlock;
 use hako_shared::db::{Db, DbError, Migration};
+use hako_shared::ids::RunId;
 use hako_shared::runs::{Outcome, RunState, SessionEntry, SteerState};
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
@@ -149,7 +150,7 @@ fn steer_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SteerRow> {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SpawnRow {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// `run` or `hold`.
     pub kind: String,
     /// Its folder.
@@ -216,7 +217,7 @@ pub struct AuditRow {
     pub actor: String,
     /// What was done (`run.create`, `run.kill`, …).
     pub action: String,
-    /// The run.
+    /// The run asked about (as asked: a refused request may name no real run).
     pub run_id: Option<String>,
     /// The folder.
     pub folder: Option<String>,
@@ -341,7 +342,7 @@ impl Store {
     }
 
     /// One run.
-    pub async fn get(&self, run_id: &str) -> Result<Option<SpawnRow>, DbError> {
+    pub async fn get(&self, run_id: &RunId) -> Result<Option<SpawnRow>, DbError> {
         let id = run_id.to_owned();
         self.db
             .call(move |c| {
@@ -418,7 +419,7 @@ impl Store {
     /// Moves a run from one of `from` to `to`; `false` when it was in none of them.
     pub async fn transition(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         from: &[RunState],
         to: RunState,
     ) -> Result<bool, DbError> {
@@ -435,7 +436,7 @@ impl Store {
     /// `starting → running`, with the container.
     pub async fn mark_running(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         container_id: &str,
         at: i64,
     ) -> Result<bool, DbError> {
@@ -455,7 +456,7 @@ impl Store {
     /// labels (written before the run existed) cannot say.
     pub async fn bind_warm(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         container_id: &str,
         at: i64,
         deadline_at: i64,
@@ -476,7 +477,7 @@ impl Store {
     /// and `from` excludes `queued`).
     pub async fn finish(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         from: &[RunState],
         f: Finish,
     ) -> Result<bool, DbError> {
@@ -512,7 +513,7 @@ impl Store {
     /// and the session row. `false`: the run had already ended (or was not in `from`).
     pub async fn finish_run(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         from: &[RunState],
         f: Finish,
         blocks: Vec<OutputBlock>,
@@ -586,7 +587,7 @@ impl Store {
     /// has one of that id (a repeat of the same call).
     pub async fn add_steer(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         steer_id: &str,
         file: &str,
         at: i64,
@@ -604,13 +605,13 @@ impl Store {
     }
 
     /// One follow-up of a run.
-    pub async fn steer(&self, run_id: &str, steer_id: &str) -> Result<Option<SteerRow>, DbError> {
+    pub async fn steer(&self, run_id: &RunId, steer_id: &str) -> Result<Option<SteerRow>, DbError> {
         let (r, s) = (run_id.to_owned(), steer_id.to_owned());
         self.db
             .call(move |c| {
                 Ok(c.query_row(
                     "SELECT steer_id, file, state FROM steers WHERE run_id = ?1 AND steer_id = ?2",
-                    [&r, &s],
+                    params![r, s],
                     steer_row,
                 )
                 .optional()?)
@@ -619,7 +620,7 @@ impl Store {
     }
 
     /// A run's follow-ups, oldest first.
-    pub async fn steers(&self, run_id: &str) -> Result<Vec<SteerRow>, DbError> {
+    pub async fn steers(&self, run_id: &RunId) -> Result<Vec<SteerRow>, DbError> {
         let r = run_id.to_owned();
         self.db
             .call(move |c| {
@@ -638,7 +639,7 @@ impl Store {
     /// Records what became of a run's placed follow-ups (each moves once).
     pub async fn decide_steers(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         fates: Vec<(String, SteerState)>,
         at: i64,
     ) -> Result<(), DbError> {
@@ -662,7 +663,7 @@ impl Store {
     /// Records output block `idx` (a re-delivered index is ignored).
     pub async fn add_output(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         idx: usize,
         block: &OutputBlock,
     ) -> Result<(), DbError> {
@@ -680,7 +681,7 @@ impl Store {
     }
 
     /// A run's output blocks, in order.
-    pub async fn outputs(&self, run_id: &str) -> Result<Vec<OutputBlock>, DbError> {
+    pub async fn outputs(&self, run_id: &RunId) -> Result<Vec<OutputBlock>, DbError> {
         let id = run_id.to_owned();
         self.db
             .call(move |c| {
@@ -700,7 +701,7 @@ impl Store {
     /// A run's output blocks from index `from` on, with their indexes.
     pub async fn outputs_from(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         from: usize,
     ) -> Result<Vec<(usize, OutputBlock)>, DbError> {
         let id = run_id.to_owned();
@@ -723,7 +724,7 @@ impl Store {
     }
 
     /// Stores a run's log.
-    pub async fn put_log(&self, run_id: &str, at: i64, log: String) -> Result<(), DbError> {
+    pub async fn put_log(&self, run_id: &RunId, at: i64, log: String) -> Result<(), DbError> {
         let id = run_id.to_owned();
         self.db
             .call(move |c| {
@@ -737,7 +738,7 @@ impl Store {
     }
 
     /// A run's log.
-    pub async fn log(&self, run_id: &str) -> Result<Option<String>, DbError> {
+    pub async fn log(&self, run_id: &RunId) -> Result<Option<String>, DbError> {
         let id = run_id.to_owned();
         self.db
             .call(move |c| {
@@ -803,7 +804,7 @@ impl Store {
     pub async fn add_token(
         &self,
         jti: &str,
-        run_id: &str,
+        run_id: &RunId,
         folder: &str,
         expires_at: i64,
     ) -> Result<(), DbError> {
@@ -820,7 +821,7 @@ impl Store {
     }
 
     /// The unrevoked spawn tokens of a run.
-    pub async fn live_tokens(&self, run_id: &str) -> Result<Vec<String>, DbError> {
+    pub async fn live_tokens(&self, run_id: &RunId) -> Result<Vec<String>, DbError> {
         let id = run_id.to_owned();
         self.db
             .call(move |c| {
@@ -948,9 +949,13 @@ impl Store {
 mod tests {
     use super::*;
 
+    fn rid(id: &str) -> RunId {
+        RunId::new(id).unwrap()
+    }
+
     fn new_row(id: &str, turn: &str) -> SpawnRow {
         SpawnRow {
-            run_id: id.into(),
+            run_id: rid(id),
             kind: "run".into(),
             folder: "a".into(),
             turn_id: turn.into(),
@@ -980,9 +985,9 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // A token of an ended run that was never revoked is found again (and only it).
-        s.add_token("j1", "r1", "a", 100).await.unwrap();
-        s.add_token("j3", "r3", "b", 100).await.unwrap();
-        s.add_token("j9", "gone", "a", 100).await.unwrap();
+        s.add_token("j1", &rid("r1"), "a", 100).await.unwrap();
+        s.add_token("j3", &rid("r3"), "b", 100).await.unwrap();
+        s.add_token("j9", &rid("gone"), "a", 100).await.unwrap();
         // The same turn id in another folder is another turn.
         let mut other = new_row("r3", "t1");
         other.folder = "b".into();
@@ -999,17 +1004,21 @@ mod tests {
             ended_at: 5,
         };
         assert!(
-            s.finish("r1", &[RunState::Queued], killed.clone())
+            s.finish(&rid("r1"), &[RunState::Queued], killed.clone())
                 .await
                 .unwrap()
         );
         assert!(
-            !s.transition("r1", &[RunState::Queued], RunState::Starting)
+            !s.transition(&rid("r1"), &[RunState::Queued], RunState::Starting)
                 .await
                 .unwrap()
         );
-        assert!(!s.finish("r1", &[RunState::Queued], killed).await.unwrap());
-        let r = s.get("r1").await.unwrap().unwrap();
+        assert!(
+            !s.finish(&rid("r1"), &[RunState::Queued], killed)
+                .await
+                .unwrap()
+        );
+        let r = s.get(&rid("r1")).await.unwrap().unwrap();
         assert_eq!(
             (r.state, r.outcome),
             (RunState::Killed, Some(Outcome::Killed))
@@ -1028,6 +1037,6 @@ mod tests {
         );
         assert_eq!(r.request, None, "the request is dropped once the run ends");
         assert_eq!(s.prune(10, 0).await.unwrap(), 1);
-        assert!(s.get("r1").await.unwrap().is_none());
+        assert!(s.get(&rid("r1")).await.unwrap().is_none());
     }
 }

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{AGENT_SCOPES, AuthdClient, ClientError, ServiceTokenSource, now_secs};
+use hako_shared::ids::RunId;
 
 /// The static token of open mode (never valid anywhere authd is running).
 pub const OPEN_TOKEN: &str = "hako-open-dev-mode-token";
@@ -83,7 +84,7 @@ impl Broker {
         &self,
         folder: &str,
         turn_id: &str,
-        run_id: &str,
+        run_id: &RunId,
         egress: &[String],
         ttl: Duration,
     ) -> Result<SpawnToken, BrokerError> {
@@ -102,7 +103,7 @@ impl Broker {
             folder: Some(folder.to_owned()),
             ttl_seconds: Some(ttl.as_secs()),
             typ: None,
-            run_id: Some(run_id.to_owned()),
+            run_id: Some(run_id.to_string()),
             turn_id: Some(turn_id.to_owned()),
             egress: egress.to_vec(),
         };

@@ -101,7 +101,7 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
         l.get(labels::FOLDER).map(String::as_str),
         Some("acme/support")
     );
-    assert_eq!(l.get(labels::RUN), Some(&run_id));
+    assert_eq!(l.get(labels::RUN), Some(&run_id.to_string()));
     assert_eq!(l.get(labels::TURN), Some(&turn));
     assert_eq!(l.get(labels::ROLE).map(String::as_str), Some("agent"));
     let env = cfg.env.unwrap_or_default();
@@ -743,7 +743,7 @@ async fn orphan_cleanup_spares_live_runs_and_other_installs() {
     let mut mine = vec![ids[0].clone(), ids[1].clone()];
     mine.sort();
     assert_eq!(agents, mine, "this install's agents, for re-adoption");
-    let live = HashSet::from([run_ids[1].clone()]);
+    let live = HashSet::from([run_ids[1].to_string()]);
     assert_eq!(a.runner.cleanup_orphans(&live).await.unwrap(), 1);
     assert!(a.gone(&ids[0]).await, "orphan removed");
     assert!(!a.gone(&ids[1]).await, "live run spared");

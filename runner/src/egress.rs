@@ -19,6 +19,7 @@ use bollard::query_parameters::{CreateContainerOptionsBuilder, ListNetworksOptio
 
 use hako_shared::config::{ConfigError, Env};
 use hako_shared::egress::{NO_PROXY_VARS, PROXY_VARS};
+use hako_shared::ids::RunId;
 
 use super::docker::{self, EngineError, labels};
 
@@ -179,7 +180,7 @@ impl Egress {
         format!("hako-{}-egress", self.install)
     }
 
-    fn network_name(&self, run_id: &str) -> String {
+    fn network_name(&self, run_id: &RunId) -> String {
         let clean: String = run_id
             .chars()
             .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
@@ -442,12 +443,12 @@ impl Egress {
     /// Creates `run_id`'s network (internal, no address on the host) and joins the proxy to
     /// it; returns the network's name, for the agent's `NetworkMode`. The proxy is checked
     /// (and recreated) first, so a run never starts against a dead proxy.
-    pub async fn attach_run(&self, run_id: &str, folder: &str) -> Result<String, EngineError> {
+    pub async fn attach_run(&self, run_id: &RunId, folder: &str) -> Result<String, EngineError> {
         if self.check().await? == Checked::NotReady {
             // A proxy that runs but cannot check tokens refuses everything: the run may
             // start, its requests fail closed, and `/ready` says why.
             tracing::warn!(
-                run = run_id,
+                run = %run_id,
                 "starting an allowlist run while the egress proxy is not ready"
             );
         }
@@ -471,7 +472,7 @@ impl Egress {
             ])),
             labels: Some(HashMap::from([
                 (labels::INSTALL.to_owned(), self.install.clone()),
-                (labels::RUN.to_owned(), run_id.to_owned()),
+                (labels::RUN.to_owned(), run_id.to_string()),
                 (labels::FOLDER.to_owned(), folder.to_owned()),
                 (labels::ROLE.to_owned(), ROLE_NETWORK.to_owned()),
             ])),
@@ -500,7 +501,7 @@ impl Egress {
     }
 
     /// Removes `run_id`'s network (the proxy leaves it first). Nothing to do is fine.
-    pub async fn detach_run(&self, run_id: &str) -> Result<(), EngineError> {
+    pub async fn detach_run(&self, run_id: &RunId) -> Result<(), EngineError> {
         self.remove_network(&self.network_name(run_id)).await
     }
 

@@ -14,7 +14,7 @@ impl Runner {
     /// report: a process killed between the two finds the run ended (and removes the
     /// leftover as an orphan), never an answered run without its container.
     pub(super) async fn finish(&self, mut st: RunOutput, ending: Ending, live: &LiveRun) -> RunEnd {
-        let run_id = &*st.run_id.clone();
+        let run_id = &st.run_id.clone();
         live.ended.cancel();
         // Wait for in-flight steers to settle, then refuse new ones.
         *live.gate.write().await = false;
@@ -40,7 +40,7 @@ impl Runner {
                 .await
                 .ok()
                 .and_then(|r| {
-                    r.map_err(|e| tracing::warn!(run = run_id, error = %e, "writing the run log"))
+                    r.map_err(|e| tracing::warn!(run = %run_id, error = %e, "writing the run log"))
                         .ok()
                 })
             }
@@ -71,7 +71,7 @@ impl Runner {
     /// they are gone. Returns what could not be removed (a later orphan cleanup retries).
     pub async fn remove_containers(&self, report: &RunReport) -> Vec<String> {
         let t = self.cfg.docker_timeout;
-        let run_id = report.run_id.as_str();
+        let run_id = &report.run_id;
         let sidecars = async {
             let mut errors = Vec::new();
             if !report.sidecars {
@@ -116,7 +116,7 @@ impl Runner {
             errors.push(format!("egress network: {err}"));
         }
         for e in &errors {
-            tracing::error!(run = run_id, "cleanup: {e}");
+            tracing::error!(run = %run_id, "cleanup: {e}");
         }
         errors
     }

@@ -15,6 +15,7 @@ use hako_shared::GroupFolder;
 use hako_shared::contract::{
     BRAIN_ENV, LLM_API_ENV, MARKER_END_ENV, MARKER_START_ENV, MODEL_ENV, Markers, QUERY_TIMEOUT_ENV,
 };
+use hako_shared::ids::RunId;
 use hako_shared::layout::{self, FolderDir};
 use hako_shared::runs::{AgentKind, GroupSpec, Network, SidecarSpec};
 
@@ -103,14 +104,14 @@ impl Runner {
 
     pub(super) fn base_labels(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         folder: &GroupFolder,
         role: &str,
     ) -> HashMap<String, String> {
         let mut l = HashMap::from([
             (labels::INSTALL.to_owned(), self.cfg.install_id.clone()),
             (labels::FOLDER.to_owned(), folder.to_string()),
-            (labels::RUN.to_owned(), run_id.to_owned()),
+            (labels::RUN.to_owned(), run_id.to_string()),
             (labels::ROLE.to_owned(), role.to_owned()),
         ]);
         if let Some(owner) = &self.cfg.owner {
@@ -119,7 +120,7 @@ impl Runner {
         l
     }
 
-    pub(super) fn container_name(&self, run_id: &str, suffix: &str) -> String {
+    pub(super) fn container_name(&self, run_id: &RunId, suffix: &str) -> String {
         let clean: String = run_id
             .chars()
             .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
@@ -376,7 +377,7 @@ impl Runner {
         let mut input = spec.input.clone();
         input.folder = spec.folder.to_string();
         input.turn_id = spec.turn_id.clone();
-        input.run_id = spec.run_id.clone();
+        input.run_id = spec.run_id.to_string();
         input.query_timeout_ms = query_timeout_ms;
         let mut line = serde_json::to_vec(&input).map_err(|e| RunError::Invalid(e.to_string()))?;
         line.push(b'\n');

@@ -54,6 +54,7 @@ use tokio_util::sync::CancellationToken;
 
 use hako_shared::GroupFolder;
 use hako_shared::contract::{ContainerInput, OutputBlock};
+use hako_shared::ids::RunId;
 use hako_shared::runs::{GroupSpec, Outcome, RunState};
 
 pub use config::RunnerConfig;
@@ -137,7 +138,7 @@ pub enum CloseWhen {
 #[derive(Debug, Clone)]
 pub struct RunSpec {
     /// Unique id of the run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The turn it serves.
     pub turn_id: String,
     /// The group.
@@ -205,7 +206,7 @@ pub struct RunControl {
 /// A run's shared state, for steering and closing while it runs.
 #[derive(Debug)]
 pub struct LiveRun {
-    run_id: String,
+    run_id: RunId,
     folder: GroupFolder,
     container: std::sync::Mutex<Option<String>>,
     /// `true` while the agent can take follow-ups; steers hold it shared while they wait.
@@ -220,9 +221,9 @@ pub struct LiveRun {
 
 impl LiveRun {
     /// State for a run about to start.
-    pub fn new(run_id: impl Into<String>, folder: GroupFolder) -> Arc<Self> {
+    pub fn new(run_id: RunId, folder: GroupFolder) -> Arc<Self> {
         Arc::new(Self {
-            run_id: run_id.into(),
+            run_id,
             folder,
             container: std::sync::Mutex::new(None),
             gate: RwLock::new(false),
@@ -233,7 +234,7 @@ impl LiveRun {
     }
 
     /// The run id.
-    pub fn run_id(&self) -> &str {
+    pub fn run_id(&self) -> &RunId {
         &self.run_id
     }
 
@@ -284,7 +285,7 @@ pub struct SteerReport {
 #[derive(Debug, Clone)]
 pub struct RunReport {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Final state.
     pub state: RunState,
     /// Outcome for the turn.
@@ -338,7 +339,7 @@ pub struct Adoption {
     /// The container.
     pub container_id: String,
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The group.
     pub folder: GroupFolder,
     /// The blocks already recorded: the log's replay of them is skipped, they count against

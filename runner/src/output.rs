@@ -10,6 +10,7 @@ use std::time::SystemTime;
 
 use hako_shared::GroupFolder;
 use hako_shared::contract::{BlockStatus, ContainerInput, OutputBlock};
+use hako_shared::ids::RunId;
 
 use super::config::RunnerConfig;
 use super::engine::Frame;
@@ -65,7 +66,7 @@ fn same(stored: &OutputBlock, parsed: &OutputBlock) -> bool {
 
 /// One run's record.
 pub(super) struct RunOutput {
-    pub run_id: String,
+    pub run_id: RunId,
     pub folder: GroupFolder,
     parser: SentinelParser,
     events: Vec<ParseEvent>,
@@ -98,12 +99,12 @@ impl RunOutput {
     /// The record of a new run.
     pub fn new(
         cfg: &RunnerConfig,
-        run_id: &str,
+        run_id: &RunId,
         folder: &GroupFolder,
         secrets: Vec<String>,
     ) -> Self {
         Self {
-            run_id: run_id.to_owned(),
+            run_id: run_id.clone(),
             folder: folder.clone(),
             parser: SentinelParser::new(&cfg.markers, cfg.max_block),
             events: Vec::new(),
@@ -132,7 +133,7 @@ impl RunOutput {
     /// rotated the log and the replay starts part-way.
     pub fn adopted(
         cfg: &RunnerConfig,
-        run_id: &str,
+        run_id: &RunId,
         folder: &GroupFolder,
         prior: Vec<OutputBlock>,
     ) -> Self {
@@ -327,11 +328,15 @@ mod tests {
         GroupFolder::new("a").unwrap()
     }
 
+    fn run() -> RunId {
+        RunId::new("r").unwrap()
+    }
+
     /// The review's finding: only `result` was cut, so 36 MB of `error` and `newSessionId`
     /// were stored under a 64 KiB cap. Every field counts; past the cap nothing is kept.
     #[test]
     fn every_field_counts_against_the_cap() {
-        let mut st = RunOutput::new(&cfg(2000, 100), "r", &folder(), Vec::new());
+        let mut st = RunOutput::new(&cfg(2000, 100), &run(), &folder(), Vec::new());
         let big = "x".repeat(600);
         let mut kept = 0;
         for _ in 0..50 {
@@ -353,7 +358,7 @@ mod tests {
 
     #[test]
     fn blocks_per_run_are_bounded() {
-        let mut st = RunOutput::new(&cfg(1 << 20, 10), "r", &folder(), Vec::new());
+        let mut st = RunOutput::new(&cfg(1 << 20, 10), &run(), &folder(), Vec::new());
         for i in 0..100 {
             feed(&mut st, block("ok", &format!("b{i}"), "", ""));
         }
@@ -372,7 +377,7 @@ mod tests {
             })
             .collect();
         // The whole log replayed, then a new block.
-        let mut st = RunOutput::adopted(&cfg(1 << 20, 100), "r", &folder(), stored.clone());
+        let mut st = RunOutput::adopted(&cfg(1 << 20, 100), &run(), &folder(), stored.clone());
         let mut new = Vec::new();
         for i in 0..4 {
             new.extend(feed(&mut st, block("ok", &format!("b{i}"), "", "")));
@@ -380,7 +385,7 @@ mod tests {
         assert_eq!(new.len(), 1);
         assert_eq!((new[0].0, new[0].1.result.as_deref()), (3, Some("b3")));
         // Rotation dropped the first two blocks from the log.
-        let mut st = RunOutput::adopted(&cfg(1 << 20, 100), "r", &folder(), stored.clone());
+        let mut st = RunOutput::adopted(&cfg(1 << 20, 100), &run(), &folder(), stored.clone());
         let mut new = Vec::new();
         for i in 2..5 {
             new.extend(feed(&mut st, block("ok", &format!("b{i}"), "", "")));
@@ -388,14 +393,14 @@ mod tests {
         let idx: Vec<usize> = new.iter().map(|n| n.0).collect();
         assert_eq!(idx, vec![3, 4], "indexes continue after the stored blocks");
         // The cap counts what was stored before the restart.
-        let mut st = RunOutput::adopted(&cfg(6, 100), "r", &folder(), stored);
+        let mut st = RunOutput::adopted(&cfg(6, 100), &run(), &folder(), stored);
         assert!(st.truncated);
         assert!(feed(&mut st, block("ok", "b9", "", "")).is_empty());
     }
 
     #[test]
     fn an_adopted_runs_log_keeps_no_stderr() {
-        let mut st = RunOutput::adopted(&cfg(100, 10), "r", &folder(), Vec::new());
+        let mut st = RunOutput::adopted(&cfg(100, 10), &run(), &folder(), Vec::new());
         st.frame(Frame::Stderr(b"token=sk-secret-value-123".to_vec().into()));
         let v = outcome::decide(&Ending::Exited(0), &[]);
         let log = st.render_log(&v, Some(0), SystemTime::now());

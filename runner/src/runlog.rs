@@ -6,6 +6,8 @@
 use std::io::{self, Write};
 use std::path::PathBuf;
 
+use hako_shared::ids::RunId;
+
 use super::safefs::SafeDir;
 
 /// The last `cap` bytes of a stream, and how much was dropped before them.
@@ -104,7 +106,7 @@ pub fn redact_tail(text: &str, secrets: &[&str], cut_at_start: bool) -> String {
 pub fn write_file(
     dir: &SafeDir,
     stamp: &str,
-    run_id: &str,
+    run_id: &RunId,
     text: &str,
     keep: usize,
 ) -> io::Result<PathBuf> {
@@ -182,15 +184,36 @@ mod tests {
     fn log_files_are_unique_no_follow_and_rotated() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = SafeDir::open_root(tmp.path()).unwrap();
-        let p = write_file(&dir, "20261123T000000.000Z", "run-1", "x", 3).unwrap();
+        let p = write_file(
+            &dir,
+            "20261123T000000.000Z",
+            &RunId::new("run-1").unwrap(),
+            "x",
+            3,
+        )
+        .unwrap();
         assert!(p.ends_with("container-20261123T000000.000Z-run1.log"));
         assert!(
-            write_file(&dir, "20261123T000000.000Z", "run-1", "y", 3).is_err(),
+            write_file(
+                &dir,
+                "20261123T000000.000Z",
+                &RunId::new("run-1").unwrap(),
+                "y",
+                3
+            )
+            .is_err(),
             "never overwrites"
         );
         std::fs::write(tmp.path().join("other.txt"), "kept").unwrap();
         for i in 1..6 {
-            write_file(&dir, &format!("20261123T00000{i}.000Z"), "run-1", "x", 3).unwrap();
+            write_file(
+                &dir,
+                &format!("20261123T00000{i}.000Z"),
+                &RunId::new("run-1").unwrap(),
+                "x",
+                3,
+            )
+            .unwrap();
         }
         let mut names: Vec<String> = std::fs::read_dir(tmp.path())
             .unwrap()

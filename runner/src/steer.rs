@@ -95,7 +95,7 @@ impl Runner {
     ) -> Result<StagedFollowUp<'a>, RunError> {
         let gate = live.gate.read().await;
         if !*gate || live.ended.is_cancelled() || live.container_id().is_none() {
-            return Err(RunError::NotLive(live.run_id.clone()));
+            return Err(RunError::NotLive(live.run_id.to_string()));
         }
         let input = self.input_dir(&live.folder)?;
         let ms = hako_shared::time::unix_millis(SystemTime::now());

@@ -433,6 +433,7 @@ mod tests {
 
     use hako_shared::GroupFolder;
     use hako_shared::contract::Markers;
+    use hako_shared::ids::RunId;
     use tokio::sync::watch;
 
     use super::*;
@@ -597,7 +598,10 @@ mod tests {
             fake: Fake::new(script),
             output: Mutex::new(Some(output)),
             control: RunControl::default(),
-            live: LiveRun::new("r-1", GroupFolder::new("main").unwrap()),
+            live: LiveRun::new(
+                RunId::new("r-1").unwrap(),
+                GroupFolder::new("main").unwrap(),
+            ),
             closes: Closes::default(),
             events: 64,
             rx: Some(rx),
@@ -627,7 +631,7 @@ mod tests {
         /// Supervises until the end; `script` runs beside it, each step at its time.
         async fn run(mut self, ceiling: Duration, close: CloseWhen, script: Vec<Handle>) -> Ran {
             let cfg = RunnerConfig::new("/tmp/unused");
-            let mut st = RunOutput::new(&cfg, "r-1", &self.live.folder, Vec::new());
+            let mut st = RunOutput::new(&cfg, self.live.run_id(), &self.live.folder, Vec::new());
             let (tx, mut events) = mpsc::channel(self.events);
             let rx = self.rx.take().unwrap();
             let output = futures_util::stream::unfold(rx, |mut rx| async move {

@@ -26,6 +26,7 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use hako_shared::ids::RunId;
 use tokio::io::AsyncWrite;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -278,7 +279,7 @@ impl Runner {
         if !warm_capable {
             return Err(NotWarmed::Image(image_ref));
         }
-        let id = hako_shared::ids::random_id("warm-", 12);
+        let id = RunId::random("warm-", 12);
         let spec = RunSpec {
             run_id: id.clone(),
             turn_id: String::new(),

@@ -60,7 +60,7 @@ pub struct InvalidId {
 }
 
 macro_rules! id_type {
-    ($(#[$doc:meta])* $name:ident, $kind:literal) => {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $example:literal) => {
         $(#[$doc])*
         #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
         pub struct $name(String);
@@ -93,6 +93,14 @@ macro_rules! id_type {
             }
         }
 
+        /// Read as the text it is (it cannot be changed through this).
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
         impl AsRef<str> for $name {
             fn as_ref(&self) -> &str {
                 &self.0
@@ -112,6 +120,12 @@ macro_rules! id_type {
             }
         }
 
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
         impl serde::Serialize for $name {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(&self.0)
@@ -124,13 +138,30 @@ macro_rules! id_type {
                 crate::openapi::string(
                     concat!("A ", $kind, ": 1-128 letters, digits, '-', '_', '.', ':'"),
                     Some("^[A-Za-z0-9._:-]{1,128}$"),
-                    "turn-42",
+                    $example,
                 )
             }
         }
 
         #[cfg(feature = "openapi")]
         impl utoipa::ToSchema for $name {}
+
+        /// Stored as its text.
+        #[cfg(feature = "db")]
+        impl rusqlite::types::ToSql for $name {
+            fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+                self.0.to_sql()
+            }
+        }
+
+        /// Read back through the grammar: a row holding a bad id is an error, not an id.
+        #[cfg(feature = "db")]
+        impl rusqlite::types::FromSql for $name {
+            fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+                let raw = String::column_result(v)?;
+                Self::new(raw).map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
+            }
+        }
 
         impl<'de> serde::Deserialize<'de> for $name {
             fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -145,13 +176,25 @@ id_type!(
     /// The id of a turn (one chat turn, chosen by its caller; runs are idempotent on it within
     /// a folder).
     TurnId,
-    "turn id"
+    "turn id",
+    "turn-42"
 );
 id_type!(
     /// The id of a run (chosen by runed).
     RunId,
-    "run id"
+    "run id",
+    "run-0f3a9c2e7b41d856"
 );
+
+impl RunId {
+    /// A fresh run id: `prefix` (`run-`, `warm-`: a constant of the code, in the grammar) and
+    /// `2 * bytes` hex digits.
+    pub fn random(prefix: &'static str, bytes: usize) -> Self {
+        let id = random_id(prefix, bytes);
+        debug_assert!(is_valid_id(&id), "{id}");
+        RunId(id)
+    }
+}
 
 #[cfg(test)]
 mod tests {

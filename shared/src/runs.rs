@@ -8,7 +8,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use crate::contract::{Message, OutputBlock, Secrets};
 use crate::folder::GroupFolder;
-use crate::ids::TurnId;
+use crate::ids::{RunId, TurnId};
 
 /// A duration written as text (`20m`, `30s`, `1h30m`) on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -636,7 +636,7 @@ impl fmt::Display for Outcome {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RunSummary {
     /// The run (or hold).
-    pub run_id: String,
+    pub run_id: RunId,
     /// `run` or `hold`.
     pub kind: String,
     /// Its folder.
@@ -674,7 +674,7 @@ pub struct RunList {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunStatus {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// Its folder.
     pub folder: String,
     /// Its turn.
@@ -713,14 +713,14 @@ pub enum RunStreamEvent {
     /// The run changed state.
     State {
         /// The run.
-        run_id: String,
+        run_id: RunId,
         /// Its new state.
         state: RunState,
     },
     /// The run produced an output block.
     Output {
         /// The run.
-        run_id: String,
+        run_id: RunId,
         /// The block's place among the run's blocks, from 0.
         index: usize,
         /// The block, when it is small (runed's `INLINE_BLOCK`); a larger one is `null` here
@@ -731,7 +731,7 @@ pub enum RunStreamEvent {
 
 impl RunStreamEvent {
     /// The run concerned.
-    pub fn run_id(&self) -> &str {
+    pub fn run_id(&self) -> &RunId {
         match self {
             RunStreamEvent::State { run_id, .. } | RunStreamEvent::Output { run_id, .. } => run_id,
         }
@@ -743,7 +743,7 @@ impl RunStreamEvent {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CreatedRun {
     /// The run (or hold).
-    pub run_id: String,
+    pub run_id: RunId,
     /// Its state now (`queued` for a new one).
     pub state: RunState,
     /// `true` when the turn already had this run (idempotent repeat).
@@ -839,7 +839,7 @@ pub struct SteerStatus {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SteerReply {
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The follow-up's id (the caller's, or the one made up).
     pub steer_id: String,
     /// Where it is now: `placed` until the agent takes it or the run ends (then the run's
@@ -863,7 +863,7 @@ pub struct StopReply {
     /// The folder.
     pub folder: String,
     /// The runs killed.
-    pub killed: Vec<String>,
+    pub killed: Vec<RunId>,
 }
 
 /// `POST /v1/holds` body.
@@ -891,7 +891,7 @@ pub struct SessionEntry {
     /// The session the agent reported.
     pub new_session_id: Option<String>,
     /// The run.
-    pub run_id: String,
+    pub run_id: RunId,
     /// The turn.
     pub turn_id: String,
     /// The outcome.

@@ -33,6 +33,7 @@ use hako_shared::config::Env;
 use hako_shared::contract::{BlockStatus, ContainerInput, Message};
 use hako_shared::folder::GroupFolder;
 use hako_shared::grants::Grants;
+use hako_shared::ids::RunId;
 use hako_shared::layout::{DataLayout, FolderDir};
 use hako_shared::runs::{AgentKind, GroupSpec, LlmSpec, Outcome, Trust};
 use serde::{Deserialize, Serialize};
@@ -234,7 +235,6 @@ pub async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
         live: None,
         failed: false,
         events: events_rx,
-        next: 0,
         group,
         token,
     };
@@ -262,7 +262,6 @@ struct Chat {
     live: Option<Live>,
     failed: bool,
     events: mpsc::Receiver<ToolEvent>,
-    next: u64,
     /// The container settings of every run: the agent and its model.
     group: GroupSpec,
     /// The agent's credential for the chat's gateway (stdin only).
@@ -425,12 +424,11 @@ impl Chat {
         if self.tools.reset.swap(false, Ordering::SeqCst) {
             self.session.session_id.clear();
         }
-        self.next += 1;
-        let run_id = format!("cli-{}-{}", random_hex(), self.next);
+        let run_id = RunId::random("cli-", 8);
         let spec = RunSpec {
             bind: None,
             run_id: run_id.clone(),
-            turn_id: run_id.clone(),
+            turn_id: run_id.to_string(),
             folder: self.place.folder.clone(),
             input: ContainerInput {
                 session_id: self.session.session_id.clone(),
@@ -530,8 +528,4 @@ async fn wait_end(live: &mut Option<Live>) -> RunEnd {
         },
         None => std::future::pending().await,
     }
-}
-
-fn random_hex() -> String {
-    hako_shared::ids::random_id("", 6)
 }

@@ -23,6 +23,7 @@ use hako_runner::{
 };
 use hako_shared::GroupFolder;
 use hako_shared::contract::{ContainerInput, Message, Redacted, Secrets};
+use hako_shared::ids::RunId;
 use hako_shared::runs::GroupSpec;
 
 /// Upper bound on any one run in these tests.
@@ -95,7 +96,7 @@ impl Rig {
     /// A spec for `folder` whose one user message is `prompt`; closes when idle.
     pub fn spec(&self, folder: &str, prompt: &str) -> RunSpec {
         RunSpec {
-            run_id: format!("run-{}", rand_hex(6)),
+            run_id: RunId::new(format!("run-{}", rand_hex(6))).unwrap(),
             turn_id: format!("turn-{}", rand_hex(4)),
             folder: GroupFolder::new(folder).expect("folder"),
             input: input(prompt),
