@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use hako_shared::GroupFolder;
 use hako_shared::auth::{AuthdClient, ClientError, ServiceTokenSource};
+use hako_shared::ids::RunId;
 use hako_shared::runs::{
     CreatedRun, RunList, RunRequest, RunState, RunStatus, RunStreamEvent, SteerMessage, SteerReply,
     SteerRequest, StopReply, StopRequest,
@@ -191,7 +192,7 @@ impl RunedClient {
     }
 
     /// A run's status, long-polling up to `wait` (at most 60 s) for its end.
-    pub async fn run(&self, run_id: &str, wait: Duration) -> Result<RunStatus, RunedError> {
+    pub async fn run(&self, run_id: &RunId, wait: Duration) -> Result<RunStatus, RunedError> {
         let secs = wait.as_secs().min(60);
         let path = if secs == 0 {
             format!("/v1/runs/{run_id}")
@@ -219,7 +220,7 @@ impl RunedClient {
     /// Drops follow-up messages into a live run.
     pub async fn steer(
         &self,
-        run_id: &str,
+        run_id: &RunId,
         steer_id: &str,
         messages: Vec<String>,
     ) -> Result<SteerReply, RunedError> {
@@ -299,7 +300,7 @@ impl RunedClient {
 
     /// Opens a run's event stream: every stored block first (from index 0), then each new
     /// event, ending after the terminal state.
-    pub async fn events(&self, run_id: &str) -> Result<EventStream, RunedError> {
+    pub async fn events(&self, run_id: &RunId) -> Result<EventStream, RunedError> {
         let mut req = self.request(
             &self.streams,
             reqwest::Method::GET,

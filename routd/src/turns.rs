@@ -31,7 +31,7 @@ use hako_shared::GroupFolder;
 use hako_shared::chat::{MessageKind, MessageView, TurnState};
 use hako_shared::contract::{BlockStatus, Message, OutputBlock};
 use hako_shared::db::DbError;
-use hako_shared::ids::TurnId;
+use hako_shared::ids::{RunId, TurnId};
 use hako_shared::runs::{Outcome, RunRequest, RunState, RunStatus, RunStreamEvent, SteerState};
 use sha2::{Digest, Sha256};
 
@@ -155,7 +155,7 @@ fn spawn_steer(sh: &Arc<Shared>, live: TurnRow) {
 /// agent took the turn's and hands the rest back. Nothing here guesses: a call that fails or
 /// times out leaves its messages waiting for the next ask or the run's end.
 async fn steer(sh: &Arc<Shared>, mem: &LiveTurn, live: &TurnRow) -> Result<(), DbError> {
-    let Some(run_id) = live.run_id.as_deref() else {
+    let Some(run_id) = live.run_id.as_ref() else {
         return Ok(());
     };
     for (steer_id, msgs) in sh.store.steers_unanswered(&live.turn_id).await? {
@@ -197,7 +197,7 @@ async fn hand_over(
     sh: &Arc<Shared>,
     mem: &LiveTurn,
     live: &TurnRow,
-    run_id: &str,
+    run_id: &RunId,
     steer_id: &str,
     texts: Vec<String>,
 ) -> Result<bool, DbError> {
@@ -370,8 +370,17 @@ async fn drive(sh: &Arc<Shared>, mem: &LiveTurn, turn_id: &str) -> Result<(), Db
                 ),
             },
             TurnState::Running => {
-                let run_id = t.run_id.clone().unwrap_or_default();
-                match follow(sh, mem, &mut t, &run_id).await {
+                let followed = match t.run_id.clone() {
+                    Some(run_id) => follow(sh, mem, &mut t, &run_id).await,
+                    // `Step::Started` records the run with the state: a running turn without
+                    // one names a run runed cannot know.
+                    None => Err(RunedError::Refused {
+                        status: 404,
+                        code: "not_found".into(),
+                        message: "the turn records no run".into(),
+                    }),
+                };
+                match followed {
                     Ok(status) => {
                         sh.metrics.runed_down.set(0);
                         // A steer under way finishes first; then the run's own record says
@@ -466,7 +475,7 @@ async fn advance(sh: &Shared, t: &TurnRow, step: Step) -> Result<Option<TurnRow>
 }
 
 /// Asks runed for try `attempt`'s run. The outer error is routd's own (its database).
-async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<String, RunedError>, DbError> {
+async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<RunId, RunedError>, DbError> {
     let refused = |message: String| RunedError::Refused {
         status: 400,
         code: "invalid_turn".into(),
@@ -527,11 +536,7 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<String, RunedError
         secrets: Default::default(),
         group: group.spec,
     };
-    Ok(sh
-        .runed
-        .create_run(&req)
-        .await
-        .map(|c| c.run_id.into_string()))
+    Ok(sh.runed.create_run(&req).await.map(|c| c.run_id))
 }
 
 /// Follows a run to its end: every block becomes what it means for the chat as it arrives.
@@ -540,7 +545,7 @@ async fn follow(
     sh: &Shared,
     mem: &LiveTurn,
     t: &mut TurnRow,
-    run_id: &str,
+    run_id: &RunId,
 ) -> Result<RunStatus, RunedError> {
     let mut events = sh.runed.events(run_id).await?;
     loop {

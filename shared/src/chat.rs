@@ -457,7 +457,7 @@ pub struct TurnView {
     /// Attempts made so far (1 for the first run).
     pub attempt: i64,
     /// The current (or last) run on runed.
-    pub run_id: Option<String>,
+    pub run_id: Option<crate::ids::RunId>,
     /// The last run's outcome.
     pub outcome: Option<String>,
     /// What went wrong.

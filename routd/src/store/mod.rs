@@ -115,7 +115,7 @@ mod tests {
         };
         assert!(store.create_turn(row.clone(), vec![seq]).await.unwrap());
         let started = Step::Started {
-            run_id: "run-1".into(),
+            run_id: hako_shared::ids::RunId::new("run-1").unwrap(),
         };
         let running = store.advance(&row, started.clone(), 2).await.unwrap();
         let running = running.expect("starting → running");

@@ -3,6 +3,7 @@
 
 use hako_shared::chat::{TurnState, TurnView};
 use hako_shared::db::DbError;
+use hako_shared::ids::RunId;
 use rusqlite::{OptionalExtension, params};
 
 use super::Store;
@@ -22,7 +23,7 @@ pub struct TurnRow {
     /// Tries started (1 for the first run).
     pub attempt: i64,
     /// The current try's run (`None` until runed took it).
-    pub run_id: Option<String>,
+    pub run_id: Option<RunId>,
     /// The last try's outcome.
     pub outcome: Option<String>,
     /// The last try's error.
@@ -46,7 +47,7 @@ pub enum Step {
     /// `starting` → `running`: runed took the try's run.
     Started {
         /// The run.
-        run_id: String,
+        run_id: RunId,
     },
     /// `starting` | `running` → `waiting`: the try gave the chat nothing; the next one
     /// starts at `retry_at` (Unix ms).
@@ -425,7 +426,7 @@ mod tests {
             chat_jid: "tg:1".into(),
             state,
             attempt: 2,
-            run_id: Some("run-2".into()),
+            run_id: Some(RunId::new("run-2").unwrap()),
             outcome: Some("fatal".into()),
             error: Some("before".into()),
             replies: 1,
@@ -448,7 +449,7 @@ mod tests {
         };
         let steps = [
             Step::Started {
-                run_id: "run-3".into(),
+                run_id: RunId::new("run-3").unwrap(),
             },
             Step::TryFailed {
                 outcome: None,
