@@ -6,6 +6,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use hako_shared::auth::AuthdClient;
+use hako_shared::runs::RunStreamEvent;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 /// One call's limit (streams excepted).
@@ -26,6 +28,37 @@ pub struct Endpoints {
     pub operator_key: PathBuf,
 }
 
+/// The daemons the CLI calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Daemon {
+    /// The token authority.
+    Authd,
+    /// The runner daemon.
+    Runed,
+    /// The routing daemon.
+    Routd,
+}
+
+impl Daemon {
+    /// Every daemon, in the order `hako status` lists them.
+    pub const ALL: [Daemon; 3] = [Daemon::Authd, Daemon::Runed, Daemon::Routd];
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Daemon::Authd => "authd",
+            Daemon::Runed => "runed",
+            Daemon::Routd => "routd",
+        }
+    }
+}
+
+impl std::fmt::Display for Daemon {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
 /// Clients of the three daemons.
 #[derive(Clone)]
 pub struct Daemons {
@@ -39,7 +72,7 @@ pub struct Daemons {
 #[error("{daemon} answered {status} {code}: {message}")]
 pub struct Refused {
     /// Which daemon.
-    pub daemon: &'static str,
+    pub daemon: Daemon,
     /// The status.
     pub status: u16,
     /// The envelope's code.
@@ -63,18 +96,18 @@ impl Daemons {
         })
     }
 
-    fn base(&self, daemon: &'static str) -> &str {
+    fn base(&self, daemon: Daemon) -> &str {
         match daemon {
-            "authd" => &self.ep.authd,
-            "runed" => &self.ep.runed,
-            _ => &self.ep.routd,
+            Daemon::Authd => &self.ep.authd,
+            Daemon::Runed => &self.ep.runed,
+            Daemon::Routd => &self.ep.routd,
         }
     }
 
     /// Each daemon's `/ready`: `Ok` or what it (or the connection) said.
-    pub async fn ready_all(&self) -> Vec<(&'static str, Result<(), String>)> {
+    pub async fn ready_all(&self) -> Vec<(Daemon, Result<(), String>)> {
         let mut out = Vec::new();
-        for d in ["authd", "runed", "routd"] {
+        for d in Daemon::ALL {
             let url = format!("{}/ready", self.base(d));
             let r = match self.http.get(&url).timeout(CALL_TIMEOUT).send().await {
                 Err(e) => Err(format!("no answer at {url} ({})", root_cause(&e))),
@@ -134,7 +167,7 @@ impl Daemons {
     /// A JSON call to `daemon`; a non-2xx answer is a [`Refused`] error.
     pub async fn call(
         &self,
-        daemon: &'static str,
+        daemon: Daemon,
         method: reqwest::Method,
         path: &str,
         token: &str,
@@ -178,6 +211,24 @@ impl Daemons {
         Ok(v)
     }
 
+    /// A JSON call to `daemon` whose answer is read as `T`, the API's own wire type: an
+    /// answer of another shape (another hako's version) is an error naming the call.
+    pub async fn call_as<T: DeserializeOwned>(
+        &self,
+        daemon: Daemon,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: Option<Value>,
+    ) -> anyhow::Result<T> {
+        let v = self.call(daemon, method, path, token, body).await?;
+        serde_json::from_value(v).with_context(|| {
+            format!(
+                "{daemon} answered {path} in a shape this hako does not read (another version?)"
+            )
+        })
+    }
+
     /// A JSON call to routd.
     pub async fn routd_json(
         &self,
@@ -186,7 +237,7 @@ impl Daemons {
         token: &str,
         body: Option<Value>,
     ) -> anyhow::Result<Value> {
-        self.call("routd", method, path, token, body).await
+        self.call(Daemon::Routd, method, path, token, body).await
     }
 
     /// The chat's messages after `after` as they come (server-sent events), until `done`
@@ -205,7 +256,7 @@ impl Daemons {
             encode(chat)
         );
         let deadline = Instant::now() + wait;
-        let mut resp = self.event_stream("routd", &url, token).await?;
+        let mut resp = self.event_stream(Daemon::Routd, &url, token).await?;
         let mut events = SseData::default();
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -223,7 +274,7 @@ impl Daemons {
     /// A daemon's event stream at `url`, its refusal an error naming the daemon.
     async fn event_stream(
         &self,
-        daemon: &str,
+        daemon: Daemon,
         url: &str,
         token: &str,
     ) -> anyhow::Result<reqwest::Response> {
@@ -246,30 +297,34 @@ impl Daemons {
     }
 
     /// A run's events from runed (its stored blocks, then each state and block as it comes)
-    /// until the stream ends with the run; whether it ended `exited`.
+    /// until the stream ends with the run; whether it ended `exited`. (runed's stream carries
+    /// every block whole: one too large for its broadcast it reads from its store.)
     pub async fn run_events(
         &self,
         run: &str,
         token: &str,
-        mut each: impl FnMut(&Value),
+        mut each: impl FnMut(&RunStreamEvent),
     ) -> anyhow::Result<bool> {
         let url = format!("{}/v1/runs/{}/events", self.ep.runed, encode(run));
-        let mut resp = self.event_stream("runed", &url, token).await?;
+        let mut resp = self.event_stream(Daemon::Runed, &url, token).await?;
         let mut events = SseData::default();
-        let mut last_state = String::new();
+        let mut last_state = None;
         while let Some(chunk) = resp
             .chunk()
             .await
             .with_context(|| format!("runed's event stream of {run} broke off"))?
         {
             for v in events.feed(&chunk, run)? {
-                if v["type"] == "state" {
-                    last_state = v["state"].as_str().unwrap_or_default().to_owned();
+                let ev: RunStreamEvent = serde_json::from_value(v).with_context(|| {
+                    format!("runed sent an event of {run} this hako does not read")
+                })?;
+                if let RunStreamEvent::State { state, .. } = &ev {
+                    last_state = Some(*state);
                 }
-                each(&v);
+                each(&ev);
             }
         }
-        Ok(last_state == "exited")
+        Ok(last_state == Some(hako_shared::runs::RunState::Exited))
     }
 
     /// The first outbound message of `chat` after `after` (a reply or a notice).

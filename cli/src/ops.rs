@@ -4,9 +4,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use hako_shared::contract::{BlockStatus, OutputBlock};
+use hako_shared::runs::{RunList, RunStatus, RunStreamEvent};
+use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::daemons::{Daemons, encode};
+use crate::daemons::{Daemon, Daemons, encode};
 use crate::stack::StackArgs;
 
 /// Arguments shared by the operator commands.
@@ -253,7 +256,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
             .iter()
             .map(|(name, r)| {
                 (
-                    (*name).to_owned(),
+                    name.name().to_owned(),
                     match r {
                         Ok(()) => json!({"ready": true}),
                         Err(e) => json!({"ready": false, "error": e}),
@@ -492,11 +495,23 @@ pub enum RunsCommand {
     },
 }
 
-fn print_block(b: &Value) {
-    match b["status"].as_str() {
-        Some("ok") => println!("{}", b["result"].as_str().unwrap_or("")),
-        Some(st) => println!("[{st}] {}", b["error"].as_str().unwrap_or("")),
-        None => {}
+fn print_block(b: &OutputBlock) {
+    match b.status {
+        BlockStatus::Ok => println!("{}", b.result.as_deref().unwrap_or("")),
+        st => println!("[{}] {}", st.as_str(), b.error.as_deref().unwrap_or("")),
+    }
+}
+
+/// An optional field as the tables show it.
+fn or_dash(v: Option<impl std::fmt::Display>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| v.to_string())
+}
+
+/// Prints `v` as one line of JSON.
+fn print_json(v: &impl serde::Serialize) {
+    match serde_json::to_string(v) {
+        Ok(line) => println!("{line}"),
+        Err(e) => eprintln!("hako: cannot print as JSON: {e}"),
     }
 }
 
@@ -505,6 +520,7 @@ pub async fn runs(args: RunsArgs) -> anyhow::Result<bool> {
     let d = args.ops.daemons()?;
     let token = d.operator_token().await?;
     let json = args.ops.json;
+    let get = Method::GET;
     match args.command {
         RunsCommand::List {
             folder,
@@ -518,79 +534,69 @@ pub async fn runs(args: RunsArgs) -> anyhow::Result<bool> {
             if let Some(st) = state {
                 q.push_str(&format!("&state={}", encode(&st)));
             }
-            let v = d
-                .call("runed", reqwest::Method::GET, &q, &token, None)
-                .await?;
-            emit(json, &v, |v| {
+            let list: RunList = d.call_as(Daemon::Runed, get, &q, &token, None).await?;
+            if json {
+                print_json(&list);
+                return Ok(true);
+            }
+            println!(
+                "{:<24} {:<16} {:<9} {:<9} {:<24} created",
+                "run", "folder", "state", "outcome", "turn"
+            );
+            for r in &list.runs {
                 println!(
-                    "{:<24} {:<16} {:<9} {:<9} {:<24} created",
-                    "run", "folder", "state", "outcome", "turn"
+                    "{:<24} {:<16} {:<9} {:<9} {:<24} {}",
+                    r.run_id,
+                    r.folder,
+                    r.state,
+                    or_dash(r.outcome),
+                    r.turn_id,
+                    r.created_at
                 );
-                for r in v["runs"].as_array().into_iter().flatten() {
-                    println!(
-                        "{:<24} {:<16} {:<9} {:<9} {:<24} {}",
-                        s(r, "run_id"),
-                        s(r, "folder"),
-                        s(r, "state"),
-                        s(r, "outcome"),
-                        s(r, "turn_id"),
-                        s(r, "created_at")
-                    );
-                }
-            });
+            }
         }
         RunsCommand::Show { run } => {
-            let v = d
-                .call(
-                    "runed",
-                    reqwest::Method::GET,
-                    &format!("/v1/runs/{}", encode(&run)),
-                    &token,
-                    None,
-                )
-                .await?;
-            emit(json, &v, |v| {
-                for k in ["run_id", "folder", "turn_id", "state", "outcome", "error"] {
-                    println!("{k:<11} {}", s(v, k));
-                }
-                println!("{:<11} {}", "exit_code", v["exit_code"]);
-                for k in ["created_at", "started_at", "ended_at"] {
-                    println!("{k:<11} {}", s(v, k));
-                }
-                println!("output:");
-                for b in v["outputs"].as_array().into_iter().flatten() {
-                    print_block(b);
-                }
-            });
+            let path = format!("/v1/runs/{}", encode(&run));
+            let r: RunStatus = d.call_as(Daemon::Runed, get, &path, &token, None).await?;
+            if json {
+                print_json(&r);
+                return Ok(true);
+            }
+            for (k, v) in [
+                ("run_id", r.run_id.to_string()),
+                ("folder", r.folder),
+                ("turn_id", r.turn_id),
+                ("state", r.state.to_string()),
+                ("outcome", or_dash(r.outcome)),
+                ("error", or_dash(r.error)),
+                ("exit_code", or_dash(r.exit_code)),
+                ("created_at", r.created_at),
+                ("started_at", or_dash(r.started_at)),
+                ("ended_at", or_dash(r.ended_at)),
+            ] {
+                println!("{k:<11} {v}");
+            }
+            println!("output:");
+            r.outputs.iter().for_each(print_block);
         }
         RunsCommand::Kill { run } => {
-            let v = d
-                .call(
-                    "runed",
-                    reqwest::Method::DELETE,
-                    &format!("/v1/runs/{}", encode(&run)),
-                    &token,
-                    None,
-                )
+            let path = format!("/v1/runs/{}", encode(&run));
+            let r: RunStatus = d
+                .call_as(Daemon::Runed, Method::DELETE, &path, &token, None)
                 .await?;
-            emit(json, &v, |v| {
-                println!(
-                    "{}: {} ({})",
-                    s(v, "run_id"),
-                    s(v, "state"),
-                    s(v, "outcome")
-                );
-            });
+            if json {
+                print_json(&r);
+            } else {
+                println!("{}: {} ({})", r.run_id, r.state, or_dash(r.outcome));
+            }
         }
         RunsCommand::Logs { run, follow } => {
-            let path = format!("/v1/runs/{}", encode(&run));
             if !follow {
-                let v = d
-                    .call("runed", reqwest::Method::GET, &path, &token, None)
-                    .await?;
-                for b in v["outputs"].as_array().into_iter().flatten() {
+                let path = format!("/v1/runs/{}", encode(&run));
+                let r: RunStatus = d.call_as(Daemon::Runed, get, &path, &token, None).await?;
+                for b in &r.outputs {
                     if json {
-                        println!("{b}");
+                        print_json(b);
                     } else {
                         print_block(b);
                     }
@@ -598,14 +604,10 @@ pub async fn runs(args: RunsArgs) -> anyhow::Result<bool> {
                 return Ok(true);
             }
             let ok = d
-                .run_events(&run, &token, |ev| {
-                    if json {
-                        println!("{ev}");
-                    } else if ev["type"] == "output" {
-                        print_block(&ev["block"]);
-                    } else if ev["type"] == "state" {
-                        eprintln!("({})", s(ev, "state"));
-                    }
+                .run_events(&run, &token, |ev| match ev {
+                    _ if json => print_json(ev),
+                    RunStreamEvent::Output { block, .. } => block.iter().for_each(print_block),
+                    RunStreamEvent::State { state, .. } => eprintln!("({state})"),
                 })
                 .await?;
             return Ok(ok);
@@ -1032,7 +1034,7 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
             let token = d.operator_token().await?;
             let v = d
                 .call(
-                    "authd",
+                    Daemon::Authd,
                     reqwest::Method::POST,
                     "/v1/tokens",
                     &token,
@@ -1051,7 +1053,7 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
             // which outlives it.
             let path = format!("/v1/tokens/{}", encode(&jti));
             let at_authd = match d
-                .call("authd", reqwest::Method::DELETE, &path, &token, None)
+                .call(Daemon::Authd, reqwest::Method::DELETE, &path, &token, None)
                 .await
             {
                 Ok(v) => Some(v),

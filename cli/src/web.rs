@@ -61,7 +61,7 @@ pub async fn web(args: WebArgs) -> anyhow::Result<bool> {
     let token = d.operator_token().await?;
     let v = d
         .call(
-            "authd",
+            crate::daemons::Daemon::Authd,
             reqwest::Method::POST,
             "/v1/tokens",
             &token,

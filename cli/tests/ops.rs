@@ -249,6 +249,19 @@ async fn every_operator_command_against_real_daemons() {
     assert_eq!(shown["outputs"][0]["result"], "hello from ops", "{shown}");
     let (code, out, _) = d.hako(&["runs", "logs", &run_id]);
     assert_eq!((code, out.trim()), (0, "hello from ops"));
+    let (code, out, _) = d.hako(&["runs", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with(&run_id) && l.contains("team/dev") && l.contains("exited")),
+        "{out}"
+    );
+    let (code, out, _) = d.hako(&["runs", "show", &run_id]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("exit_code   0") && out.contains("hello from ops"),
+        "{out}"
+    );
 
     // Kill a live run.
     let token = d.json(&["token", "service"])["token"]
@@ -279,6 +292,43 @@ async fn every_operator_command_against_real_daemons() {
     );
     let (code, out, err) = d.hako(&["runs", "logs", &live, "--follow"]);
     assert_eq!(code, 1, "a killed run's logs end non-zero: {out} {err}");
+
+    // A reply too large for runed's broadcast (it inlines blocks up to 4 KiB) still comes
+    // whole when followed live: runed's stream reads it from its store.
+    let big = "y".repeat(6000);
+    let posted = http
+        .post(format!("{}/v1/messages", d.urls[2]))
+        .bearer_auth(&token)
+        .json(&json!({"chat_jid": "web:team/dev", "sender": "t", "content": format!("/sleep 2\n{big}")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(posted.status(), 201);
+    let big_run = eventually("the big run runs", Duration::from_secs(60), || async {
+        let v = d.json(&["runs", "list", "--state", "running"]);
+        match v["runs"].as_array().and_then(|r| r.first()) {
+            Some(r) => Ok(r["run_id"].as_str().unwrap().to_owned()),
+            None => Err(v),
+        }
+    })
+    .await;
+    let (code, out, err) = d.hako(&["runs", "logs", &big_run, "--follow", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let events: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let live_block = events
+        .iter()
+        .find(|e| e["type"] == "output")
+        .unwrap_or_else(|| panic!("no output event: {out}"));
+    assert!(
+        live_block["block"]["result"]
+            .as_str()
+            .is_some_and(|r| r.contains(&big)),
+        "{live_block}"
+    );
+    assert_eq!(events.last().unwrap()["state"], "exited", "{out}");
     let (code, _, err) = d.hako(&["runs", "show", "run-nope"]);
     assert_eq!(code, 1);
     assert!(err.contains("runed answered 404"), "{err}");

@@ -723,8 +723,9 @@ pub enum RunStreamEvent {
         run_id: RunId,
         /// The block's place among the run's blocks, from 0.
         index: usize,
-        /// The block, when it is small (runed's `INLINE_BLOCK`); a larger one is `null` here
-        /// and read from the run's status.
+        /// The block. Always present on the event stream (runed reads a block too large for
+        /// its in-memory broadcast, `INLINE_BLOCK`, from its store); `null` only inside that
+        /// broadcast.
         block: Option<OutputBlock>,
     },
 }
