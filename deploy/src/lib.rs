@@ -135,7 +135,7 @@ pub const RUNED: ImageSpec = ImageSpec {
     package: "hako-runed",
     bin: "runed",
     dockerfile: "runed.Dockerfile",
-    sources: &["shared", "runner", "runed"],
+    sources: &["shared", "runed", "runner"],
     files: &[],
     inline: &[],
     fetch: None,
