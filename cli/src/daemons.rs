@@ -164,15 +164,17 @@ impl Daemons {
         Ok(t.token)
     }
 
-    /// A JSON call to `daemon`; a non-2xx answer is a [`Refused`] error.
-    pub async fn call(
+    /// A JSON call to `daemon`, its answer read as `T` (the API's own wire type, or `Value`):
+    /// a non-2xx answer is a [`Refused`] error, and an answer of another shape (another
+    /// hako's version) an error naming the call.
+    pub async fn call<T: DeserializeOwned>(
         &self,
         daemon: Daemon,
         method: reqwest::Method,
         path: &str,
         token: &str,
         body: Option<Value>,
-    ) -> anyhow::Result<Value> {
+    ) -> anyhow::Result<T> {
         let url = format!("{}{path}", self.base(daemon));
         let mut req = self
             .http
@@ -208,20 +210,6 @@ impl Daemons {
             }
             .into());
         }
-        Ok(v)
-    }
-
-    /// A JSON call to `daemon` whose answer is read as `T`, the API's own wire type: an
-    /// answer of another shape (another hako's version) is an error naming the call.
-    pub async fn call_as<T: DeserializeOwned>(
-        &self,
-        daemon: Daemon,
-        method: reqwest::Method,
-        path: &str,
-        token: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<T> {
-        let v = self.call(daemon, method, path, token, body).await?;
         serde_json::from_value(v).with_context(|| {
             format!(
                 "{daemon} answered {path} in a shape this hako does not read (another version?)"

@@ -534,7 +534,7 @@ pub async fn runs(args: RunsArgs) -> anyhow::Result<bool> {
             if let Some(st) = state {
                 q.push_str(&format!("&state={}", encode(&st)));
             }
-            let list: RunList = d.call_as(Daemon::Runed, get, &q, &token, None).await?;
+            let list: RunList = d.call(Daemon::Runed, get, &q, &token, None).await?;
             if json {
                 print_json(&list);
                 return Ok(true);
@@ -557,7 +557,7 @@ pub async fn runs(args: RunsArgs) -> anyhow::Result<bool> {
         }
         RunsCommand::Show { run } => {
             let path = format!("/v1/runs/{}", encode(&run));
-            let r: RunStatus = d.call_as(Daemon::Runed, get, &path, &token, None).await?;
+            let r: RunStatus = d.call(Daemon::Runed, get, &path, &token, None).await?;
             if json {
                 print_json(&r);
                 return Ok(true);
@@ -582,7 +582,7 @@ pub async fn runs(args: RunsArgs) -> anyhow::Result<bool> {
         RunsCommand::Kill { run } => {
             let path = format!("/v1/runs/{}", encode(&run));
             let r: RunStatus = d
-                .call_as(Daemon::Runed, Method::DELETE, &path, &token, None)
+                .call(Daemon::Runed, Method::DELETE, &path, &token, None)
                 .await?;
             if json {
                 print_json(&r);
@@ -593,7 +593,7 @@ pub async fn runs(args: RunsArgs) -> anyhow::Result<bool> {
         RunsCommand::Logs { run, follow } => {
             if !follow {
                 let path = format!("/v1/runs/{}", encode(&run));
-                let r: RunStatus = d.call_as(Daemon::Runed, get, &path, &token, None).await?;
+                let r: RunStatus = d.call(Daemon::Runed, get, &path, &token, None).await?;
                 for b in &r.outputs {
                     if json {
                         print_json(b);
@@ -1032,7 +1032,7 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
             ttl,
         } => {
             let token = d.operator_token().await?;
-            let v = d
+            let v: Value = d
                 .call(
                     Daemon::Authd,
                     reqwest::Method::POST,
@@ -1053,7 +1053,7 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
             // which outlives it.
             let path = format!("/v1/tokens/{}", encode(&jti));
             let at_authd = match d
-                .call(Daemon::Authd, reqwest::Method::DELETE, &path, &token, None)
+                .call::<Value>(Daemon::Authd, reqwest::Method::DELETE, &path, &token, None)
                 .await
             {
                 Ok(v) => Some(v),

@@ -59,7 +59,7 @@ pub async fn web(args: WebArgs) -> anyhow::Result<bool> {
     }
     let d = args.ops.daemons()?;
     let token = d.operator_token().await?;
-    let v = d
+    let v: serde_json::Value = d
         .call(
             crate::daemons::Daemon::Authd,
             reqwest::Method::POST,

@@ -112,6 +112,18 @@ impl Daemons {
     }
 
     /// `hako <args> --json`, which must succeed; its (last) JSON line.
+    /// The id of the run `hako runs list` shows running, once there is one.
+    async fn running_run(&self) -> String {
+        eventually("a run running", Duration::from_secs(60), || async {
+            let v = self.json(&["runs", "list", "--state", "running"]);
+            match v["runs"].as_array().and_then(|r| r.first()) {
+                Some(r) => Ok(r["run_id"].as_str().unwrap().to_owned()),
+                None => Err(v),
+            }
+        })
+        .await
+    }
+
     fn json(&self, args: &[&str]) -> Value {
         let mut a = args.to_vec();
         a.push("--json");
@@ -277,14 +289,7 @@ async fn every_operator_command_against_real_daemons() {
         .await
         .unwrap();
     assert_eq!(posted.status(), 201);
-    let live = eventually("the long run runs", Duration::from_secs(60), || async {
-        let v = d.json(&["runs", "list", "--state", "running"]);
-        match v["runs"].as_array().and_then(|r| r.first()) {
-            Some(r) => Ok(r["run_id"].as_str().unwrap().to_owned()),
-            None => Err(v),
-        }
-    })
-    .await;
+    let live = d.running_run().await;
     let killed = d.json(&["runs", "kill", &live]);
     assert_eq!(
         (&killed["state"], &killed["outcome"]),
@@ -304,14 +309,7 @@ async fn every_operator_command_against_real_daemons() {
         .await
         .unwrap();
     assert_eq!(posted.status(), 201);
-    let big_run = eventually("the big run runs", Duration::from_secs(60), || async {
-        let v = d.json(&["runs", "list", "--state", "running"]);
-        match v["runs"].as_array().and_then(|r| r.first()) {
-            Some(r) => Ok(r["run_id"].as_str().unwrap().to_owned()),
-            None => Err(v),
-        }
-    })
-    .await;
+    let big_run = d.running_run().await;
     let (code, out, err) = d.hako(&["runs", "logs", &big_run, "--follow", "--json"]);
     assert_eq!(code, 0, "{err}");
     let events: Vec<Value> = out

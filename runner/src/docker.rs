@@ -80,7 +80,7 @@ impl EngineError {
             // The connection itself failed (refused, no socket): the daemon is not there.
             BollardError::HyperLegacyError { err } => EngineError::Unavailable {
                 socket: socket_path(),
-                message: error_chain(&err),
+                message: hako_shared::error_chain(&err),
             },
             BollardError::SocketNotFoundError(path) => EngineError::Unavailable {
                 socket: path,
@@ -197,18 +197,6 @@ pub fn frames(
         .boxed()
 }
 
-/// An error and its causes, joined (hyper's own text hides the cause, e.g. "refused").
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
-}
-
 /// The socket hako talks to (from `DOCKER_HOST` or the default).
 pub fn socket_path() -> String {
     std::env::var("DOCKER_HOST")
@@ -269,6 +257,17 @@ pub struct ContainerSpec {
     pub runtime: Option<String>,
 }
 
+/// Every hako container's log: kept on disk for re-adoption, at most 2 × 16 MiB.
+pub(crate) fn log_config() -> HostConfigLogConfig {
+    HostConfigLogConfig {
+        typ: Some("json-file".into()),
+        config: Some(HashMap::from([
+            ("max-size".to_owned(), "16m".to_owned()),
+            ("max-file".to_owned(), "2".to_owned()),
+        ])),
+    }
+}
+
 /// Size of the writable `/tmp`.
 const TMPFS_TMP: &str = "rw,nosuid,nodev,size=256m";
 
@@ -304,13 +303,7 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         init: Some(true),
         // Output must outlive the daemon (re-adoption reads it back); bounded on disk.
         auto_remove: Some(false),
-        log_config: Some(HostConfigLogConfig {
-            typ: Some("json-file".into()),
-            config: Some(HashMap::from([
-                ("max-size".to_owned(), "16m".to_owned()),
-                ("max-file".to_owned(), "2".to_owned()),
-            ])),
-        }),
+        log_config: Some(log_config()),
         ..Default::default()
     };
     ContainerCreateBody {

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use bollard::Docker;
 use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HostConfig, HostConfigLogConfig, NetworkConnectRequest,
-    NetworkCreateRequest, NetworkDisconnectRequest,
+    ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest, NetworkCreateRequest,
+    NetworkDisconnectRequest,
 };
 use bollard::query_parameters::{CreateContainerOptionsBuilder, ListNetworksOptionsBuilder};
 
@@ -340,13 +340,7 @@ impl Egress {
                 network_mode: Some(self.cfg.networks[0].clone()),
                 ipc_mode: Some("private".into()),
                 init: Some(true),
-                log_config: Some(HostConfigLogConfig {
-                    typ: Some("json-file".into()),
-                    config: Some(HashMap::from([
-                        ("max-size".to_owned(), "16m".to_owned()),
-                        ("max-file".to_owned(), "2".to_owned()),
-                    ])),
-                }),
+                log_config: Some(docker::log_config()),
                 ..Default::default()
             }),
             ..Default::default()

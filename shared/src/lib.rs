@@ -42,6 +42,19 @@ pub mod watchers;
 
 pub use folder::GroupFolder;
 
+/// An error and its causes, one line joined by `: ` (hyper's and reqwest's own text hides the
+/// cause, e.g. "connection refused").
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
 /// The daemons' allocator (feature `mimalloc`): one definition, so every binary that links a
 /// daemon's library (its `main`, its tests, its benches) allocates the same way.
 #[cfg(feature = "mimalloc")]

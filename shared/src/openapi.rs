@@ -46,6 +46,59 @@ pub fn render(doc: &utoipa::openapi::OpenApi) -> String {
     s
 }
 
+/// What a daemon's API document must hold, checked by [`check_document`].
+pub struct Expected<'a> {
+    /// `(path, method)`: each documented, with its responses.
+    pub routes: &'a [(&'a str, &'a str)],
+    /// Schemas that must be real (properties, or variants), not empty.
+    pub schemas: &'a [&'a str],
+    /// Source folders (below the crate) whose files may not mount a route outside the
+    /// document (a bare `.route("`).
+    pub sources: &'a [&'a str],
+}
+
+/// The one check of a daemon's API document (its test calls it): the committed file is what
+/// the code generates ([`check_committed`]), every expected route is in it with responses,
+/// every expected schema is real, and no route is mounted outside it.
+pub fn check_document(
+    doc: &utoipa::openapi::OpenApi,
+    crate_dir: &std::path::Path,
+    expected: &Expected<'_>,
+) -> Result<(), String> {
+    check_committed(doc, &crate_dir.join("openapi.json"))?;
+    let v = serde_json::to_value(doc).map_err(|e| e.to_string())?;
+    for (path, method) in expected.routes {
+        let op = &v["paths"][path][method];
+        if op["responses"].as_object().is_none_or(|r| r.is_empty()) {
+            return Err(format!(
+                "{method} {path} is not documented with its responses"
+            ));
+        }
+    }
+    let schemas = &v["components"]["schemas"];
+    for name in expected.schemas {
+        let s = &schemas[name];
+        if !(s["properties"].is_object() || s["oneOf"].is_array()) {
+            return Err(format!("schema {name} is empty: {s}"));
+        }
+    }
+    for dir in expected.sources {
+        let dir = crate_dir.join(dir);
+        let entries = std::fs::read_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for entry in entries {
+            let p = entry.map_err(|e| e.to_string())?.path();
+            if p.extension().is_some_and(|e| e == "rs") {
+                let text =
+                    std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+                if text.contains(".route(\"") {
+                    return Err(format!("{}: a route outside the document", p.display()));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Compares the generated document with the committed one at `path`. With
 /// `HAKO_BLESS=1` in the environment the file is rewritten instead (after an API change);
 /// otherwise a difference is an error that says how to update.

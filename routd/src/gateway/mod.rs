@@ -26,6 +26,7 @@ use futures_util::StreamExt as _;
 use hako_shared::GroupFolder;
 use hako_shared::auth::{AuthError, TokenType, scopes};
 use hako_shared::db::DbError;
+use hako_shared::error_chain;
 use hako_shared::http::ApiError;
 use hako_shared::runs::LlmApi;
 use serde_json::Value;
@@ -553,18 +554,6 @@ async fn forward(
     let body = metered(resp, record, cfg.max_response, cfg.idle_timeout);
     out.body(body)
         .map_err(|e| unreachable(format!("unusable answer headers: {e}")))
-}
-
-/// The error and its causes, one line.
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 /// The start of a failed answer, for the 502's message.
