@@ -20,7 +20,7 @@ use hako_shared::http::ApiError;
 /// Most scopes in one token.
 pub const MAX_SCOPES: usize = 64;
 /// Most egress hosts in one token.
-pub const MAX_EGRESS: usize = hako_shared::egress::MAX_ENTRIES;
+pub const MAX_EGRESS: usize = hako_shared::allowlist::MAX_ENTRIES;
 pub use hako_shared::ids::MAX_ID;
 use hako_shared::ids::{ID_GRAMMAR, is_valid_id};
 

@@ -15,7 +15,7 @@ const CONFIG_FILES: &[&str] = &[
     "authd/src/config.rs",
     "runed/src/config.rs",
     "runner/src/config.rs",
-    "runner/src/egress.rs",
+    "runner/src/proxy_container.rs",
     "routd/src/config.rs",
     "egress/src/config.rs",
 ];

@@ -181,7 +181,7 @@ pub fn token_of(headers: &HeaderMap) -> Result<Option<String>, UnusableCredentia
     Ok(Some(token))
 }
 
-pub use hako_shared::egress::{is_special, never};
+pub use hako_shared::allowlist::{is_special, never};
 
 /// Whether the proxy may connect to `ip` for an entry that allowed the target: never to
 /// "this host", multicast or broadcast; to a special address only when the entry names that

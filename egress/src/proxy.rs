@@ -14,8 +14,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use hako_shared::allowlist::{self, EgressRule, TargetHost};
 use hako_shared::auth::{AuthError, Claims, TokenType, Verifier, scopes};
-use hako_shared::egress::{self, EgressRule, TargetHost};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -177,7 +177,7 @@ impl Proxy {
         if claims.typ != TokenType::Spawn || !claims.has_scope(scopes::EGRESS_CONNECT) {
             return denied(Denial::NotForEgress, who);
         }
-        let Some(rule) = egress::allowing(
+        let Some(rule) = allowlist::allowing(
             claims.egress.iter().map(String::as_str),
             &target.host,
             target.port,
@@ -439,7 +439,7 @@ fn target_of(req: &Request<Incoming>) -> Option<Target> {
     if port == 0 || auth.as_str().contains('@') {
         return None;
     }
-    let host = egress::target_host(auth.host())?;
+    let host = allowlist::target_host(auth.host())?;
     Some(Target { host, port })
 }
 

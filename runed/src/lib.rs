@@ -9,10 +9,10 @@
 mod api;
 pub mod config;
 mod daemon;
-mod egress;
 mod error;
 mod gc;
 pub mod metrics;
+mod proxy_watch;
 pub mod queue;
 mod record;
 mod recover;
@@ -223,7 +223,7 @@ pub async fn start(
                 sh.probe_docker()
                     .await
                     .map_err(|e| format!("docker: {e}"))?;
-                egress::ready(&sh)?;
+                proxy_watch::ready(&sh)?;
                 Ok(())
             })
         }),
@@ -236,7 +236,7 @@ pub async fn start(
     let tasks = [
         tokio::spawn(daemon::scheduler(shared.clone())),
         tokio::spawn(gc::gc_loop(shared.clone())),
-        tokio::spawn(egress::supervise(shared.clone())),
+        tokio::spawn(proxy_watch::supervise(shared.clone())),
     ]
     .map(|t| t.abort_handle());
     let served =

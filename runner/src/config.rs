@@ -90,7 +90,7 @@ pub struct RunnerConfig {
     /// containers from a live one's. `None` for runed (its runs outlive it by design).
     pub owner: Option<String>,
     /// The egress proxy for `network: allowlist` (`RUNED_EGRESS_IMAGE`); `None`: refused.
-    pub egress: Option<super::egress::EgressConfig>,
+    pub egress: Option<super::proxy_container::EgressConfig>,
     /// The Docker socket the client talks to (named in errors).
     pub docker_socket: String,
 }
@@ -314,7 +314,7 @@ impl RunnerConfig {
             }
         }
         c.open_network = env.string_or("RUNED_OPEN_NETWORK", &c.open_network);
-        c.egress = super::egress::EgressConfig::from_env(env)?;
+        c.egress = super::proxy_container::EgressConfig::from_env(env)?;
         let passthrough = env.string_or("HAKO_ENV_PASSTHROUGH", DEFAULT_PASSTHROUGH);
         c.host_env = passthrough
             .split(',')

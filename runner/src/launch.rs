@@ -272,7 +272,7 @@ impl Runner {
         if egress_net.is_some() {
             // The proxy's address only: the token travels on stdin, and the agent puts it
             // into its tools' proxy variables itself (specs/egress.md).
-            env.extend(super::egress::Egress::agent_env());
+            env.extend(super::proxy_container::Egress::agent_env());
         }
         let mut labels = self.base_labels(&spec.run_id, &spec.folder, "agent");
         labels.insert(labels::TURN.to_owned(), spec.turn_id.clone());

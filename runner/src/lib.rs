@@ -23,7 +23,6 @@
 mod adopt;
 pub mod config;
 pub mod docker;
-pub mod egress;
 pub mod engine;
 mod finish;
 mod launch;
@@ -31,6 +30,7 @@ pub mod mounts;
 pub mod mountsec;
 pub mod outcome;
 mod prepare;
+pub mod proxy_container;
 pub mod runlog;
 pub mod safefs;
 pub mod seed;
@@ -359,7 +359,7 @@ pub struct Runner {
     cfg: Arc<RunnerConfig>,
     storage: Arc<Storage>,
     /// The egress proxy, when `cfg.egress` is set.
-    egress: Option<Arc<egress::Egress>>,
+    egress: Option<Arc<proxy_container::Egress>>,
     /// The OCI runtimes the Docker daemon lists, once asked.
     runtimes: Arc<std::sync::Mutex<Option<Vec<String>>>>,
     /// Warm boxes (`warm`).
@@ -374,7 +374,7 @@ impl Runner {
         // What an earlier process moved aside and did not finish deleting.
         storage.schedule_reap();
         let egress = cfg.egress.clone().map(|e| {
-            Arc::new(egress::Egress::new(
+            Arc::new(proxy_container::Egress::new(
                 docker.clone(),
                 e,
                 cfg.install_id.clone(),
@@ -459,7 +459,7 @@ impl Runner {
     }
 
     /// The egress proxy of `allowlist` runs, if configured.
-    pub fn egress(&self) -> Option<&egress::Egress> {
+    pub fn egress(&self) -> Option<&proxy_container::Egress> {
         self.egress.as_deref()
     }
 
@@ -510,7 +510,9 @@ impl Runner {
             .await?
             .into_iter()
             // The egress proxy belongs to the install, not to a run.
-            .filter(|c| c.labels.get(labels::ROLE).map(String::as_str) != Some(egress::ROLE_PROXY))
+            .filter(|c| {
+                c.labels.get(labels::ROLE).map(String::as_str) != Some(proxy_container::ROLE_PROXY)
+            })
             .filter(|c| !c.run_id().is_some_and(|r| live.contains(r)))
             .filter(|c| !live.contains(&c.id) && !self.warm.holds(&c.id))
             .collect();

@@ -8,6 +8,7 @@
 
 #![warn(missing_docs)]
 
+pub mod allowlist;
 pub mod approvals;
 #[cfg(feature = "auth")]
 pub mod auth;
@@ -17,7 +18,6 @@ pub mod contract;
 pub mod cron;
 #[cfg(feature = "db")]
 pub mod db;
-pub mod egress;
 pub mod folder;
 pub mod glob;
 pub mod grants;

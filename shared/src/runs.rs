@@ -394,12 +394,12 @@ impl GroupSpec {
             )?;
         }
         check(
-            self.egress_allowlist.len() <= crate::egress::MAX_ENTRIES,
+            self.egress_allowlist.len() <= crate::allowlist::MAX_ENTRIES,
             "egress_allowlist",
-            format!("at most {} entries", crate::egress::MAX_ENTRIES),
+            format!("at most {} entries", crate::allowlist::MAX_ENTRIES),
         )?;
         for (i, e) in self.egress_allowlist.iter().enumerate() {
-            if let Err(why) = crate::egress::EgressRule::parse(e) {
+            if let Err(why) = crate::allowlist::EgressRule::parse(e) {
                 return Err(GroupSpecError {
                     field: format!("egress_allowlist[{i}]"),
                     reason: why,

@@ -19,10 +19,10 @@ use std::io::{BufRead as _, Read as _};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
+use hako_shared::allowlist::{NO_PROXY_VARS, PROXY_VARS, child_proxy_env};
 use hako_shared::contract::{
     ContainerInput, MARKER_END_ENV, MARKER_START_ENV, OUTPUT_END, OUTPUT_START,
 };
-use hako_shared::egress::{NO_PROXY_VARS, PROXY_VARS, child_proxy_env};
 use serde_json::{Value, json};
 
 struct Out {

@@ -12,7 +12,7 @@
 //! `fetch` is an ordinary client: it goes through `HTTPS_PROXY`/`HTTP_PROXY` (or their
 //! lowercase forms) when set, taking the proxy credentials from the URL's user part as curl
 //! does, and prints one JSON line. The agent starts it as a child process with the token put
-//! into those variables by `hako_shared::egress::child_proxy_env`, as an agent runner hands
+//! into those variables by `hako_shared::allowlist::child_proxy_env`, as an agent runner hands
 //! it to its tools.
 
 mod agent;

@@ -19,7 +19,7 @@ pub(super) fn private_target(url: &reqwest::Url) -> bool {
     };
     let bare = host.trim_start_matches('[').trim_end_matches(']');
     match bare.parse::<std::net::IpAddr>() {
-        Ok(ip) => hako_shared::egress::is_special(ip) || hako_shared::egress::never(ip),
+        Ok(ip) => hako_shared::allowlist::is_special(ip) || hako_shared::allowlist::never(ip),
         Err(_) => {
             let d = bare.trim_end_matches('.').to_ascii_lowercase();
             d == "localhost" || d.ends_with(".localhost")

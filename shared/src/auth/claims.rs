@@ -66,7 +66,7 @@ pub struct Claims {
     /// The token this one was downscoped from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_jti: Option<String>,
-    /// What the egress proxy lets this token reach: entries of `crate::egress::EgressRule`
+    /// What the egress proxy lets this token reach: entries of `crate::allowlist::EgressRule`
     /// (`host`, `*.suffix`, IPv4, each with an optional `:port`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress: Vec<String>,
@@ -94,12 +94,12 @@ impl Claims {
 }
 
 /// Longest host name accepted in an `egress` claim.
-pub const MAX_HOST: usize = crate::egress::MAX_HOST;
+pub const MAX_HOST: usize = crate::allowlist::MAX_HOST;
 
-/// Normalises and validates an egress entry (`crate::egress::EgressRule`): a DNS name,
+/// Normalises and validates an egress entry (`crate::allowlist::EgressRule`): a DNS name,
 /// `*.suffix` or IPv4 address, with an optional `:port`, lowercase. Returns the canonical form.
 pub fn normalize_egress_host(raw: &str) -> Option<String> {
-    crate::egress::EgressRule::parse(raw)
+    crate::allowlist::EgressRule::parse(raw)
         .ok()
         .map(|r| r.to_string())
 }

@@ -17,8 +17,8 @@ use bollard::models::{
 };
 use bollard::query_parameters::{CreateContainerOptionsBuilder, ListNetworksOptionsBuilder};
 
+use hako_shared::allowlist::{NO_PROXY_VARS, PROXY_VARS};
 use hako_shared::config::{ConfigError, Env};
-use hako_shared::egress::{NO_PROXY_VARS, PROXY_VARS};
 use hako_shared::ids::RunId;
 
 use super::docker::{self, EngineError, labels};

@@ -1,12 +1,12 @@
 //! Keeps the install's egress proxy alive: every `RUNED_EGRESS_CHECK` the runner's
-//! [`Egress`](hako_runner::egress::Egress) checks the proxy container, recreates it if it
+//! [`Egress`](hako_runner::proxy_container::Egress) checks the proxy container, recreates it if it
 //! died (joined again to every live run network), and asks its `/ready`; `/ready` of runed
 //! reports the verdict.
 
 use std::sync::Arc;
 
 use crate::state::Shared;
-use hako_runner::egress::Checked;
+use hako_runner::proxy_container::Checked;
 
 /// Checks the proxy on its interval until shutdown (no proxy configured: returns at once).
 pub(crate) async fn supervise(sh: Arc<Shared>) {
