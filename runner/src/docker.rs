@@ -20,8 +20,8 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 
-pub use super::engine::EngineError;
 use super::engine::{Engine, Frame, FrameStream, ProcessState};
+pub use super::engine::{EngineError, Listed};
 use super::mounts::MountEntry;
 
 /// Labels on every container hako starts.
@@ -172,6 +172,32 @@ impl Engine for Docker {
                 running: state.running.unwrap_or(false),
                 exit_code: state.exit_code,
             })
+        })
+    }
+
+    fn list(
+        &self,
+        install: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Listed>, EngineError>> {
+        let docker = self.clone();
+        let install = install.to_owned();
+        Box::pin(async move { list_install(&docker, &install, limit).await })
+    }
+
+    fn remove(
+        &self,
+        id: &str,
+        stop: Option<Duration>,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        let docker = self.clone();
+        let id = id.to_owned();
+        Box::pin(async move {
+            match stop {
+                Some(grace) => stop_and_remove(&docker, &id, grace, limit).await,
+                None => remove(&docker, &id, limit).await,
+            }
         })
     }
 }
@@ -410,24 +436,6 @@ pub async fn remove(docker: &Docker, id: &str, limit: Duration) -> Result<(), En
             }
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
-    }
-}
-
-/// A container of this install, as listed.
-#[derive(Debug, Clone)]
-pub struct Listed {
-    /// Container id.
-    pub id: String,
-    /// Labels.
-    pub labels: HashMap<String, String>,
-    /// `running`, `exited`, …
-    pub state: String,
-}
-
-impl Listed {
-    /// The run id label, if any.
-    pub fn run_id(&self) -> Option<&str> {
-        self.labels.get(labels::RUN).map(String::as_str)
     }
 }
 

@@ -1,9 +1,10 @@
-//! The seam between a run's life and the container engine under it: what supervision asks of
-//! a started container (its exit, a stop, a signal, its state, its output as frames), with no
-//! Docker type in a signature. [`bollard::Docker`] is the engine runed runs on (`docker.rs`);
+//! The seam between a run's life and the container engine under it: what supervision and the
+//! clean-up ask of a box (its exit, a stop, a signal, its state, its output as frames, the
+//! install's boxes, a removal), with no Docker type in a signature. [`bollard::Docker`] is the engine runed runs on (`docker.rs`);
 //! the unit tests of the supervision machine (`supervise.rs`) script a fake one, and an engine
 //! on another substrate (a pod per run, `specs/scale.md`) fits the same calls.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -88,6 +89,26 @@ pub struct ProcessState {
     pub exit_code: Option<i64>,
 }
 
+/// A container of this install, as listed.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// Container id.
+    pub id: String,
+    /// Labels.
+    pub labels: HashMap<String, String>,
+    /// `running`, `exited`, …
+    pub state: String,
+}
+
+impl Listed {
+    /// The run id label, if any.
+    pub fn run_id(&self) -> Option<&str> {
+        self.labels
+            .get(crate::docker::labels::RUN)
+            .map(String::as_str)
+    }
+}
+
 /// The calls supervision makes on a started container, by the engine's id for it. Each call's
 /// future owns what it needs (`'static`), so a stop can run in a task of its own; each is
 /// bounded by `limit`, the engine's own deadline for the call.
@@ -118,4 +139,20 @@ pub trait Engine: Send + Sync {
         id: &str,
         limit: Duration,
     ) -> BoxFuture<'static, Result<ProcessState, EngineError>>;
+
+    /// Every box (running or not) labelled with `install`, and no other install's.
+    fn list(
+        &self,
+        install: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Listed>, EngineError>>;
+
+    /// Removes it, by force, and confirms it is gone (gone already is done); with `stop`, it
+    /// is stopped first with that grace. Bounded by `limit` per call.
+    fn remove(
+        &self,
+        id: &str,
+        stop: Option<Duration>,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>>;
 }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::docker::{self, labels};
+use super::docker::labels;
 use super::outcome::{Ending, decide};
 use super::output::RunOutput;
 use super::{LiveRun, RunEnd, RunReport, Runner, runlog};
@@ -77,7 +77,7 @@ impl Runner {
             if !report.sidecars {
                 return errors;
             }
-            match docker::list_install(&self.docker, &self.cfg.install_id, t).await {
+            match self.engine.list(&self.cfg.install_id, t).await {
                 Ok(list) => {
                     let removals = list
                         .iter()
@@ -86,7 +86,8 @@ impl Runner {
                                 && c.labels.get(labels::ROLE).map(String::as_str) == Some("sidecar")
                         })
                         .map(|c| async move {
-                            docker::stop_and_remove(&self.docker, &c.id, Duration::from_secs(2), t)
+                            self.engine
+                                .remove(&c.id, Some(Duration::from_secs(2)), t)
                                 .await
                                 .map_err(|e| format!("sidecar {}: {e}", c.id))
                         });
@@ -100,7 +101,9 @@ impl Runner {
         };
         let agent = async {
             match &report.container_id {
-                Some(id) => docker::remove(&self.docker, id, t)
+                Some(id) => self
+                    .engine
+                    .remove(id, None, t)
                     .await
                     .map_err(|e| format!("container {id}: {e}"))
                     .err(),

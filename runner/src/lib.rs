@@ -356,6 +356,8 @@ pub struct Adoption {
 #[derive(Clone)]
 pub struct Runner {
     docker: Docker,
+    /// The engine supervision and the clean-up call (Docker; a scripted one in unit tests).
+    engine: Arc<dyn engine::Engine>,
     cfg: Arc<RunnerConfig>,
     storage: Arc<Storage>,
     /// The egress proxy, when `cfg.egress` is set.
@@ -382,6 +384,7 @@ impl Runner {
             ))
         });
         Ok(Runner {
+            engine: Arc::new(docker.clone()),
             docker,
             cfg: Arc::new(cfg),
             storage,
@@ -506,7 +509,9 @@ impl Runner {
     /// were removed.
     pub async fn cleanup_orphans(&self, live: &HashSet<String>) -> Result<usize, EngineError> {
         let t = self.cfg.docker_timeout;
-        let orphans: Vec<_> = docker::list_install(&self.docker, &self.cfg.install_id, t)
+        let orphans: Vec<_> = self
+            .engine
+            .list(&self.cfg.install_id, t)
             .await?
             .into_iter()
             // The egress proxy belongs to the install, not to a run.
@@ -520,7 +525,7 @@ impl Runner {
         let results: Vec<Result<(), EngineError>> = futures_util::stream::iter(orphans)
             .map(|c| async move {
                 tracing::info!(container = %c.id, run = ?c.run_id(), "removing orphaned container");
-                docker::stop_and_remove(&self.docker, &c.id, Duration::ZERO, t).await
+                self.engine.remove(&c.id, Some(Duration::ZERO), t).await
             })
             .buffer_unordered(8)
             .collect()
@@ -540,7 +545,9 @@ impl Runner {
 
     /// This install's agent containers, for re-adoption.
     pub async fn list_agents(&self) -> Result<Vec<docker::Listed>, EngineError> {
-        let all = docker::list_install(&self.docker, &self.cfg.install_id, self.cfg.docker_timeout)
+        let all = self
+            .engine
+            .list(&self.cfg.install_id, self.cfg.docker_timeout)
             .await?;
         Ok(all
             .into_iter()
@@ -673,5 +680,174 @@ mod tests {
         assert!(!d(EngineError::NotFound("c".into())));
         assert!(!d(EngineError::Timeout("create", Duration::from_secs(1))));
         assert!(RunError::Invalid("x".into()).is_terminal());
+    }
+
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use futures_util::future::BoxFuture;
+
+    use crate::engine::{Engine, Listed, ProcessState};
+
+    /// An engine that lists the boxes it is given and records what is removed (a removal of
+    /// `c-stuck` fails).
+    struct Boxes {
+        listed: Vec<Listed>,
+        removed: Mutex<Vec<(String, Option<Duration>)>>,
+    }
+
+    impl Engine for Boxes {
+        fn wait(&self, _: &str) -> BoxFuture<'static, Result<i64, EngineError>> {
+            Box::pin(std::future::pending())
+        }
+        fn stop(
+            &self,
+            _: &str,
+            _: Duration,
+            _: Duration,
+        ) -> BoxFuture<'static, Result<(), EngineError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn signal(
+            &self,
+            _: &str,
+            _: &'static str,
+            _: Duration,
+        ) -> BoxFuture<'static, Result<(), EngineError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn state(
+            &self,
+            id: &str,
+            _: Duration,
+        ) -> BoxFuture<'static, Result<ProcessState, EngineError>> {
+            let e = EngineError::NotFound(id.to_owned());
+            Box::pin(async { Err(e) })
+        }
+        fn list(
+            &self,
+            _: &str,
+            _: Duration,
+        ) -> BoxFuture<'static, Result<Vec<Listed>, EngineError>> {
+            let listed = self.listed.clone();
+            Box::pin(async { Ok(listed) })
+        }
+        fn remove(
+            &self,
+            id: &str,
+            stop: Option<Duration>,
+            _: Duration,
+        ) -> BoxFuture<'static, Result<(), EngineError>> {
+            self.removed.lock().unwrap().push((id.to_owned(), stop));
+            let stuck = id == "c-stuck";
+            Box::pin(async move {
+                if stuck {
+                    Err(EngineError::api("removal already in progress"))
+                } else {
+                    Ok(())
+                }
+            })
+        }
+    }
+
+    fn boxed(id: &str, run: &str, role: &str) -> Listed {
+        Listed {
+            id: id.into(),
+            labels: HashMap::from([
+                (labels::INSTALL.to_owned(), "i-1".to_owned()),
+                (labels::RUN.to_owned(), run.to_owned()),
+                (labels::ROLE.to_owned(), role.to_owned()),
+            ]),
+            state: "running".into(),
+        }
+    }
+
+    /// A runner on a scratch data root whose engine is `boxes` (the Docker client is never
+    /// called: it connects on first use).
+    fn runner(boxes: Arc<Boxes>) -> (Runner, tempfile::TempDir) {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut cfg = RunnerConfig::new(tmp.path());
+        cfg.install_id = "i-1".into();
+        // A plain file where the socket would be: the client is built, never used.
+        let sock = tmp.path().join("docker.sock");
+        std::fs::write(&sock, "").unwrap();
+        let docker =
+            Docker::connect_with_unix(sock.to_str().unwrap(), 1, bollard::API_DEFAULT_VERSION)
+                .unwrap();
+        let mut r = Runner::new(docker, cfg).unwrap();
+        r.engine = boxes;
+        (r, tmp)
+    }
+
+    fn removed(b: &Boxes) -> Vec<(String, Option<Duration>)> {
+        let mut v = b.removed.lock().unwrap().clone();
+        v.sort();
+        v
+    }
+
+    #[tokio::test]
+    async fn orphan_cleanup_removes_only_boxes_of_runs_not_live() {
+        let boxes = Arc::new(Boxes {
+            listed: vec![
+                boxed("c-live", "run-1", "agent"),
+                boxed("c-dead", "run-2", "agent"),
+                boxed("c-side", "run-2", "sidecar"),
+                boxed("c-proxy", "", crate::proxy_container::ROLE_PROXY),
+                // A run in a warm box is known by its box's id.
+                boxed("c-warm-run", "warm-1", "agent"),
+            ],
+            removed: Mutex::default(),
+        });
+        let (r, _tmp) = runner(boxes.clone());
+        let live = HashSet::from(["run-1".to_owned(), "c-warm-run".to_owned()]);
+        assert_eq!(r.cleanup_orphans(&live).await.unwrap(), 2);
+        let now = Some(Duration::ZERO);
+        assert_eq!(
+            removed(&boxes),
+            [("c-dead".to_owned(), now), ("c-side".to_owned(), now)],
+            "the live run's box, the proxy and the run in a warm box stay"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_finished_runs_boxes_go_together_and_failures_are_named() {
+        let boxes = Arc::new(Boxes {
+            listed: vec![
+                boxed("c-side", "run-2", "sidecar"),
+                boxed("c-other-side", "run-3", "sidecar"),
+                boxed("c-stuck", "run-2", "sidecar"),
+            ],
+            removed: Mutex::default(),
+        });
+        let (r, _tmp) = runner(boxes.clone());
+        let report = RunReport {
+            run_id: RunId::new("run-2").unwrap(),
+            state: RunState::Exited,
+            outcome: Outcome::Ok,
+            terminal: false,
+            blocks: Vec::new(),
+            truncated: false,
+            exit_code: Some(0),
+            error: None,
+            log: String::new(),
+            log_file: None,
+            container_id: Some("c-agent".into()),
+            sidecars: true,
+            started_at: None,
+            ended_at: SystemTime::now(),
+        };
+        let errors = r.remove_containers(&report).await;
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(errors[0].starts_with("sidecar c-stuck"), "{errors:?}");
+        let grace = Some(Duration::from_secs(2));
+        assert_eq!(
+            removed(&boxes),
+            [
+                ("c-agent".to_owned(), None),
+                ("c-side".to_owned(), grace),
+                ("c-stuck".to_owned(), grace),
+            ],
+            "the agent by force, the run's sidecars stopped first, no other run's"
+        );
     }
 }

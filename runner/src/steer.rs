@@ -21,7 +21,7 @@ use hako_shared::GroupFolder;
 use hako_shared::contract::{CLOSE_FILE, FollowUp};
 use hako_shared::layout::{self, FolderDir};
 
-use super::docker::{self, EngineError};
+use super::docker::EngineError;
 use super::safefs::SafeDir;
 use super::{LiveRun, RunError, Runner, SteerReport};
 
@@ -60,7 +60,11 @@ impl StagedFollowUp<'_> {
         if self.live.has_spoken()
             && let Some(id) = self.live.container_id()
         {
-            match docker::signal(&runner.docker, &id, "SIGUSR1", runner.cfg.docker_timeout).await {
+            match runner
+                .engine
+                .signal(&id, "SIGUSR1", runner.cfg.docker_timeout)
+                .await
+            {
                 // The poll finds it; a run that ended settles it.
                 Ok(()) | Err(EngineError::NotRunning(_) | EngineError::NotFound(_)) => {}
                 Err(e) => {
@@ -208,7 +212,11 @@ impl Runner {
             && !live.ended.is_cancelled()
             && live.has_spoken()
         {
-            match docker::signal(&self.docker, &id, "SIGUSR1", self.cfg.docker_timeout).await {
+            match self
+                .engine
+                .signal(&id, "SIGUSR1", self.cfg.docker_timeout)
+                .await
+            {
                 // It ended meanwhile: nothing left to close.
                 Ok(()) | Err(EngineError::NotRunning(_) | EngineError::NotFound(_)) => {}
                 Err(e) => return Err(e.into()),

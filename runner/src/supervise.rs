@@ -72,7 +72,7 @@ impl Runner {
     /// The runner's engine, deadlines and close, for one supervision.
     pub(super) fn hands(&self) -> Hands<'_> {
         Hands {
-            engine: Arc::new(self.docker.clone()),
+            engine: self.engine.clone(),
             timing: Timing {
                 call: self.cfg.docker_timeout,
                 kill_grace: self.cfg.kill_grace,
@@ -556,6 +556,23 @@ mod tests {
                 .state
                 .ok_or_else(|| EngineError::NotFound(id.to_owned()));
             Box::pin(async move { answer })
+        }
+
+        fn list(
+            &self,
+            _install: &str,
+            _limit: Duration,
+        ) -> BoxFuture<'static, Result<Vec<crate::engine::Listed>, EngineError>> {
+            Box::pin(async { Err(EngineError::api("not scripted")) })
+        }
+
+        fn remove(
+            &self,
+            _id: &str,
+            _stop: Option<Duration>,
+            _limit: Duration,
+        ) -> BoxFuture<'static, Result<(), EngineError>> {
+            Box::pin(async { Err(EngineError::api("not scripted")) })
         }
     }
 
