@@ -48,6 +48,14 @@ async fn nth_request(rig: &Rig, chat: &str, n: usize) -> String {
     requests(&h)[n - 1].clone()
 }
 
+/// A verdict on request `id` posted by `who` (`body`: `{"approve": …}`): the status and
+/// the answer.
+async fn verdict(rig: &Rig, who: &str, id: &str, body: Value) -> (u16, Value) {
+    rig.api()
+        .post(who, &format!("/v1/approvals/{id}"), body)
+        .await
+}
+
 /// The request as the API shows it to the operator.
 async fn request(rig: &Rig, id: &str) -> Value {
     let (s, v) = rig
@@ -150,14 +158,7 @@ async fn an_ask_call_is_held_asked_and_approved_once() {
     );
 
     // Later verdicts change nothing.
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": false}),
-        )
-        .await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": false})).await;
     assert_eq!(
         (s, v["error"].as_str()),
         (409, Some("already_decided")),
@@ -372,14 +373,7 @@ async fn verdicts_from_elsewhere_are_refused() {
             300,
         )
         .await;
-    let (s, v) = rig
-        .api()
-        .post(
-            &foreign,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": true}),
-        )
-        .await;
+    let (s, v) = verdict(&rig, &foreign, &id, json!({"approve": true})).await;
     assert_eq!((s, v["error"].as_str()), (404, Some("not_found")), "{v}");
     let (s, v) = rig
         .api()
@@ -393,24 +387,10 @@ async fn verdicts_from_elsewhere_are_refused() {
         "{v}"
     );
     let no_scope = rig.mint(&["chats:read"], None, 300).await;
-    let (s, v) = rig
-        .api()
-        .post(
-            &no_scope,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": true}),
-        )
-        .await;
+    let (s, v) = verdict(&rig, &no_scope, &id, json!({"approve": true})).await;
     assert_eq!(s, 403, "{v}");
     // Malformed verdicts.
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": "yes"}),
-        )
-        .await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": "yes"})).await;
     assert_eq!(s, 400, "{v}");
     assert_eq!(request(&rig, &id).await["state"], "pending");
     assert_eq!(sent(&rig.history(a).await, "refund 500"), 0);
@@ -430,14 +410,7 @@ async fn verdicts_from_elsewhere_are_refused() {
         .await;
     let id = nth_request(&rig, "tg:vault", 1).await;
     let tenant = rig.mint(&["approvals:write"], Some("vault"), 300).await;
-    let (s, v) = rig
-        .api()
-        .post(
-            &tenant,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": true}),
-        )
-        .await;
+    let (s, v) = verdict(&rig, &tenant, &id, json!({"approve": true})).await;
     assert_eq!(
         (s, v["error"].as_str()),
         (403, Some("folder_forbidden")),
@@ -449,14 +422,7 @@ async fn verdicts_from_elsewhere_are_refused() {
     })
     .await;
     assert_eq!(request(&rig, &id).await["state"], "pending");
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": true}),
-        )
-        .await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": true})).await;
     assert_eq!((s, v["state"].as_str()), (200, Some("approved")), "{v}");
     rig.wait_for("tg:vault", "the operator's approved send", |h| {
         sent(h, "open") == 1
@@ -486,14 +452,7 @@ async fn stop_during_a_hold_denies_it() {
     })
     .await;
     assert_eq!(request(&rig, &id).await["state"], "turn_ended");
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": true}),
-        )
-        .await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": true})).await;
     assert_eq!(
         (s, v["error"].as_str()),
         (409, Some("already_decided")),
@@ -526,14 +485,7 @@ async fn routd_killed_with_a_held_call_denies_it_on_start() {
     child.wait().unwrap();
     rig.spawn_routd_binary().await;
     assert_eq!(request(&rig, &id).await["state"], "abandoned");
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": true}),
-        )
-        .await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": true})).await;
     assert_eq!(
         (s, v["error"].as_str()),
         (409, Some("already_decided")),
@@ -581,27 +533,13 @@ async fn a_call_over_http_is_held_by_the_same_gate() {
     let held = call("over http");
     let id = nth_request(&rig, chat, 1).await;
     assert!(!held.is_finished(), "the call waits for its verdict");
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": true}),
-        )
-        .await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": true})).await;
     assert_eq!(s, 200, "{v}");
     let (s, v) = held.await.unwrap();
     assert_eq!(s, 200, "{v}");
     let refused = call("not this");
     let id = nth_request(&rig, chat, 2).await;
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": false}),
-        )
-        .await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": false})).await;
     assert_eq!(s, 200, "{v}");
     let (s, v) = refused.await.unwrap();
     assert_eq!((s, v["error"].as_str()), (403, Some("denied")), "{v}");
