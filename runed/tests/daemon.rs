@@ -199,6 +199,13 @@ impl Rig {
         .await
     }
 
+    /// How many runs runed.db holds.
+    fn spawns(&self) -> i64 {
+        self.db()
+            .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
+            .unwrap()
+    }
+
     fn db(&self) -> rusqlite::Connection {
         rusqlite::Connection::open(self.data.join("runed/runed.db")).unwrap()
     }
@@ -645,10 +652,7 @@ async fn daemon_detach_and_readopt() {
         1,
         "{out:?}"
     );
-    let n: i64 = rig
-        .db()
-        .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
-        .unwrap();
+    let n = rig.spawns();
     assert_eq!(n, 2, "nothing ran twice");
     assert_eq!(rig.containers().await, 0);
     rig.stop().await;
@@ -1393,16 +1397,9 @@ async fn daemon_binary_detaches_on_sigterm_and_readopts() {
         1,
         "{out:?}"
     );
-    let n: i64 = rig
-        .db()
-        .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
-        .unwrap();
+    let n = rig.spawns();
     assert_eq!(n, 1, "nothing ran twice");
     assert_eq!(rig.containers().await, 0);
-    if let Some((mut c, _)) = rig.child.take() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
     rig.stop().await;
 }
 
@@ -1499,15 +1496,8 @@ async fn daemon_sigkill_after_an_answer_never_reruns_the_turn() {
     assert_eq!(results(&v), ["block 1/1"]);
     let c = AuthdClient::new(&rig.authd_url()).unwrap();
     revoked(&c, &jti, "the spawn token is revoked on this path too").await;
-    let n: i64 = rig
-        .db()
-        .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
-        .unwrap();
+    let n = rig.spawns();
     assert_eq!(n, 1, "nothing ran twice");
-    if let Some((mut c, _)) = rig.child.take() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
     rig.stop().await;
 }
 
@@ -1630,10 +1620,6 @@ async fn daemon_queue_is_bounded_and_kept_on_disk() {
         )
         .unwrap();
     assert_eq!(on_disk, 70);
-    if let Some((mut c, _)) = rig.child.take() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
     rig.stop().await;
 }
 
@@ -1704,10 +1690,6 @@ async fn daemon_output_cap_counts_every_field() {
         after.saturating_sub(before) / 1024 < 64,
         "{before} -> {after} KiB"
     );
-    if let Some((mut c, _)) = rig.child.take() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
     rig.stop().await;
 }
 
@@ -2232,15 +2214,8 @@ async fn daemon_killed_with_warm_boxes_removes_them_and_readopts_the_run_in_one(
     assert_eq!(results(&v), ["slept 4 s\nafter the kill"], "{v}");
     rig.until_gone(&waiting.id, Duration::from_secs(30)).await;
     rig.until_gone(&taken.id, Duration::from_secs(30)).await;
-    let n: i64 = rig
-        .db()
-        .query_row("SELECT count(*) FROM spawns", [], |r| r.get(0))
-        .unwrap();
+    let n = rig.spawns();
     assert_eq!(n, 3, "no box became a run of its own, nothing ran twice");
-    if let Some((mut c, _)) = rig.child.take() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
     rig.stop().await;
 }
 
