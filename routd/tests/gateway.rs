@@ -113,6 +113,20 @@ fn answer(texts: &[&str], tools: &[(&str, &str, Value)], input_tokens: u64) -> S
     s
 }
 
+/// A stub provider and a rig whose gateway calls it with the real key.
+async fn with_provider() -> (Provider, Rig) {
+    let (provider, url) = Provider::start().await;
+    let rig = Rig::new(
+        &[],
+        &[
+            ("ANTHROPIC_API_KEY", REAL_KEY),
+            ("ROUTD_ANTHROPIC_URL", url.as_str()),
+        ],
+    )
+    .await;
+    (provider, rig)
+}
+
 impl Provider {
     async fn start() -> (Provider, String) {
         let p = Provider::default();
@@ -360,15 +374,7 @@ fn files_containing(dir: &std::path::Path, needle: &str) -> (usize, Vec<String>)
 /// key is seen only by the provider; usage is recorded per turn and group.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_llm_brain_uses_tools_through_the_gateway() {
-    let (provider, url) = Provider::start().await;
-    let rig = Rig::new(
-        &[],
-        &[
-            ("ANTHROPIC_API_KEY", REAL_KEY),
-            ("ROUTD_ANTHROPIC_URL", url.as_str()),
-        ],
-    )
-    .await;
+    let (provider, rig) = with_provider().await;
     let chat = "tg:llm-1";
     llm_group(&rig, "llm", chat, None).await;
     rig.say(chat, "q-1", "please use your tools").await;
@@ -544,15 +550,7 @@ async fn the_llm_brain_speaks_the_openai_format_too() {
 /// an error the chat sees; the provider is not called.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_spent_budget_reaches_the_chat_as_an_error() {
-    let (provider, url) = Provider::start().await;
-    let rig = Rig::new(
-        &[],
-        &[
-            ("ANTHROPIC_API_KEY", REAL_KEY),
-            ("ROUTD_ANTHROPIC_URL", url.as_str()),
-        ],
-    )
-    .await;
+    let (provider, rig) = with_provider().await;
     let chat = "tg:budget";
     llm_group(&rig, "thrifty", chat, Some(60)).await;
     rig.say(chat, "b-1", "hello").await;
@@ -587,15 +585,7 @@ async fn a_spent_budget_reaches_the_chat_as_an_error() {
 /// so making groups mints no tokens (each sub-group had a fresh daily budget before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenants_sub_group_spends_its_parents_budget() {
-    let (provider, url) = Provider::start().await;
-    let rig = Rig::new(
-        &[],
-        &[
-            ("ANTHROPIC_API_KEY", REAL_KEY),
-            ("ROUTD_ANTHROPIC_URL", url.as_str()),
-        ],
-    )
-    .await;
+    let (provider, rig) = with_provider().await;
     llm_group(&rig, "parent", "tg:parent", Some(60)).await;
     let tenant = rig
         .mint(&["groups:write", "groups:read"], Some("parent"), 600)
@@ -635,15 +625,7 @@ async fn a_tenants_sub_group_spends_its_parents_budget() {
 /// message is a new turn that asks the provider once again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_refused_provider_key_ends_the_turn_at_once_naming_the_variable() {
-    let (provider, url) = Provider::start().await;
-    let rig = Rig::new(
-        &[],
-        &[
-            ("ANTHROPIC_API_KEY", REAL_KEY),
-            ("ROUTD_ANTHROPIC_URL", url.as_str()),
-        ],
-    )
-    .await;
+    let (provider, rig) = with_provider().await;
     let chat = "tg:badkey";
     rig.put_group(
         "badkey",
@@ -1055,15 +1037,7 @@ async fn a_provider_without_a_key_is_named() {
 /// counts (in real headless Chromium, like `web.rs`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_watch_page_charts_the_tokens_a_group_spent() {
-    let (_provider, url) = Provider::start().await;
-    let rig = Rig::new(
-        &[],
-        &[
-            ("ANTHROPIC_API_KEY", REAL_KEY),
-            ("ROUTD_ANTHROPIC_URL", url.as_str()),
-        ],
-    )
-    .await;
+    let (_provider, rig) = with_provider().await;
     let chat = "tg:charted";
     llm_group(&rig, "charted", chat, None).await;
     rig.say(chat, "c-1", "hello").await;
