@@ -4,8 +4,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use hako_shared::chat::{GroupList, RouteList, RouteView};
 use hako_shared::contract::{BlockStatus, OutputBlock};
-use hako_shared::runs::{RunList, RunStatus, RunStreamEvent};
+use hako_shared::runs::{RunList, RunStatus, RunStreamEvent, Trust};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -679,21 +680,27 @@ pub async fn groups(args: GroupsArgs) -> anyhow::Result<bool> {
     let json = args.ops.json;
     match args.command {
         GroupsCommand::List => {
-            let v = d
-                .routd_json(reqwest::Method::GET, "/v1/groups", &token, None)
+            let list: GroupList = d
+                .call(Daemon::Routd, Method::GET, "/v1/groups", &token, None)
                 .await?;
-            emit(json, &v, |v| {
-                println!("{:<24} {:<24} {:<10} sessions", "folder", "name", "trust");
-                for g in v["groups"].as_array().into_iter().flatten() {
-                    println!(
-                        "{:<24} {:<24} {:<10} {}",
-                        s(g, "folder"),
-                        s(g, "name"),
-                        g["group"]["trust"].as_str().unwrap_or("untrusted"),
-                        g["sessions"].as_array().map_or(0, Vec::len)
-                    );
-                }
-            });
+            if json {
+                print_json(&list);
+                return Ok(true);
+            }
+            println!("{:<24} {:<24} {:<10} sessions", "folder", "name", "trust");
+            for g in &list.groups {
+                let trust = match g.group.trust {
+                    Trust::Untrusted => "untrusted",
+                    Trust::Main => "main",
+                };
+                println!(
+                    "{:<24} {:<24} {:<10} {}",
+                    g.folder.as_str(),
+                    g.name,
+                    trust,
+                    g.sessions.len()
+                );
+            }
         }
         GroupsCommand::Show { folder } => {
             let v = d
@@ -824,21 +831,20 @@ pub async fn routes(args: RoutesArgs) -> anyhow::Result<bool> {
     let json = args.ops.json;
     match args.command {
         RoutesCommand::List => {
-            let v = d
-                .routd_json(reqwest::Method::GET, "/v1/routes", &token, None)
+            let list: RouteList = d
+                .call(Daemon::Routd, Method::GET, "/v1/routes", &token, None)
                 .await?;
-            emit(json, &v, |v| {
-                println!("{:<6} {:<9} {:<28} folder", "id", "position", "pattern");
-                for r in v["routes"].as_array().into_iter().flatten() {
-                    println!(
-                        "{:<6} {:<9} {:<28} {}",
-                        r["id"],
-                        r["position"],
-                        s(r, "pattern"),
-                        s(r, "folder")
-                    );
-                }
-            });
+            if json {
+                print_json(&list);
+                return Ok(true);
+            }
+            println!("{:<6} {:<9} {:<28} folder", "id", "position", "pattern");
+            for r in &list.routes {
+                println!(
+                    "{:<6} {:<9} {:<28} {}",
+                    r.id, r.position, r.pattern, r.folder
+                );
+            }
         }
         RoutesCommand::Add {
             pattern,
@@ -849,17 +855,20 @@ pub async fn routes(args: RoutesArgs) -> anyhow::Result<bool> {
             if let Some(p) = position {
                 body["position"] = json!(p);
             }
-            let v = d
-                .routd_json(reqwest::Method::POST, "/v1/routes", &token, Some(body))
+            let r: RouteView = d
+                .call(
+                    Daemon::Routd,
+                    Method::POST,
+                    "/v1/routes",
+                    &token,
+                    Some(body),
+                )
                 .await?;
-            emit(json, &v, |v| {
-                println!(
-                    "route {}: {} -> {}",
-                    v["id"],
-                    s(v, "pattern"),
-                    s(v, "folder")
-                );
-            });
+            if json {
+                print_json(&r);
+            } else {
+                println!("route {}: {} -> {}", r.id, r.pattern, r.folder);
+            }
         }
         RoutesCommand::Rm { id } => {
             let v = d

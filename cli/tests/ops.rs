@@ -212,6 +212,14 @@ async fn every_operator_command_against_real_daemons() {
             .iter()
             .any(|x| x["id"] == id)
     );
+    let (code, out, _) = d.hako(&["routes", "list"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.lines().any(|l| l.starts_with(&id.to_string())
+            && l.contains("tg:*")
+            && l.ends_with("team/dev")),
+        "{out}"
+    );
     d.json(&["routes", "rm", &id.to_string()]);
     assert!(
         d.json(&["routes", "list"])["routes"]
