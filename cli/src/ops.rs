@@ -4,7 +4,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use hako_shared::chat::{GroupList, RouteList, RouteView};
+use hako_shared::approvals::{ApprovalList, ApprovalView};
+use hako_shared::chat::{GroupList, RouteList, RouteView, TaskList, TurnList};
 use hako_shared::contract::{BlockStatus, OutputBlock};
 use hako_shared::runs::{RunList, RunStatus, RunStreamEvent, Trust};
 use reqwest::Method;
@@ -224,28 +225,30 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     match d.operator_token().await {
         Ok(token) => {
             match d
-                .routd_json(
-                    reqwest::Method::GET,
+                .call::<ApprovalList>(
+                    Daemon::Routd,
+                    Method::GET,
                     "/v1/approvals?limit=100",
                     &token,
                     None,
                 )
                 .await
             {
-                Ok(v) => approvals = v["approvals"].as_array().cloned().unwrap_or_default(),
+                Ok(list) => approvals = list.approvals,
                 Err(e) => turns_error = Some(e.to_string()),
             }
             for state in ["running", "starting", "waiting"] {
                 match d
-                    .routd_json(
-                        reqwest::Method::GET,
+                    .call::<TurnList>(
+                        Daemon::Routd,
+                        Method::GET,
                         &format!("/v1/turns?state={state}&limit=100"),
                         &token,
                         None,
                     )
                     .await
                 {
-                    Ok(v) => turns.extend(v["turns"].as_array().cloned().unwrap_or_default()),
+                    Ok(list) => turns.extend(list.turns),
                     Err(e) => turns_error = Some(e.to_string()),
                 }
             }
@@ -298,17 +301,15 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     }
     let now = hako_shared::time::unix_millis(std::time::SystemTime::now());
     for t in &turns {
-        let age = t["created_at"]
-            .as_i64()
-            .map_or("?".into(), |c| format!("{}s", (now - c).max(0) / 1000));
+        let age = (now - t.created_at).max(0) / 1000;
         println!(
-            "  {:<8} {:<24} folder {:<16} chat {:<20} try {} run {} age {age}",
-            t["state"].as_str().unwrap_or("?"),
-            t["turn_id"].as_str().unwrap_or("?"),
-            t["folder"].as_str().unwrap_or("?"),
-            t["chat_jid"].as_str().unwrap_or("?"),
-            t["attempt"],
-            t["run_id"].as_str().unwrap_or("-"),
+            "  {:<8} {:<24} folder {:<16} chat {:<20} try {} run {} age {age}s",
+            t.state.as_str(),
+            t.turn_id,
+            t.folder,
+            t.chat_jid,
+            t.attempt,
+            or_dash(t.run_id.as_ref()),
         );
     }
     println!("approvals");
@@ -321,24 +322,16 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     Ok(all_ready)
 }
 
-fn print_approval(a: &Value, now: i64) {
-    let age = a["requested_at"]
-        .as_i64()
-        .map_or("?".into(), |c| format!("{}s", (now - c).max(0) / 1000));
+fn print_approval(a: &ApprovalView, now: i64) {
+    let age = (now - a.requested_at).max(0) / 1000;
     println!(
-        "  {:<16} {:<10} {:<14} folder {:<16} chat {:<20} age {age}  {}",
-        s(a, "id"),
-        s(a, "state"),
-        s(a, "tool"),
-        s(a, "folder"),
-        s(a, "chat_jid"),
-        crate::terminal_safe(
-            &a["arguments"]
-                .to_string()
-                .chars()
-                .take(80)
-                .collect::<String>()
-        ),
+        "  {:<16} {:<10} {:<14} folder {:<16} chat {:<20} age {age}s  {}",
+        a.id,
+        a.state.as_str(),
+        a.tool,
+        a.folder,
+        a.chat_jid,
+        crate::terminal_safe(&a.arguments.to_string().chars().take(80).collect::<String>()),
     );
 }
 
@@ -380,45 +373,45 @@ pub async fn approvals(args: ApprovalsArgs) -> anyhow::Result<bool> {
     let json = args.ops.json;
     let (id, approve) = match args.command {
         ApprovalsCommand::List { all } => {
-            let v = d
-                .routd_json(
-                    reqwest::Method::GET,
+            let list: ApprovalList = d
+                .call(
+                    Daemon::Routd,
+                    Method::GET,
                     &format!("/v1/approvals?all={all}"),
                     &token,
                     None,
                 )
                 .await?;
+            if json {
+                print_json(&list);
+                return Ok(true);
+            }
             let now = hako_shared::time::unix_millis(std::time::SystemTime::now());
-            emit(json, &v, |v| {
-                let list = v["approvals"].as_array().cloned().unwrap_or_default();
-                if list.is_empty() {
-                    println!("no approval requests{}", if all { "" } else { " waiting" });
-                }
-                for a in &list {
-                    print_approval(a, now);
-                }
-            });
+            if list.approvals.is_empty() {
+                println!("no approval requests{}", if all { "" } else { " waiting" });
+            }
+            for a in &list.approvals {
+                print_approval(a, now);
+            }
             return Ok(true);
         }
         ApprovalsCommand::Approve { id } => (id, true),
         ApprovalsCommand::Deny { id } => (id, false),
     };
-    let v = d
-        .routd_json(
-            reqwest::Method::POST,
+    let a: ApprovalView = d
+        .call(
+            Daemon::Routd,
+            Method::POST,
             &format!("/v1/approvals/{}", encode(&id)),
             &token,
             Some(json!({ "approve": approve })),
         )
         .await?;
-    emit(json, &v, |v| {
-        println!(
-            "{id}: {} ({} {})",
-            s(v, "state"),
-            s(v, "tool"),
-            s(v, "folder")
-        );
-    });
+    if json {
+        print_json(&a);
+    } else {
+        println!("{id}: {} ({} {})", a.state.as_str(), a.tool, a.folder);
+    }
     Ok(true)
 }
 
@@ -927,26 +920,28 @@ pub async fn tasks(args: TasksArgs) -> anyhow::Result<bool> {
             if let Some(f) = folder {
                 path.push_str(&format!("&folder={}", encode(&f)));
             }
-            let v = d
-                .routd_json(reqwest::Method::GET, &path, &token, None)
+            let list: TaskList = d
+                .call(Daemon::Routd, Method::GET, &path, &token, None)
                 .await?;
-            emit(json, &v, |v| {
+            if json {
+                print_json(&list);
+                return Ok(true);
+            }
+            println!(
+                "{:<22} {:<16} {:<22} {:<10} {:<21} prompt",
+                "id", "folder", "chat", "state", "next"
+            );
+            for t in &list.tasks {
                 println!(
-                    "{:<22} {:<16} {:<22} {:<10} {:<21} prompt",
-                    "id", "folder", "chat", "state", "next"
+                    "{:<22} {:<16} {:<22} {:<10} {:<21} {}",
+                    t.id,
+                    t.folder,
+                    t.chat_jid,
+                    t.state,
+                    or_dash(t.next_at.as_ref()),
+                    t.prompt.chars().take(60).collect::<String>()
                 );
-                for t in v["tasks"].as_array().into_iter().flatten() {
-                    println!(
-                        "{:<22} {:<16} {:<22} {:<10} {:<21} {}",
-                        s(t, "id"),
-                        s(t, "folder"),
-                        s(t, "chat_jid"),
-                        s(t, "state"),
-                        t["next_at"].as_str().unwrap_or("-"),
-                        s(t, "prompt").chars().take(60).collect::<String>()
-                    );
-                }
-            });
+            }
         }
         TasksCommand::Cancel { id } => {
             let v = d

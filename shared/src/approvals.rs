@@ -170,6 +170,14 @@ pub struct ApprovalView {
     pub decided_at: Option<i64>,
 }
 
+/// `GET /v1/approvals` answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ApprovalList {
+    /// Newest first.
+    pub approvals: Vec<ApprovalView>,
+}
+
 /// `POST /v1/approvals/{id}`: a verdict.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -481,3 +481,35 @@ pub struct TurnList {
     /// Pass as `before` for the next page.
     pub next_before: Option<i64>,
 }
+
+/// A scheduled task as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskView {
+    /// `task-<hex>`.
+    pub id: String,
+    /// The group it belongs to.
+    pub folder: String,
+    /// The chat its prompt arrives in.
+    pub chat_jid: String,
+    /// The prompt.
+    pub prompt: String,
+    /// Its cron schedule (UTC), for a repeating task.
+    pub cron: Option<String>,
+    /// Its next firing (RFC 3339), while active.
+    pub next_at: Option<String>,
+    /// `active`, `done` or `cancelled`.
+    pub state: String,
+    /// How many times it fired.
+    pub fired: i64,
+    /// The turn that scheduled it.
+    pub created_by: String,
+}
+
+/// `GET /v1/tasks` answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TaskList {
+    /// Soonest first (at most 1000).
+    pub tasks: Vec<TaskView>,
+}

@@ -2,10 +2,10 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
-use hako_shared::approvals::{ApprovalView, VerdictBody};
+use hako_shared::approvals::{ApprovalList, ApprovalView, VerdictBody};
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::http::{ApiJson, ApiQuery, ErrorBody};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::AppState;
 use crate::approvals::{Judge, Refusal, decide};
@@ -20,13 +20,6 @@ pub(super) struct ApprovalQuery {
     all: Option<bool>,
     /// At most this many, 1-1000 (default 100; others are clamped).
     limit: Option<usize>,
-}
-
-/// `GET /v1/approvals` answer.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub(super) struct ApprovalList {
-    /// Newest first.
-    approvals: Vec<ApprovalView>,
 }
 
 /// The approval requests of the caller's groups (a folder-bound caller sees its folders'):

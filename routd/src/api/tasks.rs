@@ -4,9 +4,10 @@ use axum::Json;
 use axum::extract::{Path, State};
 use hako_shared::GroupFolder;
 use hako_shared::auth::{Principal, scopes};
+use hako_shared::chat::{TaskList, TaskView};
 use hako_shared::http::{ApiQuery, ErrorBody};
 use hako_shared::ids::is_valid_id;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::{AppState, audit_row, parse_folder};
 use crate::error::ApiFailure;
@@ -22,36 +23,6 @@ pub(super) struct TaskQuery {
     folder: Option<String>,
     /// Also the tasks that are done or cancelled.
     all: Option<bool>,
-}
-
-/// A scheduled task as the API shows it.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub(super) struct TaskView {
-    /// `task-<hex>`.
-    id: String,
-    /// The group it belongs to.
-    folder: String,
-    /// The chat its prompt arrives in.
-    chat_jid: String,
-    /// The prompt.
-    prompt: String,
-    /// Its cron schedule (UTC), for a repeating task.
-    cron: Option<String>,
-    /// Its next firing (RFC 3339), while active.
-    next_at: Option<String>,
-    /// `active`, `done` or `cancelled`.
-    state: String,
-    /// How many times it fired.
-    fired: i64,
-    /// The turn that scheduled it.
-    created_by: String,
-}
-
-/// `GET /v1/tasks` answer.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub(super) struct TaskList {
-    /// Soonest first (at most 1000).
-    tasks: Vec<TaskView>,
 }
 
 pub(super) fn task_view(t: crate::store::TaskRow) -> TaskView {
