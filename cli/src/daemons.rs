@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use hako_shared::auth::AuthdClient;
+use hako_shared::chat::{Direction, MessageView};
 use hako_shared::runs::RunStreamEvent;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -217,17 +218,6 @@ impl Daemons {
         })
     }
 
-    /// A JSON call to routd.
-    pub async fn routd_json(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        token: &str,
-        body: Option<Value>,
-    ) -> anyhow::Result<Value> {
-        self.call(Daemon::Routd, method, path, token, body).await
-    }
-
     /// The chat's messages after `after` as they come (server-sent events), until `done`
     /// says so or `wait` passes; answers the message `done` accepted.
     pub async fn follow(
@@ -236,8 +226,8 @@ impl Daemons {
         after: i64,
         token: &str,
         wait: Duration,
-        mut done: impl FnMut(&Value) -> bool,
-    ) -> anyhow::Result<Value> {
+        mut done: impl FnMut(&MessageView) -> bool,
+    ) -> anyhow::Result<MessageView> {
         let url = format!(
             "{}/v1/chats/{}/events?after={after}",
             self.ep.routd,
@@ -253,8 +243,13 @@ impl Daemons {
                 .map_err(|_| anyhow!("no answer in {chat} within {}s", wait.as_secs()))?
                 .with_context(|| format!("routd's event stream of {chat} broke off"))?
                 .ok_or_else(|| anyhow!("routd closed the event stream of {chat}"))?;
-            if let Some(v) = events.feed(&chunk, chat)?.into_iter().find(|v| done(v)) {
-                return Ok(v);
+            for v in events.feed(&chunk, chat)? {
+                let m: MessageView = serde_json::from_value(v).with_context(|| {
+                    format!("routd sent a message of {chat} this hako does not read")
+                })?;
+                if done(&m) {
+                    return Ok(m);
+                }
             }
         }
     }
@@ -322,8 +317,8 @@ impl Daemons {
         after: i64,
         token: &str,
         wait: Duration,
-    ) -> anyhow::Result<Value> {
-        self.follow(chat, after, token, wait, |m| m["direction"] == "out")
+    ) -> anyhow::Result<MessageView> {
+        self.follow(chat, after, token, wait, |m| m.direction == Direction::Out)
             .await
     }
 }

@@ -5,9 +5,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use hako_shared::approvals::{ApprovalList, ApprovalView};
-use hako_shared::chat::{GroupList, RouteList, RouteView, TaskList, TurnList};
+use hako_shared::auth::wire::{MintRequest, MintResponse, RevokeResponse, ServiceTokenResponse};
+use hako_shared::chat::{
+    Direction, GroupConfig, GroupList, GroupView, MessageKind, MessagePage, Posted, RouteList,
+    RouteView, TaskList, TaskView, TurnList,
+};
 use hako_shared::contract::{BlockStatus, OutputBlock};
+use hako_shared::runs::LlmSpec;
 use hako_shared::runs::{RunList, RunStatus, RunStreamEvent, Trust};
+use hako_shared::web::WebSessionView;
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -78,15 +84,16 @@ pub struct SendArgs {
 pub async fn send(args: SendArgs) -> anyhow::Result<bool> {
     let d = args.ops.daemons()?;
     let token = d.operator_token().await?;
-    let posted = d
-        .routd_json(
-            reqwest::Method::POST,
+    let posted: Posted = d
+        .call(
+            Daemon::Routd,
+            Method::POST,
             "/v1/messages",
             &token,
             Some(json!({"chat_jid": args.chat, "sender": "operator", "content": args.text})),
         )
         .await?;
-    if posted["routed"] == false {
+    if !posted.routed {
         eprintln!(
             "hako send: no route takes {} yet; the message is kept and answered once one does \
              (`web:<folder>` reaches a group directly)",
@@ -94,10 +101,7 @@ pub async fn send(args: SendArgs) -> anyhow::Result<bool> {
         );
         return Ok(false);
     }
-    let seq = posted["seq"]
-        .as_i64()
-        .context("routd's answer has no seq")?;
-    let id = posted["id"].as_str().unwrap_or_default().to_owned();
+    let (seq, id) = (posted.seq, posted.id);
     let deadline = Instant::now() + args.wait;
     let mut after = seq;
     let mut replies = 0;
@@ -113,25 +117,22 @@ pub async fn send(args: SendArgs) -> anyhow::Result<bool> {
                 after,
                 &token,
                 left.min(Duration::from_secs(1)),
-                |m| m["direction"] == "out",
+                |m| m.direction == Direction::Out,
             )
             .await
         {
             Ok(m) => {
-                after = m["seq"].as_i64().unwrap_or(after);
+                after = m.seq;
                 replies += 1;
                 if args.ops.json {
-                    println!("{m}");
+                    print_json(&m);
                 } else {
-                    let who = if m["kind"] == "notice" {
+                    let who = if m.kind == MessageKind::Notice {
                         "hako"
                     } else {
                         "agent"
                     };
-                    println!(
-                        "{who}> {}",
-                        crate::terminal_safe(m["content"].as_str().unwrap_or(""))
-                    );
+                    println!("{who}> {}", crate::terminal_safe(&m.content));
                 }
             }
             Err(e) if e.to_string().starts_with("no answer in") => {
@@ -153,9 +154,10 @@ async fn message_state(
     id: &str,
     token: &str,
 ) -> anyhow::Result<String> {
-    let page = d
-        .routd_json(
-            reqwest::Method::GET,
+    let page: MessagePage = d
+        .call(
+            Daemon::Routd,
+            Method::GET,
             &format!(
                 "/v1/chats/{}/messages?after={}&limit=1",
                 encode(chat),
@@ -165,12 +167,11 @@ async fn message_state(
             None,
         )
         .await?;
-    Ok(page["messages"]
-        .as_array()
-        .and_then(|m| m.iter().find(|m| m["id"] == id))
-        .and_then(|m| m["state"].as_str())
-        .unwrap_or("pending")
-        .to_owned())
+    Ok(page
+        .messages
+        .into_iter()
+        .find(|m| m.id == id)
+        .map_or_else(|| "pending".to_owned(), |m| m.state))
 }
 
 /// Arguments of `hako status`.
@@ -418,6 +419,65 @@ pub async fn approvals(args: ApprovalsArgs) -> anyhow::Result<bool> {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn group_settings_are_read_as_routd_reads_them() {
+        use super::{SetFlags, group_config};
+        let none = || SetFlags {
+            name: None,
+            prompt: None,
+            model: None,
+            api: None,
+            daily_tokens: None,
+        };
+        let c = group_config("team/dev", None, none()).unwrap();
+        assert_eq!(c.name, "team/dev");
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("g.json");
+        std::fs::write(
+            &f,
+            r#"{"name": "Dev", "group": {"llm": {"model": "m1", "api": "openai"}}}"#,
+        )
+        .unwrap();
+        let c = group_config(
+            "team/dev",
+            Some(&f),
+            SetFlags {
+                daily_tokens: Some(9),
+                ..none()
+            },
+        )
+        .unwrap();
+        let llm = c.group.llm.unwrap();
+        assert_eq!((c.name.as_str(), llm.model.as_str()), ("Dev", "m1"));
+        assert_eq!((llm.api.as_str(), llm.daily_tokens), ("openai", Some(9)));
+        // A misspelt field is named before any call; so are flags that cannot stand alone.
+        std::fs::write(&f, r#"{"grnats": ["*"]}"#).unwrap();
+        let e = group_config("x", Some(&f), none()).unwrap_err();
+        assert!(format!("{e:#}").contains("grnats"), "{e:#}");
+        let e = group_config(
+            "x",
+            None,
+            SetFlags {
+                api: Some("openai".into()),
+                ..none()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("--model"), "{e}");
+        let e = group_config(
+            "x",
+            None,
+            SetFlags {
+                api: Some("gopher".into()),
+                ..none()
+            },
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("anthropic or openai"), "{e}");
+        std::fs::write(&f, "[1]").unwrap();
+        assert!(group_config("x", Some(&f), none()).is_err());
+    }
+
+    #[test]
     fn samples() {
         let t = "# HELP x\nrunend_x 9\nrunend 3\nrunend{a=\"b\"} 4\nrunend_y 1\n";
         assert_eq!(super::sample(t, "runend"), Some(3.0));
@@ -430,16 +490,12 @@ mod tests {
 // runs, groups, routes, tokens
 
 /// Prints `v` as JSON (`--json`) or calls `human`.
-fn emit(json: bool, v: &Value, human: impl FnOnce(&Value)) {
+fn emit<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce(&T)) {
     if json {
-        println!("{v}");
+        print_json(v);
     } else {
         human(v);
     }
-}
-
-fn s<'a>(v: &'a Value, k: &str) -> &'a str {
-    v[k].as_str().unwrap_or("-")
 }
 
 /// `hako runs …`.
@@ -696,16 +752,17 @@ pub async fn groups(args: GroupsArgs) -> anyhow::Result<bool> {
             }
         }
         GroupsCommand::Show { folder } => {
-            let v = d
-                .routd_json(
-                    reqwest::Method::GET,
+            let g: GroupView = d
+                .call(
+                    Daemon::Routd,
+                    Method::GET,
                     &format!("/v1/groups/{}", encode(&folder)),
                     &token,
                     None,
                 )
                 .await?;
-            emit(json, &v, |v| {
-                println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+            emit(json, &g, |g| {
+                println!("{}", serde_json::to_string_pretty(g).unwrap_or_default());
             });
         }
         GroupsCommand::Set {
@@ -717,70 +774,114 @@ pub async fn groups(args: GroupsArgs) -> anyhow::Result<bool> {
             api,
             daily_tokens,
         } => {
-            let mut body = match &file {
-                Some(f) => {
-                    let text = std::fs::read_to_string(f)
-                        .with_context(|| format!("cannot read {}", f.display()))?;
-                    serde_json::from_str::<Value>(&text)
-                        .with_context(|| format!("{} is not JSON", f.display()))?
-                }
-                None => json!({}),
-            };
-            anyhow::ensure!(
-                body.is_object(),
-                "the settings file must hold a JSON object"
-            );
-            if let Some(n) = name {
-                body["name"] = json!(n);
-            }
-            if body.get("name").is_none() {
-                body["name"] = json!(folder);
-            }
-            if let Some(p) = prompt {
-                body["system_prompt"] = json!(p);
-            }
-            if model.is_some() || api.is_some() || daily_tokens.is_some() {
-                if !body["group"].is_object() {
-                    body["group"] = json!({});
-                }
-                let mut llm = body["group"]["llm"].clone();
-                if !llm.is_object() {
-                    llm = json!({});
-                }
-                if let Some(m) = model {
-                    llm["model"] = json!(m);
-                }
-                if let Some(a) = api {
-                    llm["api"] = json!(a);
-                }
-                if let Some(t) = daily_tokens {
-                    llm["daily_tokens"] = json!(t);
-                }
-                body["group"]["llm"] = llm;
-            }
-            let v = d
-                .routd_json(
-                    reqwest::Method::PUT,
+            let cfg = group_config(
+                &folder,
+                file.as_deref(),
+                SetFlags {
+                    name,
+                    prompt,
+                    model,
+                    api,
+                    daily_tokens,
+                },
+            )?;
+            let g: GroupView = d
+                .call(
+                    Daemon::Routd,
+                    Method::PUT,
                     &format!("/v1/groups/{}", encode(&folder)),
                     &token,
-                    Some(body),
+                    Some(serde_json::to_value(&cfg)?),
                 )
                 .await?;
-            emit(json, &v, |v| println!("group {} set", s(v, "folder")));
+            emit(json, &g, |g| println!("group {} set", g.folder));
         }
         GroupsCommand::Rm { folder } => {
-            let v = d
-                .routd_json(
-                    reqwest::Method::DELETE,
+            let () = d
+                .call(
+                    Daemon::Routd,
+                    Method::DELETE,
                     &format!("/v1/groups/{}", encode(&folder)),
                     &token,
                     None,
                 )
                 .await?;
-            emit(json, &v, |_| println!("group {folder} removed"));
+            let removed = json!({"folder": folder, "removed": true});
+            emit(json, &removed, |_| println!("group {folder} removed"));
         }
     }
     Ok(true)
+}
+
+/// The flags of `hako groups set`, over its settings file.
+struct SetFlags {
+    name: Option<String>,
+    prompt: Option<String>,
+    model: Option<String>,
+    api: Option<String>,
+    daily_tokens: Option<u64>,
+}
+
+/// The group's settings: `file` (a JSON object, its name defaulting to the folder) with the
+/// flags over it. Read here as routd reads it, so a wrong field is named before any call.
+fn group_config(
+    folder: &str,
+    file: Option<&std::path::Path>,
+    flags: SetFlags,
+) -> anyhow::Result<GroupConfig> {
+    let mut body = match file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("cannot read {}", f.display()))?;
+            serde_json::from_str::<Value>(&text)
+                .with_context(|| format!("{} is not JSON", f.display()))?
+        }
+        None => json!({}),
+    };
+    let Some(obj) = body.as_object_mut() else {
+        anyhow::bail!("the settings file must hold a JSON object");
+    };
+    obj.entry("name").or_insert_with(|| json!(folder));
+    let what = file.map_or_else(|| "the flags".to_owned(), |f| f.display().to_string());
+    let mut cfg: GroupConfig =
+        serde_json::from_value(body).with_context(|| format!("{what}: not a group's settings"))?;
+    if let Some(n) = flags.name {
+        cfg.name = n;
+    }
+    if let Some(p) = flags.prompt {
+        cfg.system_prompt = p;
+    }
+    let api = flags
+        .api
+        .map(|a| {
+            serde_json::from_value(json!(a))
+                .map_err(|_| anyhow::anyhow!("--api {a}: anthropic or openai"))
+        })
+        .transpose()?;
+    if flags.model.is_some() || api.is_some() || flags.daily_tokens.is_some() {
+        let llm = match (cfg.group.llm.take(), flags.model) {
+            (Some(mut l), m) => {
+                if let Some(m) = m {
+                    l.model = m;
+                }
+                l
+            }
+            (None, Some(model)) => LlmSpec {
+                model,
+                api: Default::default(),
+                daily_tokens: None,
+            },
+            (None, None) => anyhow::bail!(
+                "--api and --daily-tokens set the group's model: name it with --model"
+            ),
+        };
+        cfg.group.llm = Some(LlmSpec {
+            api: api.unwrap_or(llm.api),
+            daily_tokens: flags.daily_tokens.or(llm.daily_tokens),
+            ..llm
+        });
+    }
+    Ok(cfg)
 }
 
 /// `hako routes …`.
@@ -864,15 +965,18 @@ pub async fn routes(args: RoutesArgs) -> anyhow::Result<bool> {
             }
         }
         RoutesCommand::Rm { id } => {
-            let v = d
-                .routd_json(
-                    reqwest::Method::DELETE,
+            let r: RouteView = d
+                .call(
+                    Daemon::Routd,
+                    Method::DELETE,
                     &format!("/v1/routes/{id}"),
                     &token,
                     None,
                 )
                 .await?;
-            emit(json, &v, |_| println!("route {id} removed"));
+            emit(json, &r, |r| {
+                println!("route {id} removed: {} -> {}", r.pattern, r.folder);
+            });
         }
     }
     Ok(true)
@@ -944,15 +1048,16 @@ pub async fn tasks(args: TasksArgs) -> anyhow::Result<bool> {
             }
         }
         TasksCommand::Cancel { id } => {
-            let v = d
-                .routd_json(
-                    reqwest::Method::DELETE,
+            let t: TaskView = d
+                .call(
+                    Daemon::Routd,
+                    Method::DELETE,
                     &format!("/v1/tasks/{}", encode(&id)),
                     &token,
                     None,
                 )
                 .await?;
-            emit(json, &v, |v| println!("task {id}: {}", s(v, "state")));
+            emit(json, &t, |t| println!("task {id}: {}", t.state));
         }
     }
     Ok(true)
@@ -1010,8 +1115,12 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
     let json = args.ops.json;
     match args.command {
         TokenCommand::Service { daemon } => {
-            let v = if daemon == "operator" {
-                json!({"token": d.operator_token().await?, "daemon": "operator"})
+            if daemon == "operator" {
+                // The operator's token may be `HAKO_TOKEN` as it is: nothing more is known.
+                let t = json!({"token": d.operator_token().await?, "daemon": "operator"});
+                emit(json, &t, |t| {
+                    println!("{}", t["token"].as_str().unwrap_or(""))
+                });
             } else {
                 let file =
                     d.ep.operator_key
@@ -1022,13 +1131,12 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
                     .with_context(|| format!("cannot read {daemon}'s key {}", file.display()))?;
                 let client = hako_shared::auth::AuthdClient::new(&d.ep.authd)
                     .map_err(|e| anyhow::anyhow!("authd at {}: {e}", d.ep.authd))?;
-                let t = client
+                let t: ServiceTokenResponse = client
                     .service_token(&daemon, key.trim())
                     .await
                     .map_err(|e| anyhow::anyhow!("authd at {}: {e}", d.ep.authd))?;
-                serde_json::to_value(&t)?
-            };
-            emit(json, &v, |v| println!("{}", s(v, "token")));
+                emit(json, &t, |t| println!("{}", t.token));
+            }
         }
         TokenCommand::Mint {
             scopes,
@@ -1036,16 +1144,22 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
             ttl,
         } => {
             let token = d.operator_token().await?;
-            let v: Value = d
+            let ask = MintRequest {
+                scope: scopes,
+                folder,
+                ttl_seconds: Some(ttl.as_secs()),
+                ..MintRequest::default()
+            };
+            let t: MintResponse = d
                 .call(
                     Daemon::Authd,
-                    reqwest::Method::POST,
+                    Method::POST,
                     "/v1/tokens",
                     &token,
-                    Some(json!({"scope": scopes, "folder": folder, "ttl_seconds": ttl.as_secs()})),
+                    Some(serde_json::to_value(&ask)?),
                 )
                 .await?;
-            emit(json, &v, |v| println!("{}", s(v, "token")));
+            emit(json, &t, |t| println!("{}", t.token));
         }
         TokenCommand::Revoke { jti } => {
             let token = d.operator_token().await?;
@@ -1057,7 +1171,7 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
             // which outlives it.
             let path = format!("/v1/tokens/{}", encode(&jti));
             let at_authd = match d
-                .call::<Value>(Daemon::Authd, reqwest::Method::DELETE, &path, &token, None)
+                .call::<RevokeResponse>(Daemon::Authd, Method::DELETE, &path, &token, None)
                 .await
             {
                 Ok(v) => Some(v),
@@ -1066,7 +1180,7 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
             };
             let path = format!("/v1/web-sessions/{}", encode(&jti));
             let session = match d
-                .routd_json(reqwest::Method::DELETE, &path, &token, None)
+                .call::<WebSessionView>(Daemon::Routd, Method::DELETE, &path, &token, None)
                 .await
             {
                 Ok(v) => Some(v),
@@ -1079,11 +1193,15 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
                 );
             }
             let v = json!({"jti": jti, "token": at_authd, "web_session": session});
-            emit(json, &v, |v| {
-                if !v["token"].is_null() {
-                    println!("revoked {jti} at authd");
+            emit(json, &v, |_| {
+                if let Some(r) = &at_authd {
+                    println!(
+                        "revoked {jti} at authd ({} token{} with the ones minted from it)",
+                        r.revoked.len(),
+                        if r.revoked.len() == 1 { "" } else { "s" }
+                    );
                 }
-                if !v["web_session"].is_null() {
+                if session.is_some() {
                     println!("ended the web session of {jti}");
                 }
             });

@@ -18,9 +18,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use hako_deploy::progress::Progress;
 use hako_deploy::{AGENT, AUTHD, EGRESS, Pipeline, ROUTD, RUNED};
+use hako_shared::chat::{GroupView, Posted};
 use serde_json::json;
 
-use crate::daemons::{Daemons, Endpoints};
+use crate::daemons::{Daemon, Daemons, Endpoints};
 
 /// The daemons that get a service key, and who uses it.
 const KEYED: &[&str] = &["runed", "routd", "operator", "channel"];
@@ -397,24 +398,28 @@ pub async fn up(s: &StackArgs) -> anyhow::Result<Endpoints> {
 pub async fn demo(ep: &Endpoints, text: &str) -> anyhow::Result<String> {
     let d = Daemons::new(ep)?;
     let token = d.operator_token().await?;
-    d.routd_json(
-        reqwest::Method::PUT,
-        "/v1/groups/demo",
-        &token,
-        Some(json!({"name": "demo", "system_prompt": "The demo group of `hako up`."})),
-    )
-    .await?;
-    let posted = d
-        .routd_json(
+    let _: GroupView = d
+        .call(
+            Daemon::Routd,
+            reqwest::Method::PUT,
+            "/v1/groups/demo",
+            &token,
+            Some(json!({"name": "demo", "system_prompt": "The demo group of `hako up`."})),
+        )
+        .await?;
+    let posted: Posted = d
+        .call(
+            Daemon::Routd,
             reqwest::Method::POST,
             "/v1/messages",
             &token,
             Some(json!({"chat_jid": "web:demo", "sender": "hako-up", "content": text})),
         )
         .await?;
-    let seq = posted["seq"].as_i64().unwrap_or(0);
-    let reply = d.first_reply("web:demo", seq, &token, REPLY_WAIT).await?;
-    Ok(reply["content"].as_str().unwrap_or("").to_owned())
+    let reply = d
+        .first_reply("web:demo", posted.seq, &token, REPLY_WAIT)
+        .await?;
+    Ok(reply.content)
 }
 
 /// `hako up`.

@@ -3,9 +3,12 @@
 use std::time::Duration;
 
 use anyhow::bail;
-use hako_shared::auth::scopes;
+use hako_shared::auth::wire::{MintRequest, MintResponse};
+use hako_shared::auth::{TokenType, scopes};
+use hako_shared::web::WebSessionList;
 use serde_json::json;
 
+use crate::daemons::Daemon;
 use crate::ops::OpsArgs;
 
 /// The scopes a page session needs: read and write chats, read groups and turns, see and
@@ -59,30 +62,32 @@ pub async fn web(args: WebArgs) -> anyhow::Result<bool> {
     }
     let d = args.ops.daemons()?;
     let token = d.operator_token().await?;
-    let v: serde_json::Value = d
+    let ask = MintRequest {
+        scope: WEB_SCOPES.iter().map(|s| (*s).to_owned()).collect(),
+        folder: args.folder.clone(),
+        ttl_seconds: Some(args.ttl.as_secs()),
+        typ: Some(TokenType::User),
+        ..MintRequest::default()
+    };
+    let t: MintResponse = d
         .call(
-            crate::daemons::Daemon::Authd,
+            Daemon::Authd,
             reqwest::Method::POST,
             "/v1/tokens",
             &token,
-            Some(json!({
-                "scope": WEB_SCOPES,
-                "folder": args.folder,
-                "ttl_seconds": args.ttl.as_secs(),
-                "typ": "user",
-            })),
+            Some(serde_json::to_value(&ask)?),
         )
         .await?;
     let link = format!(
         "{}/web/signin#{}",
         d.ep.routd.trim_end_matches('/'),
-        v["token"].as_str().unwrap_or_default()
+        t.token
     );
-    let jti = v["jti"].as_str().unwrap_or_default();
+    let jti = &t.jti;
     if args.ops.json {
         println!(
             "{}",
-            json!({"url": link, "jti": jti, "expires_at": v["expires_at"], "folder": args.folder})
+            json!({"url": link, "jti": jti, "expires_at": t.expires_at, "folder": args.folder})
         );
     } else {
         println!("{link}");
@@ -103,27 +108,31 @@ pub async fn web(args: WebArgs) -> anyhow::Result<bool> {
 async fn list(args: &WebArgs) -> anyhow::Result<bool> {
     let d = args.ops.daemons()?;
     let token = d.operator_token().await?;
-    let v = d
-        .routd_json(reqwest::Method::GET, "/v1/web-sessions", &token, None)
+    let list: WebSessionList = d
+        .call(
+            Daemon::Routd,
+            reqwest::Method::GET,
+            "/v1/web-sessions",
+            &token,
+            None,
+        )
         .await?;
     if args.ops.json {
-        println!("{v}");
+        println!("{}", serde_json::to_string(&list)?);
         return Ok(true);
     }
-    let sessions = v["sessions"].as_array().cloned().unwrap_or_default();
+    let sessions = list.sessions;
     if sessions.is_empty() {
         println!("no live web session");
     }
     let now = hako_shared::time::unix_millis(std::time::SystemTime::now());
     for s in &sessions {
-        let left = s["expires_at"]
-            .as_i64()
-            .map_or(0, |e| (e - now).max(0) / 60_000);
+        let left = (s.expires_at - now).max(0) / 60_000;
         println!(
             "{:<28} {:<10} folder {:<16} {left} min left",
-            s["link_jti"].as_str().unwrap_or("?"),
-            s["subject"].as_str().unwrap_or("?"),
-            s["folder"].as_str().unwrap_or("(all)"),
+            s.link_jti,
+            s.subject,
+            s.folder.as_deref().unwrap_or("(all)"),
         );
     }
     if !sessions.is_empty() {

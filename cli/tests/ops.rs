@@ -220,7 +220,11 @@ async fn every_operator_command_against_real_daemons() {
             && l.ends_with("team/dev")),
         "{out}"
     );
-    d.json(&["routes", "rm", &id.to_string()]);
+    // The answer is the rule removed, read as routd's own type.
+    assert_eq!(
+        d.json(&["routes", "rm", &id.to_string()])["pattern"],
+        "tg:*"
+    );
     assert!(
         d.json(&["routes", "list"])["routes"]
             .as_array()

@@ -8,8 +8,9 @@
 use std::time::Duration;
 
 use bollard::query_parameters::{ListContainersOptionsBuilder, RestartContainerOptionsBuilder};
-use hako_cli::daemons::{Daemons, Endpoints};
+use hako_cli::daemons::{Daemon, Daemons, Endpoints};
 use hako_cli::stack::{self, StackArgs};
+use hako_shared::chat::Posted;
 use hako_shared::testing::eventually;
 use serde_json::{Value, json};
 
@@ -99,7 +100,10 @@ async fn restart(project: &str, service: &str) {
 /// fails the test at once. On a loaded 2-core CI machine the stack's containers have stalled
 /// past one call's 15 s.
 async fn routd_get(d: &Daemons, path: &str, token: &str) -> Result<Value, String> {
-    match d.routd_json(reqwest::Method::GET, path, token, None).await {
+    match d
+        .call(Daemon::Routd, reqwest::Method::GET, path, token, None)
+        .await
+    {
         Ok(v) => Ok(v),
         Err(e) if e.downcast_ref::<hako_cli::daemons::Refused>().is_none() => {
             eprintln!("routd GET {path}: {e}; trying again");
@@ -291,15 +295,17 @@ async fn the_stack_answers_survives_restarts_and_never_answers_twice() {
     // runed restarted mid-turn: the run is re-adopted and answers exactly once.
     let chat = "web:demo";
     wait_idle(&d, &token, "demo").await;
-    d.routd_json(
-        reqwest::Method::POST,
-        "/v1/messages",
-        &token,
-        Some(json!({"id": "slow-1", "chat_jid": chat, "sender": "t",
-            "content": "/sleep 4\nafter the runed restart"})),
-    )
-    .await
-    .unwrap();
+    let _: Posted = d
+        .call(
+            Daemon::Routd,
+            reqwest::Method::POST,
+            "/v1/messages",
+            &token,
+            Some(json!({"id": "slow-1", "chat_jid": chat, "sender": "t",
+                "content": "/sleep 4\nafter the runed restart"})),
+        )
+        .await
+        .unwrap();
     let turn = running_turn(&d, &token, "demo", "slow-1").await;
     restart(&args.project, "runed").await;
     let done = turn_done(&d, &token, turn["turn_id"].as_str().unwrap()).await;

@@ -39,6 +39,7 @@ pub mod testing;
 pub mod time;
 #[cfg(feature = "server")]
 pub mod watchers;
+pub mod web;
 
 pub use folder::GroupFolder;
 

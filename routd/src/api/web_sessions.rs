@@ -6,29 +6,12 @@ use axum::Json;
 use axum::extract::{Path, State};
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::http::ErrorBody;
-use serde::Serialize;
+use hako_shared::web::{WebSessionList, WebSessionView};
 
 use super::{AppState, audit_row};
 use crate::error::ApiFailure;
 use crate::now_ms;
 use crate::store::WebSession;
-
-/// A browser session (never its cookie or its CSRF token).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub(super) struct WebSessionView {
-    /// The id of the sign-in link's token: what ends the session.
-    link_jti: String,
-    /// Who it acts for.
-    subject: String,
-    /// The folder it is bound to; none: every folder.
-    folder: Option<String>,
-    /// Its scopes.
-    scopes: Vec<String>,
-    /// Unix ms.
-    created_at: i64,
-    /// Unix ms.
-    expires_at: i64,
-}
 
 impl From<WebSession> for WebSessionView {
     fn from(s: WebSession) -> Self {
@@ -41,13 +24,6 @@ impl From<WebSession> for WebSessionView {
             expires_at: s.expires_at,
         }
     }
-}
-
-/// `GET /v1/web-sessions` answer.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub(super) struct WebSessionList {
-    /// Live sessions, newest first.
-    sessions: Vec<WebSessionView>,
 }
 
 /// Whether `who` reaches a session: its folder, or, for an unbound session, unbound callers.
