@@ -965,7 +965,7 @@ async fn audit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Finish, Store};
+    use crate::store::{EndRow, Store};
     use hako_shared::contract::{BlockStatus, OutputBlock};
     use hako_shared::runs::Outcome;
 
@@ -1041,7 +1041,7 @@ mod tests {
                 block: Some(block(i)),
             }));
         }
-        let f = Finish {
+        let f = EndRow {
             state: RunState::Exited,
             outcome: Outcome::Ok,
             exit_code: Some(0),
@@ -1053,7 +1053,7 @@ mod tests {
         };
         assert!(
             store
-                .finish(
+                .end_run(
                     &hako_shared::ids::RunId::new("r").unwrap(),
                     &[RunState::Running],
                     f

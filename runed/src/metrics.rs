@@ -172,8 +172,8 @@ impl DaemonMetrics {
         }
     }
 
-    /// Counts a finished run.
-    pub fn finished(&self, outcome: Outcome) {
+    /// Counts a run that ended.
+    pub fn ended(&self, outcome: Outcome) {
         if let Some((_, c)) = self.spawns.iter().find(|(o, _)| *o == outcome) {
             c.inc();
         }

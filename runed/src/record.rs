@@ -14,7 +14,7 @@ use hako_shared::time::unix_millis;
 use tokio::sync::mpsc;
 
 use crate::state::{Event, INLINE_BLOCK, Shared};
-use crate::store::Finish;
+use crate::store::EndRow;
 use hako_runner::{FollowUpFate, RunEvent, RunReport};
 
 /// Moves a run's events into the store and out to subscribers.
@@ -81,7 +81,7 @@ pub(crate) async fn finalize(
     {
         sh.metrics.duration.observe(d.as_secs_f64());
     }
-    let f = Finish {
+    let f = EndRow {
         state: r.state,
         outcome: r.outcome,
         exit_code: r.exit_code,
@@ -105,11 +105,11 @@ pub(crate) async fn finalize(
     let from = [RunState::Starting, RunState::Running];
     match sh
         .store
-        .finish_run(run_id, &from, f, r.blocks.clone(), r.log.clone(), session)
+        .record_end(run_id, &from, f, r.blocks.clone(), r.log.clone(), session)
         .await
     {
         Ok(true) => {
-            sh.metrics.finished(r.outcome);
+            sh.metrics.ended(r.outcome);
             sh.emit(Event::State {
                 run_id: run_id.to_owned(),
                 state: r.state,
@@ -138,7 +138,7 @@ pub(crate) async fn end_without_container(
     outcome: Outcome,
     error: Option<String>,
 ) {
-    let f = Finish {
+    let f = EndRow {
         state,
         outcome,
         exit_code: None,
@@ -152,9 +152,9 @@ pub(crate) async fn end_without_container(
         settle_steers(sh, run_id, &row.folder).await;
     }
     let from = [RunState::Queued, RunState::Starting, RunState::Running];
-    match sh.store.finish(run_id, &from, f).await {
+    match sh.store.end_run(run_id, &from, f).await {
         Ok(true) => {
-            sh.metrics.finished(outcome);
+            sh.metrics.ended(outcome);
             sh.emit(Event::State {
                 run_id: run_id.to_owned(),
                 state,

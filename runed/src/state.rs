@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::metrics::DaemonMetrics;
 use crate::queue::{Entry, FairQueue, Kind};
-use crate::store::{Finish, Store};
+use crate::store::{EndRow, Store};
 use crate::tokens::Broker;
 use hako_runner::{CloseWhen, LiveRun, RunControl, Runner};
 
@@ -289,7 +289,7 @@ impl Shared {
         };
         self.gauges();
         let now = unix_millis(SystemTime::now());
-        let f = Finish {
+        let f = EndRow {
             state: RunState::Killed,
             outcome: Outcome::Killed,
             exit_code: None,
@@ -299,9 +299,9 @@ impl Shared {
             started_at: None,
             ended_at: now,
         };
-        match self.store.finish(run_id, &[RunState::Queued], f).await {
+        match self.store.end_run(run_id, &[RunState::Queued], f).await {
             Ok(true) => {
-                self.metrics.finished(Outcome::Killed);
+                self.metrics.ended(Outcome::Killed);
                 self.emit(Event::State {
                     run_id: run_id.to_owned(),
                     state: RunState::Killed,

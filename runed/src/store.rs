@@ -187,7 +187,7 @@ pub struct SpawnRow {
 
 /// How a terminal transition is recorded.
 #[derive(Debug, Clone)]
-pub struct Finish {
+pub struct EndRow {
     /// Final state.
     pub state: RunState,
     /// Outcome.
@@ -475,11 +475,11 @@ impl Store {
 
     /// Ends a run that is in one of `from`; `false` when it already ended (or never started
     /// and `from` excludes `queued`).
-    pub async fn finish(
+    pub async fn end_run(
         &self,
         run_id: &RunId,
         from: &[RunState],
-        f: Finish,
+        f: EndRow,
     ) -> Result<bool, DbError> {
         let id = run_id.to_owned();
         let sql = format!(
@@ -511,11 +511,11 @@ impl Store {
     /// Records a run's end in one transaction: the blocks the event stream may have missed,
     /// the guarded terminal transition, and (only if that transition happened) the run log
     /// and the session row. `false`: the run had already ended (or was not in `from`).
-    pub async fn finish_run(
+    pub async fn record_end(
         &self,
         run_id: &RunId,
         from: &[RunState],
-        f: Finish,
+        f: EndRow,
         blocks: Vec<OutputBlock>,
         log: String,
         session: SessionEntry,
@@ -993,7 +993,7 @@ mod tests {
         other.folder = "b".into();
         assert_eq!(s.insert(other).await.unwrap(), Inserted::New);
         // A kill of a queued run wins; the start that comes after it changes nothing.
-        let killed = Finish {
+        let killed = EndRow {
             state: RunState::Killed,
             outcome: Outcome::Killed,
             exit_code: None,
@@ -1004,7 +1004,7 @@ mod tests {
             ended_at: 5,
         };
         assert!(
-            s.finish(&rid("r1"), &[RunState::Queued], killed.clone())
+            s.end_run(&rid("r1"), &[RunState::Queued], killed.clone())
                 .await
                 .unwrap()
         );
@@ -1014,7 +1014,7 @@ mod tests {
                 .unwrap()
         );
         assert!(
-            !s.finish(&rid("r1"), &[RunState::Queued], killed)
+            !s.end_run(&rid("r1"), &[RunState::Queued], killed)
                 .await
                 .unwrap()
         );

@@ -134,7 +134,7 @@ async fn a_racing_parent_never_redirects_its_childrens_mounts() {
     }
     assert!(swapped > 10_000, "the parent kept swapping ({swapped})");
     parent.control.kill.cancel();
-    let (r, _) = parent.finish().await;
+    let (r, _) = parent.end().await;
     assert_eq!(r.state, RunState::Killed);
     // Nothing landed with the victim or the host; every mark is in its child's own dirs.
     let names = |d: &std::path::Path| -> Vec<String> {
@@ -200,7 +200,7 @@ async fn sub_folders_named_like_host_dirs_alias_nothing() {
     assert!(steer.delivered);
     assert_eq!(parent.block().await.1, "second");
     rig.runner.close(&parent.live).await.unwrap();
-    let (r, _) = parent.finish().await;
+    let (r, _) = parent.end().await;
     let text = all_text(&r);
     assert!(
         !text.contains("injected") && !text.contains(".json"),
@@ -232,7 +232,7 @@ async fn sub_folders_named_like_host_dirs_alias_nothing() {
         "the sidecar's own socket is what counts: {r:?}"
     );
     planter.control.kill.cancel();
-    planter.finish().await;
+    planter.end().await;
 }
 
 /// Item 3: trees an agent leaves in the follow-up drop and the sidecar socket directory
@@ -271,7 +271,7 @@ async fn deep_trees_left_by_an_agent_neither_crash_nor_jam() {
         "ls /workspace/ipc/input: []\nls /var/run/pub/arizuko/sidecars: []"
     );
     rig.runner.close(&run.live).await.unwrap();
-    let (r, _) = run.finish().await;
+    let (r, _) = run.end().await;
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     let reaped = rig.runner.reap_trash().await.unwrap();
     let trash = rig.data().join("trash");

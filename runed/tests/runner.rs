@@ -192,7 +192,7 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
 
     let (_, reply) = run.block().await;
     rig.runner.close(&run.live).await.unwrap();
-    let (r, _) = run.finish().await;
+    let (r, _) = run.end().await;
     assert_eq!(
         (r.state, r.outcome),
         (RunState::Exited, Outcome::Ok),
@@ -290,7 +290,7 @@ async fn main_group_mounts_and_env_isolation() {
     assert!(!m.contains_key("/workspace/global"));
     run.block().await;
     rig.runner.close(&run.live).await.unwrap();
-    let (r, _) = run.finish().await;
+    let (r, _) = run.end().await;
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert!(
         r.log.contains("_close: finishing"),
@@ -345,7 +345,7 @@ async fn secrets_never_leave_stdin() {
     );
     run.block().await;
     rig.runner.close(&run.live).await.unwrap();
-    let (r, _) = run.finish().await;
+    let (r, _) = run.end().await;
     assert_eq!(r.outcome, Outcome::Ok, "{r:?}");
     assert_eq!(line(&r, "secrets:"), r#"secrets: ["ANTHROPIC_API_KEY"]"#);
     assert!(!line(&r, "env:").contains("ANTHROPIC"));
@@ -396,7 +396,7 @@ async fn blocks_stream_in_order_before_the_run_ends() {
         reply.starts_with("emitted 3 blocks\nslept 1.5 s\ndone"),
         "{reply}"
     );
-    let (r, _) = run.finish().await;
+    let (r, _) = run.end().await;
     // The agent slept 1.5 s after its three blocks: they came that much before the end.
     assert!(
         third.elapsed() >= Duration::from_millis(1400),
@@ -523,7 +523,7 @@ async fn timeout_after_output_is_a_success() {
     let id = run.started().await;
     assert_eq!(run.block().await.1, "block 1/1");
     rig.docker.pause_container(&id).await.unwrap();
-    let (r, _) = run.finish().await;
+    let (r, _) = run.end().await;
     assert_eq!(
         (r.state, r.outcome, r.terminal),
         (RunState::TimedOut, Outcome::Ok, false),
@@ -541,7 +541,7 @@ async fn kill_mid_run() {
     run.block().await;
     let t0 = Instant::now();
     run.control.kill.cancel();
-    let (r, _) = run.finish().await;
+    let (r, _) = run.end().await;
     assert!(
         t0.elapsed() < Duration::from_secs(4),
         "waited for the grace: {:?}",
@@ -566,7 +566,7 @@ async fn sigterm_ignored_kill_follows_the_grace() {
     run.block().await;
     let t0 = Instant::now();
     run.control.kill.cancel();
-    let (r, _) = run.finish().await;
+    let (r, _) = run.end().await;
     let took = t0.elapsed();
     assert!(
         took >= Duration::from_secs(2) && took < Duration::from_secs(10),
@@ -597,7 +597,7 @@ async fn exit_codes_decide_the_outcome() {
         .map(|(i, (p, ..))| rig.start(rig.spec(&format!("g{i}"), p)))
         .collect();
     for (run, (prompt, outcome, terminal, code)) in runs.into_iter().zip(cases) {
-        let (r, _) = run.finish().await;
+        let (r, _) = run.end().await;
         assert_eq!(
             (r.outcome, r.terminal, r.exit_code),
             (*outcome, *terminal, *code),
@@ -707,7 +707,7 @@ async fn sidecar_lives_exactly_as_long_as_the_agent() {
             );
             rig.runner.close(&run.live).await.unwrap();
         }
-        let (r, _) = run.finish().await;
+        let (r, _) = run.end().await;
         assert_eq!(r.outcome, outcome, "{prompt}: {r:?}");
         assert!(rig.gone(&sc_id).await, "sidecar removed after {prompt}");
         assert!(rig.containers().await.is_empty());
@@ -899,7 +899,7 @@ async fn mount_allowlist_on_real_runs() {
     );
     run.block().await;
     rig.runner.close(&run.live).await.unwrap();
-    let (r, _) = run.finish().await;
+    let (r, _) = run.end().await;
     assert!(
         line(&r, "write /workspace/extra/app/x.txt").contains("error"),
         "{r:?}"
@@ -1013,7 +1013,7 @@ async fn host_data_dir_translates_bind_sources() {
     );
     run.block().await;
     rig.runner.close(&run.live).await.unwrap();
-    assert_eq!(run.finish().await.0.outcome, Outcome::Ok);
+    assert_eq!(run.end().await.0.outcome, Outcome::Ok);
 }
 
 /// EnsureRunning names the socket when the daemon does not answer.
@@ -1095,7 +1095,7 @@ async fn steer_is_delivered_exactly_once() {
     assert_eq!(run.block().await, (1, "second".to_owned()));
     rig.runner.close(&run.live).await.unwrap();
     let live = run.live.clone();
-    let (r, _) = run.finish().await;
+    let (r, _) = run.end().await;
     assert_eq!(results(&r), vec!["first", "second"]);
     assert!(rig.runner.steer(&live, &["late".into()]).await.is_err());
     let input = rig.data().join("folders/acme/input");
@@ -1136,7 +1136,7 @@ async fn group_overrides_reach_the_container() {
     );
     run.block().await;
     rig.runner.close(&run.live).await.unwrap();
-    assert_eq!(run.finish().await.0.outcome, Outcome::Ok);
+    assert_eq!(run.end().await.0.outcome, Outcome::Ok);
 
     let mut spec = rig.spec("acme", "hi");
     spec.group.network = Network::Allowlist;

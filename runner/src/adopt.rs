@@ -48,7 +48,7 @@ impl Runner {
                     error: format!("re-adoption: {e}"),
                     terminal,
                 };
-                return self.finish(st, ending, &live).await;
+                return self.conclude(st, ending, &live).await;
             }
         };
         let running = info.state.as_ref().and_then(|s| s.running).unwrap_or(false);
@@ -86,7 +86,7 @@ impl Runner {
         );
         match supervisor.run().await {
             None => RunEnd::Detached,
-            Some(ending) => self.finish(st, ending, &live).await,
+            Some(ending) => self.conclude(st, ending, &live).await,
         }
     }
 }

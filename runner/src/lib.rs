@@ -9,8 +9,8 @@
 //! | start the sidecars; create, attach and start the agent; write its input line | `launch` |
 //! | follow it to its end: output, the ceiling, kill, detach, idle close (a state machine) | `supervise` |
 //! | keep what it said within the caps; render its log | `output` |
-//! | decide the outcome, write the log, report; remove the containers afterwards | `finish` (`outcome`) |
-//! | steer it and tell it to finish while it runs | `steer` |
+//! | decide the outcome, write the log, report; remove the containers afterwards | `conclude` (`outcome`) |
+//! | steer it and ask it to close while it runs | `steer` |
 //! | supervise a container again after a restart | `adopt` |
 //! | keep a folder's next box started, blocked before its input | `warm` |
 //!
@@ -21,10 +21,10 @@
 #![warn(missing_docs)]
 
 mod adopt;
+mod conclude;
 pub mod config;
 pub mod docker;
 pub mod engine;
-mod finish;
 mod launch;
 pub mod mounts;
 pub mod mountsec;
@@ -125,7 +125,7 @@ impl RunError {
     }
 }
 
-/// When the agent is told to finish (`_close`).
+/// When the agent is asked to close (`_close`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CloseWhen {
     /// After its output has been idle this long.
@@ -573,7 +573,7 @@ impl Runner {
         st.sidecars = !spec.group.sidecars.is_empty();
         let ceiling = self.cfg.ceiling(spec.group.timeout.map(|t| t.0));
         if control.kill.is_cancelled() {
-            return self.finish(st, Ending::Killed(None), &live).await;
+            return self.conclude(st, Ending::Killed(None), &live).await;
         }
         let Launched {
             id,
@@ -582,7 +582,7 @@ impl Runner {
             start,
         } = match self.start_run(&spec, ceiling, &live).await {
             Ok(l) => l,
-            Err(e) => return self.finish(st, Ending::from(&e), &live).await,
+            Err(e) => return self.conclude(st, Ending::from(&e), &live).await,
         };
         st.container_id = Some(id.clone());
         st.started_at = Some(SystemTime::now());
@@ -605,7 +605,7 @@ impl Runner {
         );
         match supervisor.run().await {
             None => RunEnd::Detached,
-            Some(ending) => self.finish(st, ending, &live).await,
+            Some(ending) => self.conclude(st, ending, &live).await,
         }
     }
 

@@ -1,4 +1,4 @@
-//! Talking to a live agent: follow-ups (`steer`) and the request to finish (`close`). Both go
+//! Talking to a live agent: follow-ups (`steer`) and the request to close (`close`). Both go
 //! through the folder's follow-up drop (`input/`) and SIGUSR1.
 //!
 //! A follow-up's fate is decided by one atomic file operation, never by who is still
@@ -201,7 +201,7 @@ impl Runner {
         })
     }
 
-    /// Tells the agent to finish: drops `_close` and wakes it.
+    /// Asks the agent to close: drops `_close` and wakes it.
     pub async fn close(&self, live: &LiveRun) -> Result<(), RunError> {
         if live.closed.swap(true, Ordering::SeqCst) {
             return Ok(());

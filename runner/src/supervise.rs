@@ -57,7 +57,7 @@ pub(super) struct Timing {
     pub stop_grace: Duration,
 }
 
-/// Telling the agent to finish (`Runner::close`: the close file, then a wake-up signal).
+/// Asking the agent to close (`Runner::close`: the close file, then a wake-up signal).
 pub(super) trait Close: Sync {
     fn close<'a>(&'a self, live: &'a LiveRun) -> BoxFuture<'a, Result<(), RunError>>;
 }
@@ -414,7 +414,7 @@ impl<'a> Supervisor<'a> {
         }
     }
 
-    /// The idle time passed: tell the agent to finish.
+    /// The idle time passed: ask the agent to close.
     async fn close(&mut self) {
         self.idle.sent();
         if let Err(e) = self.hands.closer.close(self.live).await {

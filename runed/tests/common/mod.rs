@@ -107,7 +107,7 @@ impl Rig {
     }
 
     /// Starts a run in the background.
-    pub fn start(&self, spec: RunSpec) -> Running {
+    pub fn start(&self, spec: RunSpec) -> RunUnderTest {
         let (tx, rx) = mpsc::channel(1024);
         let control = RunControl::default();
         let live = LiveRun::new(spec.run_id.clone(), spec.folder.clone());
@@ -117,7 +117,7 @@ impl Rig {
             let runner = runner.clone();
             async move { runner.run(spec, tx, c, l).await }
         });
-        Running {
+        RunUnderTest {
             task,
             events: rx,
             control,
@@ -128,7 +128,7 @@ impl Rig {
 
     /// Runs to the end; returns the report and every event.
     pub async fn run(&self, spec: RunSpec) -> (RunReport, Vec<RunEvent>) {
-        self.start(spec).finish().await
+        self.start(spec).end().await
     }
 
     /// This install's containers (any state).
@@ -200,7 +200,7 @@ pub async fn containers_of(
 }
 
 /// A run in progress.
-pub struct Running {
+pub struct RunUnderTest {
     /// The run task.
     pub task: JoinHandle<RunEnd>,
     /// Its events.
@@ -213,7 +213,7 @@ pub struct Running {
     pub runner: Runner,
 }
 
-impl Running {
+impl RunUnderTest {
     /// The next event, within the run limit.
     pub async fn next(&mut self) -> Option<RunEvent> {
         tokio::time::timeout(RUN_LIMIT, self.events.recv())
@@ -244,7 +244,7 @@ impl Running {
 
     /// Waits for the end, removes the containers (as runed does once the end is recorded);
     /// returns the report and the remaining events.
-    pub async fn finish(mut self) -> (RunReport, Vec<RunEvent>) {
+    pub async fn end(mut self) -> (RunReport, Vec<RunEvent>) {
         let end = tokio::time::timeout(RUN_LIMIT, &mut self.task)
             .await
             .expect("run ends within the limit")

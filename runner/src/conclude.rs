@@ -13,7 +13,12 @@ impl Runner {
     /// [`Runner::remove_containers`], which the caller runs *after* it has recorded the
     /// report: a process killed between the two finds the run ended (and removes the
     /// leftover as an orphan), never an answered run without its container.
-    pub(super) async fn finish(&self, mut st: RunOutput, ending: Ending, live: &LiveRun) -> RunEnd {
+    pub(super) async fn conclude(
+        &self,
+        mut st: RunOutput,
+        ending: Ending,
+        live: &LiveRun,
+    ) -> RunEnd {
         let run_id = &st.run_id.clone();
         live.ended.cancel();
         // Wait for in-flight steers to settle, then refuse new ones.
