@@ -31,6 +31,7 @@ pub mod keys;
 pub mod mint;
 mod server;
 pub mod store;
+pub mod testing;
 
 pub use config::Config;
 
@@ -105,10 +106,11 @@ impl Running {
     }
 
     /// Stops accepting, lets in-flight requests finish (up to a grace period), then stops.
-    pub async fn shutdown(mut self) -> Result<(), StartError> {
-        let result = self.served.stop_server(SHUTDOWN_GRACE).await;
-        self.served.abort_tasks();
-        result.map_err(StartError::Listener)
+    pub async fn shutdown(self) -> Result<(), StartError> {
+        self.served
+            .shutdown(SHUTDOWN_GRACE)
+            .await
+            .map_err(StartError::Listener)
     }
 }
 

@@ -198,7 +198,6 @@ impl Shared {
 /// A running routd. [`Running::shutdown`] stops it; dropping it does too.
 pub struct Running {
     served: Served,
-    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for Running {
@@ -221,19 +220,10 @@ impl Running {
     }
 
     /// Stops accepting requests and stops driving turns (they resume at the next start).
-    pub async fn shutdown(mut self) {
-        self.shared.stopping.cancel();
-        if let Err(e) = self.served.stop_server(SHUTDOWN_GRACE).await {
+    pub async fn shutdown(self) {
+        if let Err(e) = self.served.shutdown(SHUTDOWN_GRACE).await {
             tracing::warn!(error = %e, "routd's server stopped with an error");
         }
-        self.served.abort_tasks();
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        // The server and the tasks are aborted with `served`.
-        self.shared.stopping.cancel();
     }
 }
 
@@ -356,8 +346,10 @@ pub async fn start(
     turns::resume(&shared).await;
     let served =
         Served::spawn(listener, router, shared.cfg.serve, tasks).map_err(StartError::Listener)?;
+    // Dropping or shutting down the handle cancels it: turns stop being driven.
+    let served = served.stopping(shared.stopping.clone());
     tracing::info!(%addr, runed = %shared.cfg.runed_url, "routd listening");
-    Ok(Running { served, shared })
+    Ok(Running { served })
 }
 
 #[cfg(test)]

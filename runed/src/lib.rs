@@ -107,11 +107,7 @@ impl Running {
     /// Stops accepting requests, detaches live runs (their containers keep running and are
     /// re-adopted by the next start), and returns within a few seconds.
     pub async fn shutdown(mut self) {
-        self.stop_now().await;
-    }
-
-    async fn stop_now(&mut self) {
-        self.shared.stopping.cancel();
+        // Cancels `stopping` first: live runs detach.
         if let Err(e) = self.served.stop_server(SHUTDOWN_GRACE).await {
             tracing::warn!(error = %e, "runed's server stopped with an error");
         }
@@ -135,13 +131,6 @@ impl Running {
             let _ = tokio::time::timeout(SHUTDOWN_GRACE, r.drain_warm()).await;
         }
         self.served.abort_tasks();
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        // The server and the tasks are aborted with `served`.
-        self.shared.stopping.cancel();
     }
 }
 
@@ -241,6 +230,8 @@ pub async fn start(
     .map(|t| t.abort_handle());
     let served =
         Served::spawn(listener, router, shared.cfg.serve, tasks).map_err(StartError::Listener)?;
+    // Dropping or shutting down the handle cancels it: live runs detach.
+    let served = served.stopping(shared.stopping.clone());
     tracing::info!(%addr, max_containers = shared.cfg.max_containers, "runed listening");
     Ok(Running { served, shared })
 }

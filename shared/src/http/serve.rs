@@ -234,6 +234,7 @@ pub struct Served {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
     tasks: Vec<tokio::task::AbortHandle>,
+    stopping: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl std::fmt::Debug for Served {
@@ -266,7 +267,22 @@ impl Served {
             stop: Some(stop),
             server: Some(server),
             tasks: tasks.into_iter().collect(),
+            stopping: None,
         })
+    }
+
+    /// `token` is cancelled when the daemon stops (shutdown or drop): the daemon's own work
+    /// (turns, runs, streams) watches it, so no handle cancels it by hand.
+    pub fn stopping(mut self, token: tokio_util::sync::CancellationToken) -> Self {
+        self.stopping = Some(token);
+        self
+    }
+
+    /// Stops the daemon: [`Served::stop_server`], then [`Served::abort_tasks`].
+    pub async fn shutdown(mut self, grace: std::time::Duration) -> std::io::Result<()> {
+        let result = self.stop_server(grace).await;
+        self.abort_tasks();
+        result
     }
 
     /// The address the server listens on.
@@ -279,9 +295,13 @@ impl Served {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting and gives the requests in flight up to `grace`, then aborts the server.
+    /// Cancels the stopping token, stops accepting and gives the requests in flight up to
+    /// `grace`, then aborts the server.
     /// Answers the server's own result (a server aborted after the grace is not an error).
     pub async fn stop_server(&mut self, grace: std::time::Duration) -> std::io::Result<()> {
+        if let Some(t) = &self.stopping {
+            t.cancel();
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -308,6 +328,9 @@ impl Served {
 
 impl Drop for Served {
     fn drop(&mut self) {
+        if let Some(t) = &self.stopping {
+            t.cancel();
+        }
         if let Some(h) = self.server.take() {
             h.abort();
         }

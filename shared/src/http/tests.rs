@@ -389,3 +389,31 @@ async fn an_oversized_body_gets_its_413_over_a_real_connection() {
         assert!(answer.contains(r#""error":"body_too_large""#), "{answer}");
     }
 }
+
+/// The daemon's stopping token is cancelled by the handle itself, at shutdown and at drop:
+/// work that watches it (turns, runs) stops even when nobody calls shutdown.
+#[tokio::test]
+async fn the_stopping_token_is_cancelled_at_shutdown_and_at_drop() {
+    for graceful in [true, false] {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let token = tokio_util::sync::CancellationToken::new();
+        let worker = tokio::spawn({
+            let t = token.clone();
+            async move { t.cancelled().await }
+        });
+        let served = Served::spawn(l, Router::new(), ServeLimits::default(), [])
+            .unwrap()
+            .stopping(token.clone());
+        assert!(!token.is_cancelled());
+        if graceful {
+            served
+                .shutdown(std::time::Duration::from_secs(5))
+                .await
+                .unwrap();
+        } else {
+            drop(served);
+        }
+        worker.await.unwrap();
+        assert!(token.is_cancelled(), "graceful: {graceful}");
+    }
+}
