@@ -5,6 +5,7 @@
 use std::process::Command;
 use std::time::Duration;
 
+use hako_authd::testing::TestAuthd;
 use hako_shared::config::Env;
 use hako_shared::testing::eventually;
 use serde_json::{Value, json};
@@ -16,7 +17,7 @@ const ROUTD_KEY: &str = "routd-ops-test-key-0123456789";
 
 struct Daemons {
     home: tempfile::TempDir,
-    authd: Option<hako_authd::Running>,
+    authd: Option<TestAuthd>,
     runed: Option<hako_runed::Running>,
     routd: Option<hako_routd::Running>,
     urls: [String; 3],
@@ -34,21 +35,16 @@ impl Daemons {
             b.iter().map(|x| format!("{x:02x}")).collect::<String>()
         );
         let bind = || async { tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap() };
-        let authd = hako_authd::start(
-            hako_authd::Config::from_env(&Env::from_pairs([
-                ("DATA_DIR", home.path().join("authd").display().to_string()),
-                (
-                    "AUTHD_SERVICE_KEYS",
-                    format!(
-                        "runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY},channel={CHANNEL_KEY}"
-                    ),
-                ),
-            ]))
-            .unwrap(),
-            bind().await,
+        let authd = TestAuthd::start(
+            &home.path().join("authd"),
+            &[
+                ("runed", RUNED_KEY),
+                ("routd", ROUTD_KEY),
+                ("operator", OPERATOR_KEY),
+                ("channel", CHANNEL_KEY),
+            ],
         )
-        .await
-        .unwrap();
+        .await;
         let data = home.path().join("data").display().to_string();
         let runed = hako_runed::start(
             hako_runed::Config::from_env(&Env::from_pairs([

@@ -6,9 +6,9 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use hako_authd::testing::TestAuthd;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{AGENT_SCOPES, AuthdClient, Signer, now_secs};
-use hako_shared::config::Env;
 use hako_shared::testing::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -19,7 +19,7 @@ const LIMIT: Duration = Duration::from_secs(20);
 
 struct Rig {
     _dir: tempfile::TempDir,
-    authd: Option<hako_authd::Running>,
+    authd: Option<TestAuthd>,
     runed_token: String,
     routd_token: String,
     client: AuthdClient,
@@ -28,28 +28,14 @@ struct Rig {
 impl Rig {
     async fn new() -> Rig {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = hako_authd::Config::from_env(&Env::from_pairs([
-            ("DATA_DIR", dir.path().join("authd").display().to_string()),
-            (
-                "AUTHD_SERVICE_KEYS",
-                format!("runed={RUNED_KEY},routd={ROUTD_KEY}"),
-            ),
-            ("AUTHD_CLOCK_SKEW", "1s".into()),
-        ]))
-        .unwrap();
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let authd = hako_authd::start(cfg, l).await.unwrap();
+        let authd = TestAuthd::start(
+            &dir.path().join("authd"),
+            &[("runed", RUNED_KEY), ("routd", ROUTD_KEY)],
+        )
+        .await;
         let client = AuthdClient::new(&authd.url()).unwrap();
-        let runed_token = client
-            .service_token("runed", RUNED_KEY)
-            .await
-            .unwrap()
-            .token;
-        let routd_token = client
-            .service_token("routd", ROUTD_KEY)
-            .await
-            .unwrap()
-            .token;
+        let runed_token = authd.token("runed").await;
+        let routd_token = authd.token("routd").await;
         Rig {
             _dir: dir,
             authd: Some(authd),

@@ -13,6 +13,7 @@
 
 use std::time::{Duration, Instant};
 
+use hako_authd::testing::TestAuthd;
 use hako_shared::auth::AuthdClient;
 use hako_shared::config::Env;
 use serde_json::{Value, json};
@@ -101,20 +102,16 @@ async fn bench() {
         .await
         .expect("agent image");
     let dir = tempfile::tempdir().expect("tempdir");
-    let acfg = hako_authd::Config::from_env(&Env::from_pairs([
-        ("DATA_DIR", dir.path().join("authd").display().to_string()),
-        (
-            "AUTHD_SERVICE_KEYS",
-            format!(
-                "runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY},channel={CHANNEL_KEY}"
-            ),
-        ),
-    ]))
-    .expect("authd config");
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let authd = hako_authd::start(acfg, l).await.expect("authd");
+    let authd = TestAuthd::start(
+        &dir.path().join("authd"),
+        &[
+            ("runed", RUNED_KEY),
+            ("routd", ROUTD_KEY),
+            ("operator", OPERATOR_KEY),
+            ("channel", CHANNEL_KEY),
+        ],
+    )
+    .await;
     let rcfg = hako_runed::Config::from_env(&Env::from_pairs([
         ("DATA_DIR", dir.path().join("runed").display().to_string()),
         ("AUTHD_URL", authd.url()),

@@ -13,6 +13,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hako_authd::testing::TestAuthd;
 use hako_shared::auth::AuthdClient;
 use hako_shared::config::Env;
 use serde_json::{Value, json};
@@ -118,18 +119,11 @@ async fn bench() {
         .expect("agent image builds");
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path();
-    let acfg = hako_authd::Config::from_env(&Env::from_pairs([
-        ("DATA_DIR", data.join("authd").display().to_string()),
-        (
-            "AUTHD_SERVICE_KEYS",
-            format!("runed={RUNED_KEY},routd={ROUTD_KEY}"),
-        ),
-    ]))
-    .expect("authd config");
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let authd = hako_authd::start(acfg, l).await.expect("authd");
+    let authd = TestAuthd::start(
+        &data.join("authd"),
+        &[("runed", RUNED_KEY), ("routd", ROUTD_KEY)],
+    )
+    .await;
     let cfg = hako_runed::Config::from_env(&Env::from_pairs([
         ("DATA_DIR", data.join("runed").display().to_string()),
         ("AUTHD_URL", authd.url()),

@@ -7,6 +7,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use hako_authd::testing::TestAuthd;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::config::Env;
@@ -20,7 +21,7 @@ const OPERATOR_KEY: &str = "operator-test-key-0123456789";
 struct Rig {
     _dir: tempfile::TempDir,
     data: std::path::PathBuf,
-    authd: Option<hako_authd::Running>,
+    authd: Option<TestAuthd>,
     runed: Option<hako_runed::Running>,
     /// A `runed` process started from the binary (the SIGTERM test), instead of in-process.
     child: Option<(std::process::Child, String)>,
@@ -64,33 +65,22 @@ impl Rig {
     async fn new(extra: &[(&str, &str)]) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().to_owned();
-        let acfg = hako_authd::Config::from_env(&Env::from_pairs([
-            ("DATA_DIR", data.join("authd").display().to_string()),
-            (
-                "AUTHD_SERVICE_KEYS",
-                format!("runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY}"),
-            ),
-            ("AUTHD_CLOCK_SKEW", "1s".into()),
-        ]))
-        .unwrap();
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let authd = hako_authd::start(acfg, l).await.unwrap();
+        let authd = TestAuthd::start(
+            &data.join("authd"),
+            &[
+                ("runed", RUNED_KEY),
+                ("routd", ROUTD_KEY),
+                ("operator", OPERATOR_KEY),
+            ],
+        )
+        .await;
         let mut extra_env: Vec<(String, String)> = extra
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
         extra_env.push(("CONTAINER_IMAGE".into(), image().await));
-        let client = AuthdClient::new(&authd.url()).unwrap();
-        let routd = client
-            .service_token("routd", ROUTD_KEY)
-            .await
-            .unwrap()
-            .token;
-        let operator = client
-            .service_token("operator", OPERATOR_KEY)
-            .await
-            .unwrap()
-            .token;
+        let routd = authd.token("routd").await;
+        let operator = authd.token("operator").await;
         let mut rig = Rig {
             _dir: dir,
             data,

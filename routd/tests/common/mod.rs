@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use hako_authd::testing::TestAuthd;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::chat::MessageView;
@@ -27,7 +28,7 @@ pub const LIMIT: Duration = Duration::from_secs(120);
 
 pub struct Rig {
     pub dir: tempfile::TempDir,
-    pub authd: Option<hako_authd::Running>,
+    pub authd: Option<TestAuthd>,
     pub runed: Option<hako_runed::Running>,
     pub runed_addr: Option<std::net::SocketAddr>,
     pub routd: Option<hako_routd::Running>,
@@ -97,30 +98,18 @@ impl Rig {
             .await
             .expect("agent image");
         let dir = tempfile::tempdir().unwrap();
-        let acfg = hako_authd::Config::from_env(&Env::from_pairs([
-            ("DATA_DIR", dir.path().join("authd").display().to_string()),
-            (
-                "AUTHD_SERVICE_KEYS",
-                format!(
-                    "runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY},channel={CHANNEL_KEY}"
-                ),
-            ),
-            ("AUTHD_CLOCK_SKEW", "1s".into()),
-        ]))
-        .unwrap();
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let authd = hako_authd::start(acfg, l).await.unwrap();
-        let client = AuthdClient::new(&authd.url()).unwrap();
-        let operator = client
-            .service_token("operator", OPERATOR_KEY)
-            .await
-            .unwrap()
-            .token;
-        let channel = client
-            .service_token("channel", CHANNEL_KEY)
-            .await
-            .unwrap()
-            .token;
+        let authd = TestAuthd::start(
+            &dir.path().join("authd"),
+            &[
+                ("runed", RUNED_KEY),
+                ("routd", ROUTD_KEY),
+                ("operator", OPERATOR_KEY),
+                ("channel", CHANNEL_KEY),
+            ],
+        )
+        .await;
+        let operator = authd.token("operator").await;
+        let channel = authd.token("channel").await;
         let own = |v: &[(&str, &str)]| -> Vec<(String, String)> {
             v.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
         };

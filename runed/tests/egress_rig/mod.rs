@@ -18,6 +18,7 @@ use bollard::query_parameters::{
     LogsOptionsBuilder, RemoveContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
+use hako_authd::testing::TestAuthd;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{AGENT_SCOPES, AuthdClient};
 use hako_shared::config::Env;
@@ -54,7 +55,7 @@ pub struct Rig {
     pub install: String,
     pub uplink: Net,
     pub ll: Net,
-    pub authd: Option<hako_authd::Running>,
+    pub authd: Option<TestAuthd>,
     pub authd_url: String,
     pub runed: Option<hako_runed::Running>,
     pub routd: String,
@@ -155,32 +156,24 @@ impl Rig {
         };
         rig.targets().await;
         // authd on the host's address on the uplink: runed and the proxy container reach it.
-        let acfg = hako_authd::Config::from_env(&Env::from_pairs([
-            (
-                "DATA_DIR",
-                rig.dir.path().join("authd").display().to_string(),
-            ),
-            (
-                "AUTHD_SERVICE_KEYS",
-                format!("runed={RUNED_KEY},routd={ROUTD_KEY},operator={OPERATOR_KEY}"),
-            ),
-            ("AUTHD_CLOCK_SKEW", "1s".into()),
-        ]))
-        .unwrap();
         let l = tokio::net::TcpListener::bind(format!("{}.1:0", rig.uplink.prefix))
             .await
             .expect("binding authd on the uplink's gateway address");
-        let authd = hako_authd::start(acfg, l).await.unwrap();
+        let authd = TestAuthd::start_on(
+            l,
+            &rig.dir.path().join("authd"),
+            &[
+                ("runed", RUNED_KEY),
+                ("routd", ROUTD_KEY),
+                ("operator", OPERATOR_KEY),
+            ],
+        )
+        .await;
         rig.authd_url = authd.url();
+        rig.routd = authd.token("routd").await;
+        rig.operator = authd.token("operator").await;
+        rig.runed_service = authd.token("runed").await;
         rig.authd = Some(authd);
-        let c = AuthdClient::new(&rig.authd_url).unwrap();
-        rig.routd = c.service_token("routd", ROUTD_KEY).await.unwrap().token;
-        rig.operator = c
-            .service_token("operator", OPERATOR_KEY)
-            .await
-            .unwrap()
-            .token;
-        rig.runed_service = c.service_token("runed", RUNED_KEY).await.unwrap().token;
         let mut pairs: Vec<(String, String)> = vec![
             ("DATA_DIR".into(), rig.data().display().to_string()),
             ("AUTHD_URL".into(), rig.authd_url.clone()),
