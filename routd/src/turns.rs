@@ -31,7 +31,7 @@ use hako_shared::GroupFolder;
 use hako_shared::chat::{MessageKind, MessageView, TurnState};
 use hako_shared::contract::{BlockStatus, Message, OutputBlock};
 use hako_shared::db::DbError;
-use hako_shared::ids::{RunId, TurnId};
+use hako_shared::ids::{RunId, TurnId, TurnTry};
 use hako_shared::runs::{Outcome, RunRequest, RunState, RunStatus, RunStreamEvent, SteerState};
 use sha2::{Digest, Sha256};
 
@@ -55,19 +55,6 @@ pub(crate) fn turn_id_for(chat: &str, first: &str, last: &str) -> String {
         .map(|b| format!("{b:02x}"))
         .collect();
     format!("t-{hex}")
-}
-
-/// The turn id runed sees for try `attempt` of `turn`.
-fn runed_turn(turn: &str, attempt: i64) -> String {
-    format!("{turn}.{attempt}")
-}
-
-/// The routd turn a path or a spawn token names: runed's turn ids are `<turn>.<try>`.
-pub(crate) fn routd_turn(id: &str) -> &str {
-    match id.rsplit_once('.') {
-        Some((turn, attempt)) if attempt.bytes().all(|b| b.is_ascii_digit()) => turn,
-        _ => id,
-    }
 }
 
 /// The scheduler: starts turns and steers messages, whenever something changes.
@@ -498,9 +485,10 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<RunId, RunedError>
         }
         Err(e) => return Err(e),
     };
-    let (Ok(folder), Ok(turn_id)) = (
+    let try_of = |turn| TurnTry::new(turn, u32::try_from(t.attempt).ok()?).ok();
+    let (Ok(folder), Some(turn_id)) = (
         GroupFolder::new(&t.folder),
-        TurnId::new(runed_turn(&t.turn_id, t.attempt)),
+        TurnId::new(&*t.turn_id).ok().and_then(try_of),
     ) else {
         return Ok(Err(refused("the turn's folder or id is invalid".into())));
     };
@@ -520,7 +508,7 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<RunId, RunedError>
         .collect();
     let req = RunRequest {
         folder,
-        turn_id,
+        turn_id: turn_id.runed_turn(),
         session_id: sh
             .store
             .session(&t.folder, &t.chat_jid)
@@ -799,6 +787,9 @@ mod tests {
         assert_ne!(a, turn_id_for("tg:2", "m1", "m3"));
         // Parts cannot run into one another.
         assert_ne!(turn_id_for("a", "bc", "d"), turn_id_for("ab", "c", "d"));
-        assert!(hako_shared::ids::is_valid_id(&runed_turn(&a, 4)));
+        let packed = TurnTry::new(TurnId::new(a).unwrap(), 4)
+            .unwrap()
+            .runed_turn();
+        assert!(packed.ends_with(".4"), "{packed}");
     }
 }

@@ -28,13 +28,13 @@ use hako_shared::auth::{AuthError, TokenType, scopes};
 use hako_shared::db::DbError;
 use hako_shared::error_chain;
 use hako_shared::http::ApiError;
+use hako_shared::ids::TurnTry;
 use hako_shared::runs::LlmApi;
 use serde_json::Value;
 
 use crate::Shared;
 use crate::live::CutOff;
 use crate::store::UsageRow;
-use crate::turns::routd_turn;
 use usage::{Meter, Usage};
 
 /// The longest model name recorded with usage.
@@ -353,7 +353,7 @@ impl GatewayTurn {
             ));
         }
         if c.folder.as_deref() != Some(self.folder.as_str())
-            || c.turn_id.as_deref().map(routd_turn) != Some(self.turn_id.as_str())
+            || !claims_turn(c.turn_id.as_deref(), &self.turn_id)
         {
             return Err(GatewayError::WrongTurn(
                 "the token belongs to another folder or turn than this socket's".into(),
@@ -685,6 +685,14 @@ fn metered(resp: reqwest::Response, record: Record, max: u64, idle: Duration) ->
     Body::from_stream(stream)
 }
 
+/// Whether a spawn token's `turn_id` claim (`<turn>.<try>`, minted by runed) is a try of
+/// `turn`. A claim that does not parse is no turn's: the check fails closed.
+pub(crate) fn claims_turn(claim: Option<&str>, turn: &str) -> bool {
+    claim
+        .and_then(|c| TurnTry::parse(c).ok())
+        .is_some_and(|t| t.turn() == turn)
+}
+
 /// The turn whose sockets are open, as the gateway needs it.
 pub(crate) fn turn(sh: &Arc<Shared>, folder: &GroupFolder, turn_id: &str) -> Arc<GatewayTurn> {
     Arc::new(GatewayTurn {
@@ -698,6 +706,17 @@ pub(crate) fn turn(sh: &Arc<Shared>, folder: &GroupFolder, turn_id: &str) -> Arc
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_is_its_turns_only_through_a_parsed_try() {
+        let turn = "t-0123456789abcdef01234567";
+        assert!(claims_turn(Some("t-0123456789abcdef01234567.2"), turn));
+        assert!(!claims_turn(Some("t-0123456789abcdef01234568.2"), turn));
+        // A claim without the try no longer stands for the whole turn.
+        for bad in [Some(turn), Some("t-0123456789abcdef01234567."), None] {
+            assert!(!claims_turn(bad, turn), "{bad:?}");
+        }
+    }
 
     #[test]
     fn days_are_utc_dates() {
