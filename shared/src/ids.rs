@@ -87,9 +87,10 @@ macro_rules! id_type {
             }
         }
 
+        /// Padded as text is (`{:<24}` in the CLI's tables).
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(&self.0)
+                f.pad(&self.0)
             }
         }
 
