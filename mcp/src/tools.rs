@@ -6,6 +6,7 @@ use std::future::Future;
 
 use hako_shared::GroupFolder;
 use hako_shared::grants::{Gate, Grants, Refused, Tool};
+use hako_shared::ids::TurnId;
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
@@ -20,7 +21,7 @@ pub struct Scope {
     /// The turn's folder.
     pub folder: GroupFolder,
     /// The turn.
-    pub turn_id: String,
+    pub turn_id: TurnId,
     /// The chat that started the turn (where replies go by default).
     pub chat_jid: String,
     /// The group's grants.
@@ -687,7 +688,7 @@ mod tests {
     fn sizes_and_targets() {
         let scope = Scope {
             folder: GroupFolder::new("a").unwrap(),
-            turn_id: "t".into(),
+            turn_id: TurnId::new("t").unwrap(),
             chat_jid: "web:a".into(),
             grants: Grants::parse(&[], Trust::Untrusted).unwrap(),
         };

@@ -44,7 +44,7 @@ async fn the_official_python_sdk_initializes_lists_and_calls() {
     let listener = tokio::net::UnixListener::bind(&path).unwrap();
     let scope = Arc::new(Scope {
         folder: GroupFolder::new("acme").unwrap(),
-        turn_id: "turn-1".into(),
+        turn_id: hako_shared::ids::TurnId::new("turn-1").unwrap(),
         chat_jid: "web:acme".into(),
         grants: Grants::parse(&[], Trust::Untrusted).unwrap(),
     });

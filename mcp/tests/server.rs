@@ -122,7 +122,7 @@ fn turn(grants: &[&str], trust: Trust, opts: ServeOptions) -> Turn {
     let rules: Vec<String> = grants.iter().map(|g| (*g).to_owned()).collect();
     let scope = Arc::new(Scope {
         folder: GroupFolder::new("acme").unwrap(),
-        turn_id: "turn-1".into(),
+        turn_id: hako_shared::ids::TurnId::new("turn-1").unwrap(),
         chat_jid: "web:acme".into(),
         grants: Grants::parse(&rules, trust).unwrap(),
     });

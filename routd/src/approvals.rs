@@ -7,6 +7,7 @@
 //! restarting denies it (fail closed). The database is the truth; the waiters here are only
 //! woken by it.
 
+use hako_shared::ids::TurnId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -363,7 +364,7 @@ pub(crate) async fn decide(
 /// The turn ended: what it held is denied.
 pub(crate) async fn end_of_turn(
     sh: &Shared,
-    turn_id: &str,
+    turn_id: &TurnId,
 ) -> Result<(), hako_shared::db::DbError> {
     for r in sh.store.pending_approvals(Some(turn_id)).await? {
         conclude(sh, &r.id, ApprovalState::TurnEnded, None).await?;
@@ -405,7 +406,7 @@ async fn say(sh: &Shared, row: &ApprovalRow, what: &str, text: String) {
             &row.chat_jid,
             kind,
             text,
-            Some(row.turn_id.clone()),
+            Some(row.turn_id.to_string()),
             None,
         )
         .await

@@ -2,6 +2,7 @@
 //! in one map, put there when the driver starts and taken out when it ends (by a guard, on
 //! every way out). Everything else about a turn is in `routd.db`.
 
+use hako_shared::ids::TurnId;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -121,26 +122,26 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The live turns: those a driver task runs now (one driver per turn).
 #[derive(Debug, Default)]
-pub struct LiveTurns(Mutex<HashMap<String, Arc<LiveTurn>>>);
+pub struct LiveTurns(Mutex<HashMap<TurnId, Arc<LiveTurn>>>);
 
 impl LiveTurns {
     /// Claims a turn for a new driver: `None` when one already drives it.
-    pub fn claim(self: &Arc<Self>, turn: &str) -> Option<Driving> {
+    pub fn claim(self: &Arc<Self>, turn: &TurnId) -> Option<Driving> {
         let mut m = lock(&self.0);
         if m.contains_key(turn) {
             return None;
         }
         let live = Arc::new(LiveTurn::default());
-        m.insert(turn.to_owned(), live.clone());
+        m.insert(turn.clone(), live.clone());
         Some(Driving {
             turns: self.clone(),
-            turn: turn.to_owned(),
+            turn: turn.clone(),
             live,
         })
     }
 
     /// A live turn's memory.
-    pub fn get(&self, turn: &str) -> Option<Arc<LiveTurn>> {
+    pub fn get(&self, turn: &TurnId) -> Option<Arc<LiveTurn>> {
         lock(&self.0).get(turn).cloned()
     }
 
@@ -159,7 +160,7 @@ impl LiveTurns {
 #[derive(Debug)]
 pub struct Driving {
     turns: Arc<LiveTurns>,
-    turn: String,
+    turn: TurnId,
     live: Arc<LiveTurn>,
 }
 
@@ -184,16 +185,17 @@ mod tests {
     #[test]
     fn one_driver_per_turn_and_gone_with_it() {
         let turns = Arc::new(LiveTurns::default());
-        let d = turns.claim("t-1").unwrap();
-        assert!(turns.claim("t-1").is_none(), "a second driver");
+        let t1 = TurnId::new("t-1").unwrap();
+        let d = turns.claim(&t1).unwrap();
+        assert!(turns.claim(&t1).is_none(), "a second driver");
         d.live().refuse([4]);
-        assert!(turns.get("t-1").unwrap().refused(4));
+        assert!(turns.get(&t1).unwrap().refused(4));
         let ended = d.live().ended();
         assert!(!ended.is_cancelled());
         drop(d);
-        assert!(turns.get("t-1").is_none());
+        assert!(turns.get(&t1).is_none());
         assert!(ended.is_cancelled(), "what waits on the turn stops waiting");
-        let again = turns.claim("t-1").unwrap();
+        let again = turns.claim(&t1).unwrap();
         assert!(!again.live().refused(4), "a new driver starts afresh");
     }
 }

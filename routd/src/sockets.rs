@@ -8,6 +8,7 @@
 //! directory another user could write. The socket is mode 0666 because the agent's user must
 //! connect; only that folder's container mounts the directory.
 
+use hako_shared::ids::TurnId;
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::MetadataExt as _;
@@ -34,7 +35,7 @@ struct OpenTurn {
 /// The open turns' sockets.
 #[derive(Default)]
 pub(crate) struct TurnSockets {
-    open: Mutex<HashMap<String, OpenTurn>>,
+    open: Mutex<HashMap<TurnId, OpenTurn>>,
 }
 
 /// Why a turn's sockets could not be opened.
@@ -81,7 +82,7 @@ async fn listen(path: PathBuf) -> Result<(tokio::net::UnixListener, Bound), Sock
 impl TurnSockets {
     /// Binds and serves the turn's sockets (again, if routd restarted); a turn already open
     /// is left as it is.
-    pub async fn open(&self, sh: &Arc<Shared>, turn_id: &str) -> Result<(), SocketError> {
+    pub async fn open(&self, sh: &Arc<Shared>, turn_id: &TurnId) -> Result<(), SocketError> {
         if self.lock().contains_key(turn_id) {
             return Ok(());
         }
@@ -133,7 +134,7 @@ impl TurnSockets {
         let path = mcp_bound.path.clone();
         tracing::info!(turn = %turn_id, socket = %path.display(), "the turn's tools are served");
         self.lock().insert(
-            turn_id.to_owned(),
+            turn_id.clone(),
             OpenTurn {
                 ended,
                 sockets: vec![mcp_bound, api_bound],
@@ -144,7 +145,7 @@ impl TurnSockets {
 
     /// Ends the turn's sockets: removed from `ipc/` (unless a later turn bound its own
     /// there already), open connections told `turn_ended`, then closed.
-    pub fn close(&self, turn_id: &str) {
+    pub fn close(&self, turn_id: &TurnId) {
         let Some(open) = self.lock().remove(turn_id) else {
             return;
         };
@@ -154,7 +155,7 @@ impl TurnSockets {
         open.ended.cancel();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, OpenTurn>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TurnId, OpenTurn>> {
         self.open.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -189,7 +189,7 @@ impl RoutdTools {
                 &chat,
                 MessageKind::Message,
                 c.text,
-                Some(scope.turn_id.clone()),
+                Some(scope.turn_id.to_string()),
                 None,
             )
             .await
@@ -310,7 +310,7 @@ impl RoutdTools {
             state: crate::store::task::ACTIVE.into(),
             fired: 0,
             last_fired_at: None,
-            created_by: scope.turn_id.clone(),
+            created_by: scope.turn_id.to_string(),
             created_at: now,
         };
         self.sh

@@ -31,7 +31,7 @@ use hako_shared::GroupFolder;
 use hako_shared::chat::{MessageKind, MessageView, TurnState};
 use hako_shared::contract::{BlockStatus, Message, OutputBlock};
 use hako_shared::db::DbError;
-use hako_shared::ids::{RunId, TurnId};
+use hako_shared::ids::{RunId, TurnId, TurnTry};
 use hako_shared::runs::{Outcome, RunRequest, RunState, RunStatus, RunStreamEvent, SteerState};
 use sha2::{Digest, Sha256};
 
@@ -42,7 +42,7 @@ use crate::{Shared, now_ms};
 
 /// The turn id of a batch: `t-` and 24 hex digits of the SHA-256 of the chat and the first
 /// and last message ids.
-pub(crate) fn turn_id_for(chat: &str, first: &str, last: &str) -> String {
+pub(crate) fn turn_id_for(chat: &str, first: &str, last: &str) -> TurnId {
     let mut h = Sha256::new();
     for part in [chat, first, last] {
         h.update(part.as_bytes());
@@ -54,20 +54,7 @@ pub(crate) fn turn_id_for(chat: &str, first: &str, last: &str) -> String {
         .take(12)
         .map(|b| format!("{b:02x}"))
         .collect();
-    format!("t-{hex}")
-}
-
-/// The turn id runed sees for try `attempt` of `turn`.
-fn runed_turn(turn: &str, attempt: i64) -> String {
-    format!("{turn}.{attempt}")
-}
-
-/// The routd turn a path or a spawn token names: runed's turn ids are `<turn>.<try>`.
-pub(crate) fn routd_turn(id: &str) -> &str {
-    match id.rsplit_once('.') {
-        Some((turn, attempt)) if attempt.bytes().all(|b| b.is_ascii_digit()) => turn,
-        _ => id,
-    }
+    TurnId::new(format!("t-{hex}")).expect("t- and hex digits are in the grammar")
 }
 
 /// The scheduler: starts turns and steers messages, whenever something changes.
@@ -234,7 +221,7 @@ async fn hand_over(
 /// known, so everything goes back (answered again rather than never).
 async fn resolve_steers(
     sh: &Shared,
-    turn_id: &str,
+    turn_id: &TurnId,
     status: Option<&RunStatus>,
 ) -> Result<(), DbError> {
     let taken = status
@@ -272,7 +259,7 @@ pub(crate) async fn resume(sh: &Arc<Shared>) {
 }
 
 /// Starts the one driver of a turn (a second call for the same turn does nothing).
-pub(crate) fn spawn_driver(sh: &Arc<Shared>, turn_id: String) {
+pub(crate) fn spawn_driver(sh: &Arc<Shared>, turn_id: TurnId) {
     let Some(driving) = sh.live.claim(&turn_id) else {
         return;
     };
@@ -301,7 +288,7 @@ pub(crate) fn spawn_driver(sh: &Arc<Shared>, turn_id: String) {
 }
 
 /// Closes a turn's sockets when its driver ends, however it ends.
-struct SocketsGuard<'a>(&'a Shared, &'a str);
+struct SocketsGuard<'a>(&'a Shared, &'a TurnId);
 
 impl Drop for SocketsGuard<'_> {
     fn drop(&mut self) {
@@ -330,7 +317,7 @@ async fn pause(sh: &Shared, d: Duration) -> bool {
 
 /// Drives a turn through its states until it is over (or routd stops): each cycle works
 /// out the next [`Step`] from what runed says, and [`advance`] makes it the turn's.
-async fn drive(sh: &Arc<Shared>, mem: &LiveTurn, turn_id: &str) -> Result<(), DbError> {
+async fn drive(sh: &Arc<Shared>, mem: &LiveTurn, turn_id: &TurnId) -> Result<(), DbError> {
     let Some(mut t) = sh.store.turn(turn_id).await? else {
         return Ok(());
     };
@@ -498,10 +485,9 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<RunId, RunedError>
         }
         Err(e) => return Err(e),
     };
-    let (Ok(folder), Ok(turn_id)) = (
-        GroupFolder::new(&t.folder),
-        TurnId::new(runed_turn(&t.turn_id, t.attempt)),
-    ) else {
+    let try_of = |turn| TurnTry::new(turn, u32::try_from(t.attempt).ok()?).ok();
+    let (Ok(folder), Some(turn_id)) = (GroupFolder::new(&t.folder), try_of(t.turn_id.clone()))
+    else {
         return Ok(Err(refused("the turn's folder or id is invalid".into())));
     };
     let covered = sh.store.covered_by(&t.turn_id).await?;
@@ -520,7 +506,7 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<RunId, RunedError>
         .collect();
     let req = RunRequest {
         folder,
-        turn_id,
+        turn_id: turn_id.runed_turn(),
         session_id: sh
             .store
             .session(&t.folder, &t.chat_jid)
@@ -635,7 +621,7 @@ async fn on_block(
             &t.chat_jid,
             MessageKind::Message,
             text,
-            Some(t.turn_id.clone()),
+            Some(t.turn_id.to_string()),
             reply_to,
         )
         .await?;
@@ -747,7 +733,7 @@ async fn say_notice(sh: &Shared, t: &TurnRow, what: &str, text: String) -> Resul
         &t.chat_jid,
         MessageKind::Notice,
         text,
-        Some(t.turn_id.clone()),
+        Some(t.turn_id.to_string()),
         None,
     )
     .await
@@ -799,6 +785,7 @@ mod tests {
         assert_ne!(a, turn_id_for("tg:2", "m1", "m3"));
         // Parts cannot run into one another.
         assert_ne!(turn_id_for("a", "bc", "d"), turn_id_for("ab", "c", "d"));
-        assert!(hako_shared::ids::is_valid_id(&runed_turn(&a, 4)));
+        let packed = TurnTry::new(a, 4).unwrap().runed_turn();
+        assert!(packed.ends_with(".4"), "{packed}");
     }
 }

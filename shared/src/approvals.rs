@@ -147,7 +147,7 @@ pub struct ApprovalView {
     /// The request's id (`ap-…`): what `/approve` and `/deny` name.
     pub id: String,
     /// The turn whose call is held.
-    pub turn_id: String,
+    pub turn_id: crate::ids::TurnId,
     /// The group.
     pub folder: String,
     /// The chat it was asked in (the turn's chat): only its senders answer from a chat.

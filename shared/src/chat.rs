@@ -447,7 +447,7 @@ pub struct WebhookDelivery {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TurnView {
     /// The turn id (derived from the batch).
-    pub turn_id: String,
+    pub turn_id: crate::ids::TurnId,
     /// The folder.
     pub folder: String,
     /// The chat.

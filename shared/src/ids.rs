@@ -87,9 +87,10 @@ macro_rules! id_type {
             }
         }
 
+        /// Padded as text is (`{:<24}` in the CLI's tables).
         impl std::fmt::Display for $name {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(&self.0)
+                f.pad(&self.0)
             }
         }
 
@@ -196,6 +197,81 @@ impl RunId {
     }
 }
 
+/// Try `attempt` of routd's turn `turn`: what runed knows as its turn, `<turn>.<attempt>`
+/// (routd asks runed for one run per try, and runed is idempotent on its turn id). The one
+/// place that packs and parses it: routd's run request, and the spawn token's `turn_id` claim
+/// that the gateway and the tool API read back to find the turn.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TurnTry {
+    turn: TurnId,
+    attempt: u32,
+}
+
+impl TurnTry {
+    /// Try `attempt` of `turn`; refused when the packed id would pass [`MAX_ID`] (routd's
+    /// turn ids, `t-` and 24 hex digits, always fit).
+    pub fn new(turn: TurnId, attempt: u32) -> Result<Self, InvalidId> {
+        let digits = attempt.checked_ilog10().unwrap_or(0) as usize + 1;
+        if turn.len() + 1 + digits > MAX_ID {
+            return Err(InvalidId { kind: "turn id" });
+        }
+        Ok(TurnTry { turn, attempt })
+    }
+
+    /// `<turn>.<attempt>`: a turn id followed by `.` and the try's digits (no leading zero,
+    /// so the text is the one this type writes). Anything else, a bare turn id included, is
+    /// refused: a claim that does not parse matches no turn.
+    pub fn parse(s: &str) -> Result<Self, InvalidId> {
+        let bad = || InvalidId { kind: "turn id" };
+        let (turn, attempt) = s.rsplit_once('.').ok_or_else(bad)?;
+        let canonical = !attempt.is_empty()
+            && attempt.bytes().all(|b| b.is_ascii_digit())
+            && (attempt == "0" || !attempt.starts_with('0'));
+        if !canonical {
+            return Err(bad());
+        }
+        let attempt = attempt.parse().map_err(|_| bad())?;
+        // The whole text is in the grammar, so the turn (shorter) is too, and the pair fits.
+        TurnId::new(s).map_err(|_| bad())?;
+        TurnTry::new(TurnId::new(turn)?, attempt)
+    }
+
+    /// routd's turn.
+    pub fn turn(&self) -> &TurnId {
+        &self.turn
+    }
+
+    /// routd's turn, owned.
+    pub fn into_turn(self) -> TurnId {
+        self.turn
+    }
+
+    /// The try, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// The turn id runed knows this try by.
+    pub fn runed_turn(&self) -> TurnId {
+        let id = self.to_string();
+        debug_assert!(is_valid_id(&id), "{id}");
+        TurnId(id)
+    }
+}
+
+impl std::fmt::Display for TurnTry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.turn, self.attempt)
+    }
+}
+
+impl std::str::FromStr for TurnTry {
+    type Err = InvalidId;
+    fn from_str(s: &str) -> Result<Self, InvalidId> {
+        Self::parse(s)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,5 +305,46 @@ mod tests {
         let e = serde_json::from_str::<TurnId>("\"user@chat\"").unwrap_err();
         assert!(e.to_string().contains("invalid turn id"), "{e}");
         assert!(serde_json::from_str::<RunId>("\"\"").is_err());
+    }
+
+    #[test]
+    fn a_try_packs_and_parses_in_one_place() {
+        let t = TurnTry::new(TurnId::new("t-0123456789abcdef01234567").unwrap(), 3).unwrap();
+        assert_eq!(t.to_string(), "t-0123456789abcdef01234567.3");
+        assert_eq!(t.runed_turn(), "t-0123456789abcdef01234567.3");
+        assert_eq!(TurnTry::parse(&t.to_string()).unwrap(), t);
+        let p: TurnTry = "a.b.3".parse().unwrap();
+        assert_eq!((p.turn().as_str(), p.attempt()), ("a.b", 3));
+        assert_eq!(TurnTry::parse("a.0").unwrap().attempt(), 0);
+        for bad in [
+            "x",
+            "x.",
+            "x.y",
+            ".3",
+            "x.03",
+            "x.-3",
+            "x.+3",
+            "x.3 ",
+            "a@b.3",
+            "x.4294967296",
+            "",
+        ] {
+            assert!(TurnTry::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_packed_try_is_always_a_turn_id() {
+        // routd's turn ids with the largest try.
+        let routd = TurnId::new(random_id("t-", 12)).unwrap();
+        let t = TurnTry::new(routd, u32::MAX).unwrap();
+        assert!(is_valid_id(&t.to_string()));
+        // Up to the longest id: the turn leaves room for the dot and the digits, or is refused.
+        let longest = TurnId::new("x".repeat(MAX_ID - 2)).unwrap();
+        let t = TurnTry::new(longest.clone(), 9).unwrap();
+        assert_eq!(t.runed_turn().len(), MAX_ID);
+        assert_eq!(TurnTry::parse(&t.to_string()).unwrap(), t);
+        assert!(TurnTry::new(longest, 10).is_err());
+        assert!(TurnTry::parse(&format!("{}.1", "x".repeat(MAX_ID - 1))).is_err());
     }
 }

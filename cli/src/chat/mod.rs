@@ -275,7 +275,7 @@ impl Chat {
         let listener = tokio::net::UnixListener::from_std(listener)?;
         let scope = hako_mcp::Scope {
             folder: self.place.folder.clone(),
-            turn_id: "cli".into(),
+            turn_id: hako_shared::ids::TurnId::new("cli").expect("in the id grammar"),
             chat_jid: "cli".into(),
             // The person at the terminal is the operator: every tool.
             grants: Grants::parse(&["*".to_owned()], Trust::Main)

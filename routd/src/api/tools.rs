@@ -7,12 +7,12 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::http::{ApiJson, ErrorBody};
-use hako_shared::ids::is_valid_id;
+use hako_shared::ids::{TurnId, TurnTry};
 
 use super::AppState;
 use crate::Shared;
 use crate::error::ApiFailure;
-use crate::turns::routd_turn;
+use crate::gateway::claims_turn;
 
 /// The turn a spawn token may act for: only its own turn, in its own folder, while it is
 /// live. Anyone else gets 404 (the same answer as for no such turn).
@@ -22,23 +22,29 @@ pub(super) async fn acting_turn(
     turn_id: &str,
 ) -> Result<hako_mcp::Scope, ApiFailure> {
     who.require(scopes::TURNS_ACT)?;
-    let turn_id = routd_turn(turn_id);
     let missing = || ApiFailure::NotFound(format!("no turn {turn_id}"));
-    if !is_valid_id(turn_id) {
-        return Err(missing());
-    }
+    let turn_id = path_turn(turn_id).ok_or_else(missing)?;
     if let Some(c) = who.claims() {
         let own = c.typ == hako_shared::auth::TokenType::Spawn
-            && c.turn_id.as_deref().map(routd_turn) == Some(turn_id);
+            && claims_turn(c.turn_id.as_deref(), &turn_id);
         if !own {
             return Err(missing());
         }
     }
-    let t = sh.store.turn(turn_id).await?.ok_or_else(missing)?;
+    let t = sh.store.turn(&turn_id).await?.ok_or_else(missing)?;
     if !who.covers_folder(&t.folder) {
         return Err(missing());
     }
     crate::tools::scope_of(sh, &t).await?.ok_or_else(missing)
+}
+
+/// The routd turn a path names: runed's `<turn>.<try>` (what the agent's input carries) or
+/// routd's own id (never of that form: `t-` and hex digits). `None` is no turn's.
+fn path_turn(raw: &str) -> Option<TurnId> {
+    match TurnTry::parse(raw) {
+        Ok(t) => Some(t.into_turn()),
+        Err(_) => TurnId::new(raw).ok(),
+    }
 }
 
 pub(super) async fn act(

@@ -6,7 +6,7 @@ use hako_shared::GroupFolder;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{TurnList, TurnState, TurnView};
 use hako_shared::http::{ApiQuery, ErrorBody};
-use hako_shared::ids::is_valid_id;
+use hako_shared::ids::TurnId;
 use serde::{Deserialize, Serialize};
 
 use super::{AppState, parse_folder};
@@ -28,10 +28,9 @@ pub(super) async fn get_turn(
 ) -> Result<Json<TurnView>, ApiFailure> {
     who.require(scopes::TURNS_READ)?;
     let missing = || ApiFailure::NotFound(format!("no turn {turn_id}"));
-    if !is_valid_id(&turn_id) {
-        return Err(missing());
-    }
-    let t = sh.store.turn(&turn_id).await?.ok_or_else(missing)?;
+    // An id outside the grammar names no turn: the same 404.
+    let id = TurnId::new(turn_id.as_str()).map_err(|_| missing())?;
+    let t = sh.store.turn(&id).await?.ok_or_else(missing)?;
     if !who.covers_folder(&t.folder) {
         return Err(missing());
     }
@@ -161,7 +160,19 @@ pub(super) async fn usage(
     }
     let folder = q.folder.or_else(|| who.folder().map(str::to_owned));
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let mut rows = sh.store.llm_usage(folder, q.day, q.turn_id, limit).await?;
+    // A turn id outside the grammar is no turn's: no rows, as for a turn with none.
+    let turn = match q.turn_id.map(TurnId::new).transpose() {
+        Ok(t) => t,
+        Err(_) => {
+            return Ok(Json(UsageReport {
+                rows: Vec::new(),
+                calls: 0,
+                input_tokens: 0,
+                output_tokens: 0,
+            }));
+        }
+    };
+    let mut rows = sh.store.llm_usage(folder, q.day, turn, limit).await?;
     rows.retain(|r| who.covers_folder(&r.folder));
     let sum =
         |f: fn(&crate::store::UsageRow) -> u64| rows.iter().map(f).fold(0u64, u64::saturating_add);

@@ -28,13 +28,13 @@ use hako_shared::auth::{AuthError, TokenType, scopes};
 use hako_shared::db::DbError;
 use hako_shared::error_chain;
 use hako_shared::http::ApiError;
+use hako_shared::ids::{TurnId, TurnTry};
 use hako_shared::runs::LlmApi;
 use serde_json::Value;
 
 use crate::Shared;
 use crate::live::CutOff;
 use crate::store::UsageRow;
-use crate::turns::routd_turn;
 use usage::{Meter, Usage};
 
 /// The longest model name recorded with usage.
@@ -65,7 +65,7 @@ const ANTHROPIC_VERSION: &str = "2023-06-01";
 pub(crate) struct GatewayTurn {
     pub sh: Arc<Shared>,
     pub folder: GroupFolder,
-    pub turn_id: String,
+    pub turn_id: TurnId,
     /// Calls in flight (`ROUTD_LLM_MAX_CALLS`): a permit is held until the answer ends.
     pub calls: Arc<tokio::sync::Semaphore>,
 }
@@ -353,7 +353,7 @@ impl GatewayTurn {
             ));
         }
         if c.folder.as_deref() != Some(self.folder.as_str())
-            || c.turn_id.as_deref().map(routd_turn) != Some(self.turn_id.as_str())
+            || !claims_turn(c.turn_id.as_deref(), &self.turn_id)
         {
             return Err(GatewayError::WrongTurn(
                 "the token belongs to another folder or turn than this socket's".into(),
@@ -685,12 +685,20 @@ fn metered(resp: reqwest::Response, record: Record, max: u64, idle: Duration) ->
     Body::from_stream(stream)
 }
 
+/// Whether a spawn token's `turn_id` claim (`<turn>.<try>`, minted by runed) is a try of
+/// `turn`. A claim that does not parse is no turn's: the check fails closed.
+pub(crate) fn claims_turn(claim: Option<&str>, turn: &TurnId) -> bool {
+    claim
+        .and_then(|c| TurnTry::parse(c).ok())
+        .is_some_and(|t| t.turn() == turn)
+}
+
 /// The turn whose sockets are open, as the gateway needs it.
-pub(crate) fn turn(sh: &Arc<Shared>, folder: &GroupFolder, turn_id: &str) -> Arc<GatewayTurn> {
+pub(crate) fn turn(sh: &Arc<Shared>, folder: &GroupFolder, turn_id: &TurnId) -> Arc<GatewayTurn> {
     Arc::new(GatewayTurn {
         sh: sh.clone(),
         folder: folder.clone(),
-        turn_id: turn_id.to_owned(),
+        turn_id: turn_id.clone(),
         calls: Arc::new(tokio::sync::Semaphore::new(sh.cfg.llm.max_calls)),
     })
 }
@@ -698,6 +706,21 @@ pub(crate) fn turn(sh: &Arc<Shared>, folder: &GroupFolder, turn_id: &str) -> Arc
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_token_is_its_turns_only_through_a_parsed_try() {
+        let turn = &TurnId::new("t-0123456789abcdef01234567").unwrap();
+        assert!(claims_turn(Some("t-0123456789abcdef01234567.2"), turn));
+        assert!(!claims_turn(Some("t-0123456789abcdef01234568.2"), turn));
+        // A claim without the try no longer stands for the whole turn.
+        for bad in [
+            Some(turn.as_str()),
+            Some("t-0123456789abcdef01234567."),
+            None,
+        ] {
+            assert!(!claims_turn(bad, turn), "{bad:?}");
+        }
+    }
 
     #[test]
     fn days_are_utc_dates() {

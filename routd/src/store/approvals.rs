@@ -3,6 +3,7 @@
 
 use hako_shared::approvals::{ApprovalState, ApprovalView};
 use hako_shared::db::DbError;
+use hako_shared::ids::TurnId;
 use rusqlite::{OptionalExtension, params};
 
 use super::Store;
@@ -13,7 +14,7 @@ pub struct ApprovalRow {
     /// `ap-…`.
     pub id: String,
     /// The turn whose call is held.
-    pub turn_id: String,
+    pub turn_id: TurnId,
     /// The group.
     pub folder: String,
     /// The turn's chat.
@@ -177,9 +178,9 @@ impl Store {
     /// The pending requests, of one turn or of all.
     pub async fn pending_approvals(
         &self,
-        turn_id: Option<&str>,
+        turn_id: Option<&TurnId>,
     ) -> Result<Vec<ApprovalRow>, DbError> {
-        let turn = turn_id.map(str::to_owned);
+        let turn = turn_id.cloned();
         self.db
             .call(move |c| {
                 let mut st = c.prepare_cached(&format!(

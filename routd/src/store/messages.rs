@@ -3,6 +3,7 @@
 
 use hako_shared::chat::{Direction, MessageKind, MessageView};
 use hako_shared::db::DbError;
+use hako_shared::ids::TurnId;
 use rusqlite::{OptionalExtension, params};
 
 use super::Store;
@@ -297,7 +298,7 @@ impl Store {
 
     /// Takes messages back from a turn (a steer runed did not deliver): they wait for the
     /// next turn.
-    pub async fn uncover(&self, turn_id: &str, seqs: Vec<i64>) -> Result<(), DbError> {
+    pub async fn uncover(&self, turn_id: &TurnId, seqs: Vec<i64>) -> Result<(), DbError> {
         self.per_seq(
             "UPDATE messages SET turn_id = NULL, steering = 0, steer_id = NULL WHERE seq = ?1 \
              AND turn_id = ?2 AND state = 'pending'",
@@ -311,7 +312,7 @@ impl Store {
     async fn per_seq(
         &self,
         sql: &'static str,
-        turn_id: &str,
+        turn_id: &TurnId,
         seqs: Vec<i64>,
     ) -> Result<(), DbError> {
         let t = turn_id.to_owned();
@@ -328,7 +329,7 @@ impl Store {
     }
 
     /// The messages a turn covers, in order.
-    pub async fn covered_by(&self, turn_id: &str) -> Result<Vec<MessageView>, DbError> {
+    pub async fn covered_by(&self, turn_id: &TurnId) -> Result<Vec<MessageView>, DbError> {
         let t = turn_id.to_owned();
         self.db
             .call(move |c| {
@@ -349,7 +350,7 @@ impl Store {
     /// messages still uncovered move, and only while the turn runs; answers how many did.
     pub async fn cover(
         &self,
-        turn_id: &str,
+        turn_id: &TurnId,
         steer_id: &str,
         seqs: Vec<i64>,
     ) -> Result<usize, DbError> {
@@ -385,7 +386,7 @@ impl Store {
 
     /// runed placed a follow-up in the run: its messages wait there for the run's end to
     /// say whether the agent took them.
-    pub async fn steer_placed(&self, turn_id: &str, steer_id: &str) -> Result<(), DbError> {
+    pub async fn steer_placed(&self, turn_id: &TurnId, steer_id: &str) -> Result<(), DbError> {
         let (t, s) = (turn_id.to_owned(), steer_id.to_owned());
         self.db
             .call(move |c| {
@@ -404,7 +405,7 @@ impl Store {
     /// same id is safe: it never places one twice.
     pub async fn steers_unanswered(
         &self,
-        turn_id: &str,
+        turn_id: &TurnId,
     ) -> Result<Vec<(String, Vec<MessageView>)>, DbError> {
         let t = turn_id.to_owned();
         self.db
@@ -435,7 +436,7 @@ impl Store {
     /// wait for the next turn. One transaction; answers (taken, returned) message counts.
     pub async fn resolve_steers(
         &self,
-        turn_id: &str,
+        turn_id: &TurnId,
         taken: Vec<String>,
     ) -> Result<(usize, usize), DbError> {
         let t = turn_id.to_owned();
@@ -515,7 +516,7 @@ impl Store {
     /// log so that every reader after a seq (SSE, history) sees the edit. Returns its seq.
     pub async fn set_status(
         &self,
-        turn_id: &str,
+        turn_id: &TurnId,
         chat: &str,
         text: String,
         webhook: bool,

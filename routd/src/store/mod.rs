@@ -99,7 +99,7 @@ mod tests {
 
     async fn running_turn(store: &Store, seq: i64) -> TurnRow {
         let row = TurnRow {
-            turn_id: "t-1".into(),
+            turn_id: hako_shared::ids::TurnId::new("t-1").unwrap(),
             folder: "f".into(),
             chat_jid: "tg:1".into(),
             state: TurnState::Starting,
@@ -125,7 +125,10 @@ mod tests {
             None,
             "a step from a state the turn has left changes nothing"
         );
-        assert_eq!(store.turn("t-1").await.unwrap(), Some(running.clone()));
+        assert_eq!(
+            store.turn(&row.turn_id).await.unwrap(),
+            Some(running.clone())
+        );
         running
     }
 
@@ -280,7 +283,10 @@ mod tests {
         let t = row.turn_id.clone();
         assert_eq!(store.cover(&t, "s-1", vec![cut]).await.unwrap(), 1);
         assert!(store.advance(&row, done(), 10).await.unwrap().is_some());
-        assert_eq!(state_of(&store, cut).await, ("pending".into(), Some(t)));
+        assert_eq!(
+            state_of(&store, cut).await,
+            ("pending".into(), Some(t.to_string()))
+        );
         assert_eq!(store.release_steering().await.unwrap(), 1);
         assert_eq!(state_of(&store, cut).await, ("pending".into(), None));
     }

@@ -3,7 +3,7 @@
 
 use hako_shared::chat::{TurnState, TurnView};
 use hako_shared::db::DbError;
-use hako_shared::ids::RunId;
+use hako_shared::ids::{RunId, TurnId};
 use rusqlite::{OptionalExtension, params};
 
 use super::Store;
@@ -13,7 +13,7 @@ use super::messages::inbound;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TurnRow {
     /// Id.
-    pub turn_id: String,
+    pub turn_id: TurnId,
     /// Folder.
     pub folder: String,
     /// Chat.
@@ -202,7 +202,7 @@ impl Store {
     }
 
     /// One turn.
-    pub async fn turn(&self, turn_id: &str) -> Result<Option<TurnRow>, DbError> {
+    pub async fn turn(&self, turn_id: &TurnId) -> Result<Option<TurnRow>, DbError> {
         let t = turn_id.to_owned();
         self.db
             .call(move |c| {
@@ -332,7 +332,7 @@ impl Store {
     }
 
     /// The rowid of a turn (the cursor of turn pages).
-    pub async fn turn_rowid(&self, turn_id: &str) -> Result<Option<i64>, DbError> {
+    pub async fn turn_rowid(&self, turn_id: &TurnId) -> Result<Option<i64>, DbError> {
         let t = turn_id.to_owned();
         self.db
             .call(move |c| {
@@ -366,7 +366,7 @@ impl Store {
     }
 
     /// Counts one more reply of a turn; answers the new count.
-    pub async fn add_reply(&self, turn_id: &str) -> Result<i64, DbError> {
+    pub async fn add_reply(&self, turn_id: &TurnId) -> Result<i64, DbError> {
         let t = turn_id.to_owned();
         self.db
             .call(move |c| {
@@ -421,7 +421,7 @@ mod tests {
 
     fn row(state: TurnState) -> TurnRow {
         TurnRow {
-            turn_id: "t-1".into(),
+            turn_id: TurnId::new("t-1").unwrap(),
             folder: "f".into(),
             chat_jid: "tg:1".into(),
             state,

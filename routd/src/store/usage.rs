@@ -1,6 +1,7 @@
 //! LLM usage through the gateway, per group, day, turn and model.
 
 use hako_shared::db::DbError;
+use hako_shared::ids::TurnId;
 use rusqlite::params;
 use serde::Serialize;
 
@@ -14,7 +15,7 @@ pub struct UsageRow {
     /// The UTC day, `YYYY-MM-DD`.
     pub day: String,
     /// The turn.
-    pub turn_id: String,
+    pub turn_id: TurnId,
     /// `anthropic` or `openai`.
     pub api: String,
     /// The model the agent asked for.
@@ -79,7 +80,7 @@ impl Store {
         &self,
         folder: Option<String>,
         day: Option<String>,
-        turn_id: Option<String>,
+        turn_id: Option<TurnId>,
         limit: usize,
     ) -> Result<Vec<UsageRow>, DbError> {
         self.db
