@@ -9,31 +9,44 @@ use hako_shared::config::Env;
 
 use crate::{Config, Running, StartError};
 
-/// A real authd started for a test, with the service keys it was given.
+/// runed's service key in tests.
+pub const RUNED_KEY: &str = "runed-test-key-0123456789";
+/// routd's service key in tests.
+pub const ROUTD_KEY: &str = "routd-test-key-0123456789";
+/// The operator's service key in tests.
+pub const OPERATOR_KEY: &str = "operator-test-key-0123456789";
+/// A chat adapter's (`channel`) service key in tests.
+pub const CHANNEL_KEY: &str = "channel-test-key-0123456789";
+
+/// The identities a test's authd knows, with their keys.
+const KEYS: [(&str, &str); 4] = [
+    ("runed", RUNED_KEY),
+    ("routd", ROUTD_KEY),
+    ("operator", OPERATOR_KEY),
+    ("channel", CHANNEL_KEY),
+];
+
+/// A real authd started for a test; it knows runed, routd, the operator and a channel by the
+/// keys above.
 #[derive(Debug)]
 pub struct TestAuthd {
     running: Running,
     client: AuthdClient,
-    keys: Vec<(String, String)>,
 }
 
 impl TestAuthd {
-    /// authd on a fresh loopback port, its data in `data_dir`; `keys` are `(identity, key)`.
-    pub async fn start(data_dir: &Path, keys: &[(&str, &str)]) -> Self {
+    /// authd on a fresh loopback port, its data in `data_dir`.
+    pub async fn start(data_dir: &Path) -> Self {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a loopback port for authd");
-        Self::start_on(l, data_dir, keys).await
+        Self::start_on(l, data_dir).await
     }
 
     /// As [`TestAuthd::start`], on `listener` (an address containers reach, say). Clock
     /// skew is 1 s, so tests of expiry wait seconds, not a minute.
-    pub async fn start_on(
-        listener: tokio::net::TcpListener,
-        data_dir: &Path,
-        keys: &[(&str, &str)],
-    ) -> Self {
-        let service_keys = keys
+    pub async fn start_on(listener: tokio::net::TcpListener, data_dir: &Path) -> Self {
+        let service_keys = KEYS
             .iter()
             .map(|(who, key)| format!("{who}={key}"))
             .collect::<Vec<_>>()
@@ -46,14 +59,7 @@ impl TestAuthd {
         .expect("authd's test configuration");
         let running = crate::start(cfg, listener).await.expect("authd starts");
         let client = AuthdClient::new(&running.url()).expect("a client of authd");
-        Self {
-            running,
-            client,
-            keys: keys
-                .iter()
-                .map(|(w, k)| ((*w).to_owned(), (*k).to_owned()))
-                .collect(),
-        }
+        Self { running, client }
     }
 
     /// `http://<addr>`.
@@ -61,12 +67,11 @@ impl TestAuthd {
         self.running.url()
     }
 
-    /// A fresh service token of `identity` (one of the keys it was started with).
+    /// A fresh service token of `identity` (`runed`, `routd`, `operator` or `channel`).
     pub async fn token(&self, identity: &str) -> String {
-        let (_, key) = self
-            .keys
+        let (_, key) = KEYS
             .iter()
-            .find(|(w, _)| w == identity)
+            .find(|(w, _)| *w == identity)
             .unwrap_or_else(|| panic!("authd was started without a key for {identity}"));
         match self.client.service_token(identity, key).await {
             Ok(t) => t.token,

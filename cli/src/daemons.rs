@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
 use hako_shared::auth::AuthdClient;
-use hako_shared::chat::{Direction, MessageView};
+use hako_shared::chat::{Direction, MessageView, Posted};
 use hako_shared::runs::RunStreamEvent;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -216,6 +216,48 @@ impl Daemons {
                 "{daemon} answered {path} in a shape this hako does not read (another version?)"
             )
         })
+    }
+
+    /// A `GET` of `path` at `daemon`, read as `T` (as [`Daemons::call`]).
+    pub async fn get<T: DeserializeOwned>(
+        &self,
+        daemon: Daemon,
+        path: &str,
+        token: &str,
+    ) -> anyhow::Result<T> {
+        self.call(daemon, reqwest::Method::GET, path, token, None)
+            .await
+    }
+
+    /// `body` sent to `path` at `daemon` with `method` (`POST`, `PUT`), the answer read as
+    /// `T` (as [`Daemons::call`]).
+    pub async fn send<T: DeserializeOwned>(
+        &self,
+        daemon: Daemon,
+        method: reqwest::Method,
+        path: &str,
+        token: &str,
+        body: &impl serde::Serialize,
+    ) -> anyhow::Result<T> {
+        let body = serde_json::to_value(body).context("a request body that is not JSON")?;
+        self.call(daemon, method, path, token, Some(body)).await
+    }
+
+    /// Posts a chat message to routd (`POST /v1/messages`: `chat_jid`, `sender`, `content`,
+    /// and an `id` to make it idempotent).
+    pub async fn post_message(
+        &self,
+        token: &str,
+        message: &serde_json::Value,
+    ) -> anyhow::Result<Posted> {
+        self.send(
+            Daemon::Routd,
+            reqwest::Method::POST,
+            "/v1/messages",
+            token,
+            message,
+        )
+        .await
     }
 
     /// The chat's messages after `after` as they come (server-sent events), until `done`

@@ -85,12 +85,9 @@ pub async fn send(args: SendArgs) -> anyhow::Result<bool> {
     let d = args.ops.daemons()?;
     let token = d.operator_token().await?;
     let posted: Posted = d
-        .call(
-            Daemon::Routd,
-            Method::POST,
-            "/v1/messages",
+        .post_message(
             &token,
-            Some(json!({"chat_jid": args.chat, "sender": "operator", "content": args.text})),
+            &json!({"chat_jid": args.chat, "sender": "operator", "content": args.text}),
         )
         .await?;
     if !posted.routed {
@@ -375,13 +372,7 @@ pub async fn approvals(args: ApprovalsArgs) -> anyhow::Result<bool> {
     let (id, approve) = match args.command {
         ApprovalsCommand::List { all } => {
             let list: ApprovalList = d
-                .call(
-                    Daemon::Routd,
-                    Method::GET,
-                    &format!("/v1/approvals?all={all}"),
-                    &token,
-                    None,
-                )
+                .get(Daemon::Routd, &format!("/v1/approvals?all={all}"), &token)
                 .await?;
             if json {
                 print_json(&list);
@@ -400,12 +391,12 @@ pub async fn approvals(args: ApprovalsArgs) -> anyhow::Result<bool> {
         ApprovalsCommand::Deny { id } => (id, false),
     };
     let a: ApprovalView = d
-        .call(
+        .send(
             Daemon::Routd,
             Method::POST,
             &format!("/v1/approvals/{}", encode(&id)),
             &token,
-            Some(json!({ "approve": approve })),
+            &json!({ "approve": approve }),
         )
         .await?;
     if json {
@@ -729,9 +720,7 @@ pub async fn groups(args: GroupsArgs) -> anyhow::Result<bool> {
     let json = args.ops.json;
     match args.command {
         GroupsCommand::List => {
-            let list: GroupList = d
-                .call(Daemon::Routd, Method::GET, "/v1/groups", &token, None)
-                .await?;
+            let list: GroupList = d.get(Daemon::Routd, "/v1/groups", &token).await?;
             if json {
                 print_json(&list);
                 return Ok(true);
@@ -753,12 +742,10 @@ pub async fn groups(args: GroupsArgs) -> anyhow::Result<bool> {
         }
         GroupsCommand::Show { folder } => {
             let g: GroupView = d
-                .call(
+                .get(
                     Daemon::Routd,
-                    Method::GET,
                     &format!("/v1/groups/{}", encode(&folder)),
                     &token,
-                    None,
                 )
                 .await?;
             emit(json, &g, |g| {
@@ -786,12 +773,12 @@ pub async fn groups(args: GroupsArgs) -> anyhow::Result<bool> {
                 },
             )?;
             let g: GroupView = d
-                .call(
+                .send(
                     Daemon::Routd,
                     Method::PUT,
                     &format!("/v1/groups/{}", encode(&folder)),
                     &token,
-                    Some(serde_json::to_value(&cfg)?),
+                    &cfg,
                 )
                 .await?;
             emit(json, &g, |g| println!("group {} set", g.folder));
@@ -925,9 +912,7 @@ pub async fn routes(args: RoutesArgs) -> anyhow::Result<bool> {
     let json = args.ops.json;
     match args.command {
         RoutesCommand::List => {
-            let list: RouteList = d
-                .call(Daemon::Routd, Method::GET, "/v1/routes", &token, None)
-                .await?;
+            let list: RouteList = d.get(Daemon::Routd, "/v1/routes", &token).await?;
             if json {
                 print_json(&list);
                 return Ok(true);
@@ -950,13 +935,7 @@ pub async fn routes(args: RoutesArgs) -> anyhow::Result<bool> {
                 body["position"] = json!(p);
             }
             let r: RouteView = d
-                .call(
-                    Daemon::Routd,
-                    Method::POST,
-                    "/v1/routes",
-                    &token,
-                    Some(body),
-                )
+                .send(Daemon::Routd, Method::POST, "/v1/routes", &token, &body)
                 .await?;
             if json {
                 print_json(&r);
@@ -1024,9 +1003,7 @@ pub async fn tasks(args: TasksArgs) -> anyhow::Result<bool> {
             if let Some(f) = folder {
                 path.push_str(&format!("&folder={}", encode(&f)));
             }
-            let list: TaskList = d
-                .call(Daemon::Routd, Method::GET, &path, &token, None)
-                .await?;
+            let list: TaskList = d.get(Daemon::Routd, &path, &token).await?;
             if json {
                 print_json(&list);
                 return Ok(true);
@@ -1151,13 +1128,7 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
                 ..MintRequest::default()
             };
             let t: MintResponse = d
-                .call(
-                    Daemon::Authd,
-                    Method::POST,
-                    "/v1/tokens",
-                    &token,
-                    Some(serde_json::to_value(&ask)?),
-                )
+                .send(Daemon::Authd, Method::POST, "/v1/tokens", &token, &ask)
                 .await?;
             emit(json, &t, |t| println!("{}", t.token));
         }

@@ -399,21 +399,18 @@ pub async fn demo(ep: &Endpoints, text: &str) -> anyhow::Result<String> {
     let d = Daemons::new(ep)?;
     let token = d.operator_token().await?;
     let _: GroupView = d
-        .call(
+        .send(
             Daemon::Routd,
             reqwest::Method::PUT,
             "/v1/groups/demo",
             &token,
-            Some(json!({"name": "demo", "system_prompt": "The demo group of `hako up`."})),
+            &json!({"name": "demo", "system_prompt": "The demo group of `hako up`."}),
         )
         .await?;
     let posted: Posted = d
-        .call(
-            Daemon::Routd,
-            reqwest::Method::POST,
-            "/v1/messages",
+        .post_message(
             &token,
-            Some(json!({"chat_jid": "web:demo", "sender": "hako-up", "content": text})),
+            &json!({"chat_jid": "web:demo", "sender": "hako-up", "content": text}),
         )
         .await?;
     let reply = d

@@ -70,12 +70,12 @@ pub async fn web(args: WebArgs) -> anyhow::Result<bool> {
         ..MintRequest::default()
     };
     let t: MintResponse = d
-        .call(
+        .send(
             Daemon::Authd,
             reqwest::Method::POST,
             "/v1/tokens",
             &token,
-            Some(serde_json::to_value(&ask)?),
+            &ask,
         )
         .await?;
     let link = format!(
@@ -108,15 +108,7 @@ pub async fn web(args: WebArgs) -> anyhow::Result<bool> {
 async fn list(args: &WebArgs) -> anyhow::Result<bool> {
     let d = args.ops.daemons()?;
     let token = d.operator_token().await?;
-    let list: WebSessionList = d
-        .call(
-            Daemon::Routd,
-            reqwest::Method::GET,
-            "/v1/web-sessions",
-            &token,
-            None,
-        )
-        .await?;
+    let list: WebSessionList = d.get(Daemon::Routd, "/v1/web-sessions", &token).await?;
     if args.ops.json {
         println!("{}", serde_json::to_string(&list)?);
         return Ok(true);

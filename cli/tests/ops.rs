@@ -5,15 +5,10 @@
 use std::process::Command;
 use std::time::Duration;
 
-use hako_authd::testing::TestAuthd;
+use hako_authd::testing::{CHANNEL_KEY, OPERATOR_KEY, ROUTD_KEY, RUNED_KEY, TestAuthd};
 use hako_shared::config::Env;
 use hako_shared::testing::eventually;
 use serde_json::{Value, json};
-
-const OPERATOR_KEY: &str = "operator-ops-test-key-0123456789";
-const CHANNEL_KEY: &str = "channel-ops-test-key-0123456789";
-const RUNED_KEY: &str = "runed-ops-test-key-0123456789";
-const ROUTD_KEY: &str = "routd-ops-test-key-0123456789";
 
 struct Daemons {
     home: tempfile::TempDir,
@@ -35,16 +30,7 @@ impl Daemons {
             b.iter().map(|x| format!("{x:02x}")).collect::<String>()
         );
         let bind = || async { tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap() };
-        let authd = TestAuthd::start(
-            &home.path().join("authd"),
-            &[
-                ("runed", RUNED_KEY),
-                ("routd", ROUTD_KEY),
-                ("operator", OPERATOR_KEY),
-                ("channel", CHANNEL_KEY),
-            ],
-        )
-        .await;
+        let authd = TestAuthd::start(&home.path().join("authd")).await;
         let data = home.path().join("data").display().to_string();
         let runed = hako_runed::start(
             hako_runed::Config::from_env(&Env::from_pairs([

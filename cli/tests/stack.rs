@@ -100,10 +100,7 @@ async fn restart(project: &str, service: &str) {
 /// fails the test at once. On a loaded 2-core CI machine the stack's containers have stalled
 /// past one call's 15 s.
 async fn routd_get(d: &Daemons, path: &str, token: &str) -> Result<Value, String> {
-    match d
-        .call(Daemon::Routd, reqwest::Method::GET, path, token, None)
-        .await
-    {
+    match d.get(Daemon::Routd, path, token).await {
         Ok(v) => Ok(v),
         Err(e) if e.downcast_ref::<hako_cli::daemons::Refused>().is_none() => {
             eprintln!("routd GET {path}: {e}; trying again");
@@ -296,13 +293,10 @@ async fn the_stack_answers_survives_restarts_and_never_answers_twice() {
     let chat = "web:demo";
     wait_idle(&d, &token, "demo").await;
     let _: Posted = d
-        .call(
-            Daemon::Routd,
-            reqwest::Method::POST,
-            "/v1/messages",
+        .post_message(
             &token,
-            Some(json!({"id": "slow-1", "chat_jid": chat, "sender": "t",
-                "content": "/sleep 4\nafter the runed restart"})),
+            &json!({"id": "slow-1", "chat_jid": chat, "sender": "t",
+                "content": "/sleep 4\nafter the runed restart"}),
         )
         .await
         .unwrap();

@@ -13,8 +13,6 @@ use hako_shared::testing::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-const RUNED_KEY: &str = "runed-test-key-0123456789";
-const ROUTD_KEY: &str = "routd-test-key-0123456789";
 const LIMIT: Duration = Duration::from_secs(20);
 
 struct Rig {
@@ -28,11 +26,7 @@ struct Rig {
 impl Rig {
     async fn new() -> Rig {
         let dir = tempfile::tempdir().unwrap();
-        let authd = TestAuthd::start(
-            &dir.path().join("authd"),
-            &[("runed", RUNED_KEY), ("routd", ROUTD_KEY)],
-        )
-        .await;
+        let authd = TestAuthd::start(&dir.path().join("authd")).await;
         let client = AuthdClient::new(&authd.url()).unwrap();
         let runed_token = authd.token("runed").await;
         let routd_token = authd.token("routd").await;

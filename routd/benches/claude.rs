@@ -17,15 +17,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hako_authd::testing::TestAuthd;
+use hako_authd::testing::{CHANNEL_KEY, OPERATOR_KEY, ROUTD_KEY, RUNED_KEY, TestAuthd};
 use hako_shared::auth::AuthdClient;
 use hako_shared::config::Env;
 use serde_json::{Value, json};
 
-const RUNED_KEY: &str = "runed-bench-key-0123456789";
-const ROUTD_KEY: &str = "routd-bench-key-0123456789";
-const OPERATOR_KEY: &str = "operator-bench-key-0123456789";
-const CHANNEL_KEY: &str = "channel-bench-key-0123456789";
 const MODEL: &str = "claude-stub-1";
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -89,16 +85,7 @@ async fn bench() {
     let (calls, url) = stub().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let authd = TestAuthd::start(
-        &dir.path().join("authd"),
-        &[
-            ("runed", RUNED_KEY),
-            ("routd", ROUTD_KEY),
-            ("operator", OPERATOR_KEY),
-            ("channel", CHANNEL_KEY),
-        ],
-    )
-    .await;
+    let authd = TestAuthd::start(&dir.path().join("authd")).await;
     let rcfg = hako_runed::Config::from_env(&Env::from_pairs([
         ("DATA_DIR", data.display().to_string()),
         ("AUTHD_URL", authd.url()),

@@ -16,17 +16,12 @@
 
 use std::time::{Duration, Instant};
 
-use hako_authd::testing::TestAuthd;
+use hako_authd::testing::{CHANNEL_KEY, OPERATOR_KEY, ROUTD_KEY, RUNED_KEY, TestAuthd};
 use hako_shared::auth::AuthdClient;
 use hako_shared::config::Env;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixStream;
-
-const RUNED_KEY: &str = "runed-bench-key-0123456789";
-const ROUTD_KEY: &str = "routd-bench-key-0123456789";
-const OPERATOR_KEY: &str = "operator-bench-key-0123456789";
-const CHANNEL_KEY: &str = "channel-bench-key-0123456789";
 
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
@@ -79,16 +74,7 @@ async fn bench() {
         .expect("agent image");
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("data");
-    let authd = TestAuthd::start(
-        &dir.path().join("authd"),
-        &[
-            ("runed", RUNED_KEY),
-            ("routd", ROUTD_KEY),
-            ("operator", OPERATOR_KEY),
-            ("channel", CHANNEL_KEY),
-        ],
-    )
-    .await;
+    let authd = TestAuthd::start(&dir.path().join("authd")).await;
     let rcfg = hako_runed::Config::from_env(&Env::from_pairs([
         ("DATA_DIR", data.display().to_string()),
         ("AUTHD_URL", authd.url()),

@@ -13,14 +13,12 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hako_authd::testing::TestAuthd;
+use hako_authd::testing::{ROUTD_KEY, RUNED_KEY, TestAuthd};
 use hako_shared::auth::AuthdClient;
 use hako_shared::config::Env;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
-const RUNED_KEY: &str = "runed-bench-key-0123456789";
-const ROUTD_KEY: &str = "routd-bench-key-0123456789";
 const N: usize = 10;
 const THROUGHPUT_RUNS: usize = 100;
 const LANES: usize = 4;
@@ -119,11 +117,7 @@ async fn bench() {
         .expect("agent image builds");
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path();
-    let authd = TestAuthd::start(
-        &data.join("authd"),
-        &[("runed", RUNED_KEY), ("routd", ROUTD_KEY)],
-    )
-    .await;
+    let authd = TestAuthd::start(&data.join("authd")).await;
     let cfg = hako_runed::Config::from_env(&Env::from_pairs([
         ("DATA_DIR", data.join("runed").display().to_string()),
         ("AUTHD_URL", authd.url()),

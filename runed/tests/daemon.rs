@@ -7,16 +7,12 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use hako_authd::testing::TestAuthd;
+use hako_authd::testing::{RUNED_KEY, TestAuthd};
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::config::Env;
 use hako_shared::testing::{ApiClient, eventually};
 use serde_json::{Value, json};
-
-const ROUTD_KEY: &str = "routd-test-key-0123456789";
-const RUNED_KEY: &str = "runed-test-key-0123456789";
-const OPERATOR_KEY: &str = "operator-test-key-0123456789";
 
 struct Rig {
     _dir: tempfile::TempDir,
@@ -65,15 +61,7 @@ impl Rig {
     async fn new(extra: &[(&str, &str)]) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().to_owned();
-        let authd = TestAuthd::start(
-            &data.join("authd"),
-            &[
-                ("runed", RUNED_KEY),
-                ("routd", ROUTD_KEY),
-                ("operator", OPERATOR_KEY),
-            ],
-        )
-        .await;
+        let authd = TestAuthd::start(&data.join("authd")).await;
         let mut extra_env: Vec<(String, String)> = extra
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hako_authd::testing::TestAuthd;
+#[allow(unused_imports)] // each test file uses its own keys
+pub use hako_authd::testing::{CHANNEL_KEY, OPERATOR_KEY, ROUTD_KEY, RUNED_KEY};
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::chat::MessageView;
@@ -20,10 +22,6 @@ use hako_shared::testing::ApiClient;
 pub use hako_shared::testing::eventually;
 use serde_json::{Value, json};
 
-pub const RUNED_KEY: &str = "runed-test-key-0123456789";
-pub const ROUTD_KEY: &str = "routd-test-key-0123456789";
-pub const OPERATOR_KEY: &str = "operator-test-key-0123456789";
-pub const CHANNEL_KEY: &str = "channel-test-key-0123456789";
 pub const LIMIT: Duration = Duration::from_secs(120);
 
 pub struct Rig {
@@ -98,16 +96,7 @@ impl Rig {
             .await
             .expect("agent image");
         let dir = tempfile::tempdir().unwrap();
-        let authd = TestAuthd::start(
-            &dir.path().join("authd"),
-            &[
-                ("runed", RUNED_KEY),
-                ("routd", ROUTD_KEY),
-                ("operator", OPERATOR_KEY),
-                ("channel", CHANNEL_KEY),
-            ],
-        )
-        .await;
+        let authd = TestAuthd::start(&dir.path().join("authd")).await;
         let operator = authd.token("operator").await;
         let channel = authd.token("channel").await;
         let own = |v: &[(&str, &str)]| -> Vec<(String, String)> {

@@ -18,6 +18,7 @@ use bollard::query_parameters::{
     LogsOptionsBuilder, RemoveContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
+pub use hako_authd::testing::RUNED_KEY;
 use hako_authd::testing::TestAuthd;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{AGENT_SCOPES, AuthdClient};
@@ -25,9 +26,6 @@ use hako_shared::config::Env;
 use hako_shared::testing::{ApiClient, eventually};
 use serde_json::{Value, json};
 
-pub const ROUTD_KEY: &str = "routd-test-key-0123456789";
-pub const RUNED_KEY: &str = "runed-test-key-0123456789";
-pub const OPERATOR_KEY: &str = "operator-test-key-0123456789";
 pub const TEST_LABEL: &str = "io.hako.test";
 
 pub fn rand_hex(n: usize) -> String {
@@ -159,16 +157,7 @@ impl Rig {
         let l = tokio::net::TcpListener::bind(format!("{}.1:0", rig.uplink.prefix))
             .await
             .expect("binding authd on the uplink's gateway address");
-        let authd = TestAuthd::start_on(
-            l,
-            &rig.dir.path().join("authd"),
-            &[
-                ("runed", RUNED_KEY),
-                ("routd", ROUTD_KEY),
-                ("operator", OPERATOR_KEY),
-            ],
-        )
-        .await;
+        let authd = TestAuthd::start_on(l, &rig.dir.path().join("authd")).await;
         rig.authd_url = authd.url();
         rig.routd = authd.token("routd").await;
         rig.operator = authd.token("operator").await;
