@@ -31,6 +31,7 @@ pub mod keys;
 pub mod mint;
 mod server;
 pub mod store;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use config::Config;

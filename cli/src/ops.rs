@@ -7,8 +7,8 @@ use anyhow::Context as _;
 use hako_shared::approvals::{ApprovalList, ApprovalView};
 use hako_shared::auth::wire::{MintRequest, MintResponse, RevokeResponse, ServiceTokenResponse};
 use hako_shared::chat::{
-    Direction, GroupConfig, GroupList, GroupView, MessageKind, MessagePage, Posted, RouteList,
-    RouteView, TaskList, TaskView, TurnList,
+    Direction, GroupConfig, GroupList, GroupView, MessageKind, MessagePage, MessageState, Posted,
+    RouteList, RouteView, TaskList, TaskView, TurnList,
 };
 use hako_shared::contract::{BlockStatus, OutputBlock};
 use hako_shared::runs::LlmSpec;
@@ -134,8 +134,8 @@ pub async fn send(args: SendArgs) -> anyhow::Result<bool> {
             }
             Err(e) if e.to_string().starts_with("no answer in") => {
                 let state = message_state(&d, &args.chat, seq, &id, &token).await?;
-                if state != "pending" {
-                    return Ok(state == "answered" && replies > 0);
+                if state != MessageState::Pending {
+                    return Ok(state == MessageState::Answered && replies > 0);
                 }
             }
             Err(e) => return Err(e),
@@ -150,7 +150,7 @@ async fn message_state(
     seq: i64,
     id: &str,
     token: &str,
-) -> anyhow::Result<String> {
+) -> anyhow::Result<MessageState> {
     let page: MessagePage = d
         .call(
             Daemon::Routd,
@@ -168,7 +168,7 @@ async fn message_state(
         .messages
         .into_iter()
         .find(|m| m.id == id)
-        .map_or_else(|| "pending".to_owned(), |m| m.state))
+        .map_or(MessageState::Pending, |m| m.state))
 }
 
 /// Arguments of `hako status`.
@@ -606,7 +606,7 @@ pub async fn runs(args: RunsArgs) -> anyhow::Result<bool> {
             for (k, v) in [
                 ("run_id", r.run_id.to_string()),
                 ("folder", r.folder),
-                ("turn_id", r.turn_id),
+                ("turn_id", r.turn_id.into_string()),
                 ("state", r.state.to_string()),
                 ("outcome", or_dash(r.outcome)),
                 ("error", or_dash(r.error)),

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use hako_shared::GroupFolder;
-use hako_shared::chat::{Direction, MessageView};
+use hako_shared::chat::{Direction, MessageState, MessageView};
 use hako_shared::layout::{DataLayout, FolderDir};
 
 /// runed's process for the tests that kill it (a program, not a test: see
@@ -48,7 +48,7 @@ async fn all_answered(rig: &Rig, chat: &str) -> Vec<MessageView> {
     rig.wait_for(chat, "every message answered", |h| {
         h.iter()
             .filter(|m| m.direction == Direction::In)
-            .all(|m| m.state == "answered")
+            .all(|m| m.state == MessageState::Answered)
     })
     .await
 }

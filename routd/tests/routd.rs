@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
-use hako_shared::chat::MessageView;
+use hako_shared::chat::{MessageState, MessageView};
 use serde_json::{Value, json};
 
 /// A message in, the agent's echo out: in the history, on the chat's event stream, and on a
@@ -45,7 +45,7 @@ async fn a_message_in_and_the_reply_out_on_sse_and_webhook() {
     // The reply goes out as it streams; the turn ends (and answers the message) after.
     let h = rig
         .wait_for(chat, "the reply", |h| {
-            !replies(h).is_empty() && h[0].state == "answered"
+            !replies(h).is_empty() && h[0].state == MessageState::Answered
         })
         .await;
     assert_eq!(replies(&h), ["hello, hako"]);
@@ -93,10 +93,15 @@ async fn a_message_in_and_the_reply_out_on_sse_and_webhook() {
     assert!(turn["run_id"].as_str().unwrap().starts_with("run-"));
     let h = rig
         .wait_for(chat, "delivered", |h| {
-            h.iter().any(|m| m.state == "delivered")
+            h.iter().any(|m| m.state == MessageState::Delivered)
         })
         .await;
-    assert_eq!(h.iter().filter(|m| m.state == "delivered").count(), 1);
+    assert_eq!(
+        h.iter()
+            .filter(|m| m.state == MessageState::Delivered)
+            .count(),
+        1
+    );
     rig.stop().await;
 }
 
@@ -118,7 +123,7 @@ async fn messages_during_a_live_turn_are_all_answered_once() {
         .wait_for(chat, "every message answered", |h| {
             h.iter()
                 .filter(|m| m.direction == hako_shared::chat::Direction::In)
-                .all(|m| m.state == "answered")
+                .all(|m| m.state == MessageState::Answered)
         })
         .await;
     let all = replies(&h).join("\n");
@@ -148,7 +153,7 @@ async fn a_message_steered_as_the_run_ends_is_answered_by_the_next_turn() {
         .wait_for(chat, "every message answered", |h| {
             h.iter()
                 .filter(|m| m.direction == hako_shared::chat::Direction::In)
-                .all(|m| m.state == "answered")
+                .all(|m| m.state == MessageState::Answered)
                 && replies(h).iter().any(|r| r.contains("late"))
         })
         .await;
@@ -182,7 +187,7 @@ async fn a_fatal_turn_is_retried_then_failed_with_a_notice() {
     let n = notices(&h);
     assert_eq!(n.len(), 1, "{n:?}");
     assert!(n[0].contains("after 2 tries"), "{n:?}");
-    assert_eq!(h[0].state, "failed");
+    assert_eq!(h[0].state, MessageState::Failed);
     let turn = rig.turn(h[0].turn_id.as_deref().unwrap()).await;
     assert_eq!(
         (
@@ -219,7 +224,7 @@ async fn slash_commands_new_stop_ping_chatid() {
     assert!(
         h.iter()
             .filter(|m| m.kind == hako_shared::chat::MessageKind::Command)
-            .all(|m| m.state == "handled")
+            .all(|m| m.state == MessageState::Handled)
     );
     // A session the agent announces is sent on the next turn; /new drops it.
     rig.say(chat, "c-3", "/session s-77").await;
@@ -431,7 +436,7 @@ async fn a_failing_webhook_is_retried_until_it_recovers() {
     rig.say(chat, "w-1", "ring").await;
     let h = rig
         .wait_for(chat, "delivered", |h| {
-            h.iter().any(|m| m.state == "delivered")
+            h.iter().any(|m| m.state == MessageState::Delivered)
         })
         .await;
     let reqs = recv.requests();
@@ -444,7 +449,10 @@ async fn a_failing_webhook_is_retried_until_it_recovers() {
         keys.iter().all(|k| *k == keys[0]),
         "one key for every attempt"
     );
-    let reply = h.iter().find(|m| m.state == "delivered").unwrap();
+    let reply = h
+        .iter()
+        .find(|m| m.state == MessageState::Delivered)
+        .unwrap();
     assert_eq!(&reply.id, keys[0]);
     rig.stop().await;
 }
@@ -472,7 +480,7 @@ async fn a_dead_webhook_is_tried_a_bounded_number_of_times() {
     let sent = Instant::now();
     rig.say(chat, "d-1", "ring").await;
     rig.wait_for(chat, "undeliverable", |h| {
-        h.iter().any(|m| m.state == "undeliverable")
+        h.iter().any(|m| m.state == MessageState::Undeliverable)
     })
     .await;
     let took = sent.elapsed();
@@ -550,14 +558,14 @@ async fn a_full_runed_queue_delays_the_turn_instead_of_failing_it() {
         "no failure notice: {:?}",
         notices(&h)
     );
-    assert_eq!(h[0].state, "pending", "{h:?}");
+    assert_eq!(h[0].state, MessageState::Pending, "{h:?}");
     for id in &holds {
         let (s, v) = runed.delete(&rig.operator, &format!("/v1/runs/{id}")).await;
         assert_eq!(s, 200, "{v}");
     }
     let h = rig
         .wait_for(chat, "the reply", |h| {
-            !replies(h).is_empty() && h[0].state == "answered"
+            !replies(h).is_empty() && h[0].state == MessageState::Answered
         })
         .await;
     assert_eq!(replies(&h), ["still there?"]);

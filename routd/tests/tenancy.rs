@@ -567,7 +567,7 @@ async fn unreadable_group_settings_fail_closed() {
         "{:?}",
         notices(&h)
     );
-    assert_eq!(h[0].state, "failed", "{h:?}");
+    assert_eq!(h[0].state, hako_shared::chat::MessageState::Failed, "{h:?}");
     let (s, v) = rig.api().get(&rig.operator, "/v1/groups/garbled").await;
     assert_eq!(s, 500, "{v}");
     let (s, v) = rig.api().get(&rig.operator, "/v1/turns?state=bogus").await;

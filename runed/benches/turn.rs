@@ -35,7 +35,7 @@ fn input() -> ContainerInput {
 fn spec(i: usize) -> RunSpec {
     RunSpec {
         run_id: hako_shared::ids::RunId::new(format!("bench-{i}")).expect("id"),
-        turn_id: "turn".into(),
+        turn_id: Some(hako_shared::ids::TurnId::new("turn").expect("id")),
         folder: GroupFolder::new("bench").expect("folder"),
         input: input(),
         group: GroupSpec::default(),

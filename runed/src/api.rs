@@ -15,9 +15,9 @@ use futures_util::stream::Stream;
 use hako_shared::auth::{Principal, Verifier, scopes};
 use hako_shared::http::ErrorBody;
 use hako_shared::http::{ApiInfo, ApiJson, ApiQuery, api_router};
-use hako_shared::ids::{RunId, is_valid_id};
+use hako_shared::ids::{RunId, TurnId, is_valid_id};
 use hako_shared::runs::{
-    CreatedRun, HoldRequest, RunRequest, RunState, RunStatus, SessionPage, SteerReply,
+    CreatedRun, HoldRequest, RunRequest, RunState, RunStatus, SessionPage, SpawnKind, SteerReply,
     SteerRequest, SteerState, SteerStatus, StopReply, StopRequest,
 };
 use hako_shared::time::{from_unix_millis, rfc3339, unix_millis};
@@ -27,7 +27,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::error::ApiFailure;
-use crate::queue::Kind;
 use crate::state::{Event, HoldInfo, MAX_SECRETS_BYTES, Pending, Shared, new_run_id};
 use crate::store::{AuditRow, Inserted, SpawnRow};
 
@@ -214,7 +213,7 @@ async fn create_run(
         Ok(r) => r,
         Err(full) => {
             // A repeat of a turn that is already in is answered as such, full or not.
-            if let Some(r) = sh.store.run_of_turn(&folder, req.turn_id.as_str()).await? {
+            if let Some(r) = sh.store.run_of_turn(&folder, &req.turn_id).await? {
                 return Ok(existing(r));
             }
             return Err(full.into());
@@ -225,9 +224,9 @@ async fn create_run(
     let run_id = new_run_id();
     let row = SpawnRow {
         run_id: run_id.clone(),
-        kind: "run".into(),
+        kind: SpawnKind::Run,
         folder: folder.clone(),
-        turn_id: req.turn_id.to_string(),
+        turn_id: req.turn_id.clone(),
         session_id: req.session_id.clone(),
         state: RunState::Queued,
         outcome: None,
@@ -248,7 +247,7 @@ async fn create_run(
             sh.enqueue(
                 &run_id,
                 &folder,
-                Kind::Run,
+                SpawnKind::Run,
                 Pending {
                     secrets: req.secrets,
                     hold_ttl: Duration::ZERO,
@@ -698,12 +697,12 @@ async fn stop_folder(
         let live = s
             .live
             .iter()
-            .filter(|(_, l)| l.folder == folder && l.kind == Kind::Run)
+            .filter(|(_, l)| l.folder == folder && l.kind == SpawnKind::Run)
             .map(|(id, _)| id.clone());
         let queued = s
             .queue
             .waiting(&folder)
-            .filter(|e| e.kind == Kind::Run)
+            .filter(|e| e.kind == SpawnKind::Run)
             .map(|e| e.run_id.clone());
         live.chain(queued).collect()
     };
@@ -758,9 +757,9 @@ async fn create_hold(
     let run_id = new_run_id();
     let row = SpawnRow {
         run_id: run_id.clone(),
-        kind: "hold".into(),
+        kind: SpawnKind::Hold,
         folder: folder.clone(),
-        turn_id: format!("hold:{run_id}"),
+        turn_id: TurnId::new(format!("hold:{run_id}")).expect("a run id in the grammar, prefixed"),
         session_id: String::new(),
         state: RunState::Queued,
         outcome: None,
@@ -784,7 +783,7 @@ async fn create_hold(
     sh.enqueue(
         &run_id,
         &folder,
-        Kind::Hold,
+        SpawnKind::Hold,
         Pending {
             secrets: Default::default(),
             hold_ttl: ttl,
@@ -972,9 +971,9 @@ mod tests {
     fn row(id: &str) -> SpawnRow {
         SpawnRow {
             run_id: hako_shared::ids::RunId::new(id).unwrap(),
-            kind: "run".into(),
+            kind: SpawnKind::Run,
             folder: "a".into(),
-            turn_id: format!("t-{id}"),
+            turn_id: TurnId::new(format!("t-{id}")).unwrap(),
             session_id: String::new(),
             state: RunState::Running,
             outcome: None,

@@ -7,12 +7,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use hako_shared::contract::{ContainerInput, Redacted};
 use hako_shared::ids::RunId;
-use hako_shared::runs::{Outcome, RunRequest, RunState};
+use hako_shared::runs::{Outcome, RunRequest, RunState, SpawnKind};
 use hako_shared::time::unix_millis;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
-use crate::queue::Kind;
 use crate::record::{end_without_container, finalize, forward, remove_containers, revoke_tokens};
 use crate::recover;
 use crate::state::{Event, Live, Pending, Shared, Slot, lock};
@@ -81,7 +80,7 @@ pub(crate) async fn scheduler(sh: Arc<Shared>) {
             let (folder, e, p, control, run) = next;
             let sh2 = sh.clone();
             match e.kind {
-                Kind::Run => {
+                SpawnKind::Run => {
                     // One span per run; the creating request's id goes along (and on to
                     // authd with the spawn token's mint).
                     let rid: Arc<str> = p
@@ -97,7 +96,7 @@ pub(crate) async fn scheduler(sh: Arc<Shared>) {
                         .instrument(span),
                     );
                 }
-                Kind::Hold => {
+                SpawnKind::Hold => {
                     let ttl = p.map_or(sh.cfg.runner.run_timeout, |p| p.hold_ttl);
                     tokio::spawn(async move {
                         hold(sh2, e.run_id, control, ttl).await;
@@ -186,7 +185,7 @@ async fn run_one(
         .broker
         .mint(
             &folder,
-            req.turn_id.as_str(),
+            &req.turn_id,
             &run_id,
             // Egress only where the proxy enforces it: other runs' tokens name no host.
             if req.group.network == hako_shared::runs::Network::Allowlist {
@@ -255,7 +254,7 @@ async fn run_one(
     };
     let spec = RunSpec {
         run_id: run_id.clone(),
-        turn_id: req.turn_id.to_string(),
+        turn_id: Some(req.turn_id.clone()),
         folder: req.folder.clone(),
         input,
         group: req.group.clone(),
@@ -331,7 +330,7 @@ async fn run_one(
                 recover::readopt_after_outage(sh.clone(), run_id, cid, control).await;
                 return;
             }
-            finalize(&sh, &folder, req.turn_id.as_str(), &req.session_id, &report).await;
+            finalize(&sh, &folder, &req.turn_id, &req.session_id, &report).await;
             remove_containers(&sh, &report).await;
             // The folder's next box, made while this run still holds the folder's slot (it
             // prepares the folder's directories), once this one's container is gone.

@@ -9,15 +9,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use hako_shared::ids::RunId;
-
-/// What waits in the queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// A container run: takes a container slot and the folder's slot.
-    Run,
-    /// An external job's claim: takes the folder's slot only.
-    Hold,
-}
+use hako_shared::runs::SpawnKind;
 
 /// One waiting item.
 #[derive(Debug, Clone)]
@@ -25,7 +17,7 @@ pub struct Entry {
     /// The run id.
     pub run_id: RunId,
     /// Run or hold.
-    pub kind: Kind,
+    pub kind: SpawnKind,
     /// When it was queued.
     pub since: Instant,
 }
@@ -127,7 +119,7 @@ impl FairQueue {
                         .get(*f)
                         .and_then(|q| q.front())
                         .is_some_and(|e| {
-                            e.kind == Kind::Hold
+                            e.kind == SpawnKind::Hold
                                 || (!full && self.tenant_active(f) < self.tenant_cap)
                         })
             })
@@ -136,7 +128,7 @@ impl FairQueue {
                     .queues
                     .get(*f)
                     .and_then(|q| q.front())
-                    .is_some_and(|e| e.kind == Kind::Run);
+                    .is_some_and(|e| e.kind == SpawnKind::Run);
                 (if run { self.tenant_active(f) } else { 0 }, *i)
             })
             .map(|(i, _)| i)?;
@@ -155,9 +147,9 @@ impl FairQueue {
 
     /// Marks a folder busy (and a container slot taken for a run) outside of [`Self::next_ready`],
     /// for runs re-adopted at start.
-    pub fn claim(&mut self, folder: &str, kind: Kind) {
+    pub fn claim(&mut self, folder: &str, kind: SpawnKind) {
         self.busy.insert(folder.to_owned());
-        if kind == Kind::Run {
+        if kind == SpawnKind::Run {
             self.active += 1;
             *self
                 .active_per
@@ -167,9 +159,9 @@ impl FairQueue {
     }
 
     /// Frees a folder's slot (and the container slot of a run).
-    pub fn release(&mut self, folder: &str, kind: Kind) {
+    pub fn release(&mut self, folder: &str, kind: SpawnKind) {
         self.busy.remove(folder);
-        if kind == Kind::Run {
+        if kind == SpawnKind::Run {
             self.active = self.active.saturating_sub(1);
             let t = tenant(folder);
             if let Some(n) = self.active_per.get_mut(t) {
@@ -229,7 +221,7 @@ mod tests {
     fn e(id: &str) -> Entry {
         Entry {
             run_id: RunId::new(id).unwrap(),
-            kind: Kind::Run,
+            kind: SpawnKind::Run,
             since: Instant::now(),
         }
     }
@@ -247,11 +239,11 @@ mod tests {
         assert_eq!((f1.as_str(), e1.run_id.as_str()), ("a", "a0"));
         assert_eq!((f2.as_str(), e2.run_id.as_str()), ("b", "b0"));
         assert!(q.next_ready().is_none(), "cap of 2 reached");
-        q.release("a", Kind::Run);
+        q.release("a", SpawnKind::Run);
         // c has waited since before a's second item was served: fairness picks c.
         assert_eq!(q.next_ready().unwrap().1.run_id, "c0");
         assert!(q.next_ready().is_none());
-        q.release("b", Kind::Run);
+        q.release("b", SpawnKind::Run);
         assert_eq!(
             q.next_ready().unwrap().1.run_id,
             "a1",
@@ -262,7 +254,7 @@ mod tests {
             "d",
             Entry {
                 run_id: RunId::new("h").unwrap(),
-                kind: Kind::Hold,
+                kind: SpawnKind::Hold,
                 since: Instant::now(),
             },
         );
@@ -293,7 +285,7 @@ mod tests {
         assert_eq!(q.next_ready().unwrap().1.run_id, "beta1");
         assert!(q.next_ready().is_none(), "the global cap");
         // acme frees a slot: acme (2 live → 1) and beta (2) — acme has the fewest.
-        q.release("acme/g0", Kind::Run);
+        q.release("acme/g0", SpawnKind::Run);
         q.push("gamma", e("gamma0"));
         // gamma (0 live) goes before acme (1 live), though acme waited longer.
         assert_eq!(q.next_ready().unwrap().1.run_id, "gamma0");

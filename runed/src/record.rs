@@ -8,7 +8,7 @@ use std::time::SystemTime;
 
 use hako_shared::GroupFolder;
 use hako_shared::auth::now_secs;
-use hako_shared::ids::RunId;
+use hako_shared::ids::{RunId, TurnId};
 use hako_shared::runs::{Outcome, RunState, SessionEntry, SteerState};
 use hako_shared::time::unix_millis;
 use tokio::sync::mpsc;
@@ -69,7 +69,7 @@ pub(crate) fn forward(
 pub(crate) async fn finalize(
     sh: &Shared,
     folder: &str,
-    turn_id: &str,
+    turn_id: &TurnId,
     session_id: &str,
     r: &RunReport,
 ) {
@@ -97,8 +97,8 @@ pub(crate) async fn finalize(
         session_id: session_id.to_owned(),
         new_session_id: r.blocks.iter().rev().find_map(|b| b.new_session_id.clone()),
         run_id: run_id.to_owned(),
-        turn_id: turn_id.to_owned(),
-        outcome: r.outcome.as_str().to_owned(),
+        turn_id: turn_id.clone(),
+        outcome: r.outcome,
         at: ended,
     };
     settle_steers(sh, run_id, folder).await;

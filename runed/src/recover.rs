@@ -15,11 +15,10 @@ use std::time::{Duration, SystemTime};
 
 use hako_shared::GroupFolder;
 use hako_shared::ids::RunId;
-use hako_shared::runs::{Outcome, RunRequest, RunState};
+use hako_shared::runs::{Outcome, RunRequest, RunState, SpawnKind};
 use hako_shared::time::unix_millis;
 use tokio_util::sync::CancellationToken;
 
-use crate::queue::Kind;
 use crate::record::{
     end_without_container, finalize, forward, remove_containers, retry_revocations,
 };
@@ -99,8 +98,8 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
                 continue;
             }
         };
-        match (row.kind.as_str(), row.state) {
-            ("hold", RunState::Queued) | ("hold", RunState::Running) => {
+        match (row.kind, row.state) {
+            (SpawnKind::Hold, RunState::Queued | RunState::Running) => {
                 let ttl = row
                     .request
                     .as_deref()
@@ -118,7 +117,7 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
                 sh.enqueue(
                     &row.run_id,
                     &row.folder,
-                    Kind::Hold,
+                    SpawnKind::Hold,
                     Pending {
                         hold_ttl: ttl,
                         ..Pending::default()
@@ -134,7 +133,7 @@ pub(crate) async fn adopt_all(sh: &Arc<Shared>) {
                     Some(_) if !row.had_secrets => sh.enqueue(
                         &row.run_id,
                         &row.folder,
-                        Kind::Run,
+                        SpawnKind::Run,
                         Pending::default(),
                     ),
                     Some(_) => {
@@ -240,13 +239,13 @@ async fn adopt_with(
     {
         let mut s = sh.sched();
         if claim {
-            s.queue.claim(&row.folder, Kind::Run);
+            s.queue.claim(&row.folder, SpawnKind::Run);
         }
         s.live.insert(
             row.run_id.clone(),
             Live {
                 folder: row.folder.clone(),
-                kind: Kind::Run,
+                kind: SpawnKind::Run,
                 control: control.clone(),
                 run: live.clone(),
             },

@@ -12,14 +12,14 @@ use std::time::{Duration, Instant, SystemTime};
 use hako_shared::auth::Verifier;
 use hako_shared::contract::Secrets;
 use hako_shared::ids::RunId;
-use hako_shared::runs::{Outcome, RunState};
+use hako_shared::runs::{Outcome, RunState, SpawnKind};
 use hako_shared::time::unix_millis;
 use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::metrics::DaemonMetrics;
-use crate::queue::{Entry, FairQueue, Kind};
+use crate::queue::{Entry, FairQueue};
 use crate::store::{EndRow, Store};
 use crate::tokens::Broker;
 use hako_runner::{CloseWhen, LiveRun, RunControl, Runner};
@@ -57,7 +57,7 @@ pub const MAX_SECRETS_BYTES: usize = 64 << 10;
 /// A run or hold that holds a slot.
 pub(crate) struct Live {
     pub folder: String,
-    pub kind: Kind,
+    pub kind: SpawnKind,
     pub control: RunControl,
     pub run: Arc<LiveRun>,
 }
@@ -225,7 +225,7 @@ impl Shared {
     }
 
     /// Queues a run (or hold) already stored as `queued`.
-    pub(crate) fn enqueue(&self, run_id: &RunId, folder: &str, kind: Kind, p: Pending) {
+    pub(crate) fn enqueue(&self, run_id: &RunId, folder: &str, kind: SpawnKind, p: Pending) {
         {
             let mut s = self.sched();
             s.pending.insert(run_id.to_owned(), p);
@@ -368,7 +368,7 @@ impl Shared {
             folder,
             Entry {
                 run_id: run_id.to_owned(),
-                kind: Kind::Run,
+                kind: SpawnKind::Run,
                 since: Instant::now(),
             },
         );

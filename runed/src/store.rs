@@ -8,8 +8,8 @@ use std::path::Path;
 
 use hako_shared::contract::OutputBlock;
 use hako_shared::db::{Db, DbError, Migration};
-use hako_shared::ids::RunId;
-use hako_shared::runs::{Outcome, RunState, SessionEntry, SteerState};
+use hako_shared::ids::{RunId, TurnId};
+use hako_shared::runs::{Outcome, RunState, SessionEntry, SpawnKind, SteerState};
 use rusqlite::{OptionalExtension, params};
 use serde::Serialize;
 
@@ -132,17 +132,27 @@ pub struct SteerRow {
 }
 
 fn steer_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SteerRow> {
-    let state: String = r.get("state")?;
     Ok(SteerRow {
         steer_id: r.get("steer_id")?,
         file: r.get("file")?,
-        state: SteerState::parse(&state).ok_or_else(|| {
-            rusqlite::Error::FromSqlConversionFailure(
-                0,
-                rusqlite::types::Type::Text,
-                format!("unknown steer state {state:?}").into(),
-            )
-        })?,
+        state: named(r, "state", SteerState::parse)?,
+    })
+}
+
+/// Column `col` read through `parse`: a value this build does not know is an error, never a
+/// guess (a row is not silently turned into another state or kind).
+fn named<T>(
+    r: &rusqlite::Row<'_>,
+    col: &str,
+    parse: impl FnOnce(&str) -> Option<T>,
+) -> rusqlite::Result<T> {
+    let raw: String = r.get(col)?;
+    parse(&raw).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            r.as_ref().column_index(col).unwrap_or(0),
+            rusqlite::types::Type::Text,
+            format!("unknown {col} {raw:?}").into(),
+        )
     })
 }
 
@@ -151,12 +161,12 @@ fn steer_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SteerRow> {
 pub struct SpawnRow {
     /// The run.
     pub run_id: RunId,
-    /// `run` or `hold`.
-    pub kind: String,
+    /// A run or a hold.
+    pub kind: SpawnKind,
     /// Its folder.
     pub folder: String,
-    /// Its turn.
-    pub turn_id: String,
+    /// Its turn (a hold's is `hold:<run id>`).
+    pub turn_id: TurnId,
     /// Session resumed.
     pub session_id: String,
     /// State.
@@ -240,32 +250,29 @@ const COLS: &str = "run_id, kind, folder, turn_id, session_id, state, outcome, e
                     truncated, container_id, request, had_secrets, created_at, started_at, ended_at, \
                     deadline_at";
 
+/// A spawn row, read by column name (queries select [`COLS`], perhaps among others).
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SpawnRow> {
-    row_at(r, 0)
-}
-
-/// A spawn row whose columns ([`COLS`]) start at column `o`.
-fn row_at(r: &rusqlite::Row<'_>, o: usize) -> rusqlite::Result<SpawnRow> {
-    let state: String = r.get(o + 5)?;
-    let outcome: Option<String> = r.get(o + 6)?;
     Ok(SpawnRow {
-        run_id: r.get(o)?,
-        kind: r.get(o + 1)?,
-        folder: r.get(o + 2)?,
-        turn_id: r.get(o + 3)?,
-        session_id: r.get(o + 4)?,
-        state: RunState::parse(&state).unwrap_or(RunState::Error),
-        outcome: outcome.as_deref().and_then(Outcome::parse),
-        exit_code: r.get(o + 7)?,
-        error: r.get(o + 8)?,
-        truncated: r.get::<_, i64>(o + 9)? != 0,
-        container_id: r.get(o + 10)?,
-        request: r.get(o + 11)?,
-        had_secrets: r.get::<_, i64>(o + 12)? != 0,
-        created_at: r.get(o + 13)?,
-        started_at: r.get(o + 14)?,
-        ended_at: r.get(o + 15)?,
-        deadline_at: r.get(o + 16)?,
+        run_id: r.get("run_id")?,
+        kind: named(r, "kind", SpawnKind::parse)?,
+        folder: r.get("folder")?,
+        turn_id: r.get("turn_id")?,
+        session_id: r.get("session_id")?,
+        state: named(r, "state", RunState::parse)?,
+        outcome: match r.get::<_, Option<String>>("outcome")? {
+            None => None,
+            Some(_) => Some(named(r, "outcome", Outcome::parse)?),
+        },
+        exit_code: r.get("exit_code")?,
+        error: r.get("error")?,
+        truncated: r.get::<_, i64>("truncated")? != 0,
+        container_id: r.get("container_id")?,
+        request: r.get("request")?,
+        had_secrets: r.get::<_, i64>("had_secrets")? != 0,
+        created_at: r.get("created_at")?,
+        started_at: r.get("started_at")?,
+        ended_at: r.get("ended_at")?,
+        deadline_at: r.get("deadline_at")?,
     })
 }
 
@@ -300,12 +307,12 @@ impl Store {
         self.db
             .call(move |c| {
                 let tx = c.transaction()?;
-                if new.kind == "run" {
+                if new.kind == SpawnKind::Run {
                     let sql = format!(
                         "SELECT {COLS} FROM spawns WHERE folder = ?1 AND turn_id = ?2 AND kind = 'run'"
                     );
                     if let Some(existing) = tx
-                        .query_row(&sql, [&new.folder, &new.turn_id], row)
+                        .query_row(&sql, params![new.folder, new.turn_id], row)
                         .optional()?
                     {
                         return Ok(Inserted::Existing(Box::new(existing)));
@@ -317,7 +324,7 @@ impl Store {
                     ),
                     params![
                         new.run_id,
-                        new.kind,
+                        new.kind.as_str(),
                         new.folder,
                         new.turn_id,
                         new.session_id,
@@ -356,15 +363,15 @@ impl Store {
     pub async fn run_of_turn(
         &self,
         folder: &str,
-        turn_id: &str,
+        turn_id: &TurnId,
     ) -> Result<Option<SpawnRow>, DbError> {
-        let (f, t) = (folder.to_owned(), turn_id.to_owned());
+        let (f, t) = (folder.to_owned(), turn_id.clone());
         self.db
             .call(move |c| {
                 let sql = format!(
                     "SELECT {COLS} FROM spawns WHERE folder = ?1 AND turn_id = ?2 AND kind = 'run'"
                 );
-                Ok(c.query_row(&sql, [&f, &t], row).optional()?)
+                Ok(c.query_row(&sql, params![f, t], row).optional()?)
             })
             .await
     }
@@ -392,8 +399,8 @@ impl Store {
                 let mut st = c.prepare_cached(&sql)?;
                 let rows = st
                     .query_map(rusqlite::params![folder, state, before, limit as i64], |r| {
-                        let id: i64 = r.get(0)?;
-                        Ok((id, row_at(r, 1)?))
+                        let id: i64 = r.get("rowid")?;
+                        Ok((id, row(r)?))
                     })?
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(rows)
@@ -570,7 +577,7 @@ impl Store {
                             session.new_session_id,
                             session.run_id,
                             session.turn_id,
-                            session.outcome,
+                            session.outcome.as_str(),
                             session.at
                         ],
                     )?;
@@ -759,7 +766,7 @@ impl Store {
                 c.execute(
                     "INSERT INTO session_log (folder, session_id, new_session_id, run_id, turn_id, outcome, at) \
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                    params![s.folder, s.session_id, s.new_session_id, s.run_id, s.turn_id, s.outcome, s.at],
+                    params![s.folder, s.session_id, s.new_session_id, s.run_id, s.turn_id, s.outcome.as_str(), s.at],
                 )?;
                 Ok(())
             })
@@ -784,14 +791,14 @@ impl Store {
                 let rows = st
                     .query_map(params![folder, before, limit as i64], |r| {
                         Ok(SessionEntry {
-                            id: r.get(0)?,
-                            folder: r.get(1)?,
-                            session_id: r.get(2)?,
-                            new_session_id: r.get(3)?,
-                            run_id: r.get(4)?,
-                            turn_id: r.get(5)?,
-                            outcome: r.get(6)?,
-                            at: r.get(7)?,
+                            id: r.get("id")?,
+                            folder: r.get("folder")?,
+                            session_id: r.get("session_id")?,
+                            new_session_id: r.get("new_session_id")?,
+                            run_id: r.get("run_id")?,
+                            turn_id: r.get("turn_id")?,
+                            outcome: named(r, "outcome", Outcome::parse)?,
+                            at: r.get("at")?,
                         })
                     })?
                     .collect::<Result<Vec<_>, _>>()?;
@@ -956,9 +963,9 @@ mod tests {
     fn new_row(id: &str, turn: &str) -> SpawnRow {
         SpawnRow {
             run_id: rid(id),
-            kind: "run".into(),
+            kind: SpawnKind::Run,
             folder: "a".into(),
-            turn_id: turn.into(),
+            turn_id: TurnId::new(turn).unwrap(),
             session_id: String::new(),
             state: RunState::Queued,
             outcome: None,

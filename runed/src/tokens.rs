@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{AGENT_SCOPES, AuthdClient, ClientError, ServiceTokenSource, now_secs};
-use hako_shared::ids::RunId;
+use hako_shared::ids::{RunId, TurnId};
 
 /// The static token of open mode (never valid anywhere authd is running).
 pub const OPEN_TOKEN: &str = "hako-open-dev-mode-token";
@@ -83,7 +83,7 @@ impl Broker {
     pub async fn mint(
         &self,
         folder: &str,
-        turn_id: &str,
+        turn_id: &TurnId,
         run_id: &RunId,
         egress: &[String],
         ttl: Duration,
@@ -104,7 +104,7 @@ impl Broker {
             ttl_seconds: Some(ttl.as_secs()),
             typ: None,
             run_id: Some(run_id.to_string()),
-            turn_id: Some(turn_id.to_owned()),
+            turn_id: Some(turn_id.to_string()),
             egress: egress.to_vec(),
         };
         // The parent must outlive the child: ask for a service token with the run's life left.

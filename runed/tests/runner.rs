@@ -102,7 +102,7 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
         Some("acme/support")
     );
     assert_eq!(l.get(labels::RUN), Some(&run_id.to_string()));
-    assert_eq!(l.get(labels::TURN), Some(&turn));
+    assert_eq!(l.get(labels::TURN).map(String::as_str), turn.as_deref());
     assert_eq!(l.get(labels::ROLE).map(String::as_str), Some("agent"));
     let env = cfg.env.unwrap_or_default();
     let timeout = env

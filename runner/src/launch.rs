@@ -275,7 +275,7 @@ impl Runner {
             env.extend(super::proxy_container::Egress::agent_env());
         }
         let mut labels = self.base_labels(&spec.run_id, &spec.folder, "agent");
-        labels.insert(labels::TURN.to_owned(), spec.turn_id.clone());
+        labels.insert(labels::TURN.to_owned(), spec.turn_text());
         let deadline_ms = hako_shared::time::unix_millis(SystemTime::now() + ceiling);
         labels.insert(LABEL_DEADLINE.to_owned(), deadline_ms.to_string());
         let network = self.network_for(g, egress_net);
@@ -376,7 +376,7 @@ impl Runner {
         let t = self.cfg.docker_timeout;
         let mut input = spec.input.clone();
         input.folder = spec.folder.to_string();
-        input.turn_id = spec.turn_id.clone();
+        input.turn_id = spec.turn_text();
         input.run_id = spec.run_id.to_string();
         input.query_timeout_ms = query_timeout_ms;
         let mut line = serde_json::to_vec(&input).map_err(|e| RunError::Invalid(e.to_string()))?;

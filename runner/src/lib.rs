@@ -54,7 +54,7 @@ use tokio_util::sync::CancellationToken;
 
 use hako_shared::GroupFolder;
 use hako_shared::contract::{ContainerInput, OutputBlock};
-use hako_shared::ids::RunId;
+use hako_shared::ids::{RunId, TurnId};
 use hako_shared::runs::{GroupSpec, Outcome, RunState};
 
 pub use config::RunnerConfig;
@@ -139,8 +139,8 @@ pub enum CloseWhen {
 pub struct RunSpec {
     /// Unique id of the run.
     pub run_id: RunId,
-    /// The turn it serves.
-    pub turn_id: String,
+    /// The turn it serves; none for a warm box, made before any turn.
+    pub turn_id: Option<TurnId>,
     /// The group.
     pub folder: GroupFolder,
     /// The stdin payload (its folder, turn and run ids are filled in by the runner).
@@ -151,6 +151,13 @@ pub struct RunSpec {
     pub close: CloseWhen,
     /// Called when the run takes a warm box, before its input is written.
     pub bind: Option<BindHook>,
+}
+
+impl RunSpec {
+    /// The turn as the container and its labels carry it: empty for a warm box.
+    pub(crate) fn turn_text(&self) -> String {
+        self.turn_id.as_deref().unwrap_or_default().to_owned()
+    }
 }
 
 /// A warm box a run took: its labels name no run, so a caller that re-adopts runs after a

@@ -118,7 +118,7 @@ impl Runner {
         let claude = home.ensure_subdir_replacing(".claude", 0o755, owner)?;
         let settings_env = BTreeMap::from([
             ("ARIZUKO_FOLDER".to_owned(), f.to_string()),
-            ("ARIZUKO_TURN_ID".to_owned(), spec.turn_id.clone()),
+            ("ARIZUKO_TURN_ID".to_owned(), spec.turn_text()),
             ("ARIZUKO_RUN_ID".to_owned(), spec.run_id.to_string()),
         ]);
         // A directory the agent put where the host writes its settings goes to the trash.

@@ -282,7 +282,7 @@ impl Runner {
         let id = RunId::random("warm-", 12);
         let spec = RunSpec {
             run_id: id.clone(),
-            turn_id: String::new(),
+            turn_id: None,
             ..spec.clone()
         };
         let prepared = self.prepare(&spec).await?;

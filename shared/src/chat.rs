@@ -84,6 +84,69 @@ impl MessageKind {
     }
 }
 
+/// Where a message stands. An inbound message moves `pending` → `answered` or `failed`
+/// (a command is `handled` at once); an outbound one is `sent` (no webhook for its chat) or
+/// `delivering` → `delivered` or `undeliverable`. A state only moves forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum MessageState {
+    /// Inbound, not answered yet.
+    Pending,
+    /// Inbound: a turn answered it (or ended without retry: stopped, an error reply).
+    Answered,
+    /// Inbound: every try of its turn failed.
+    Failed,
+    /// Inbound: a command routd handled.
+    Handled,
+    /// Outbound, no webhook for the chat: it is in the log (and on SSE), nothing more to do.
+    Sent,
+    /// Outbound, waiting for (another) webhook attempt.
+    Delivering,
+    /// Outbound: the webhook took it.
+    Delivered,
+    /// Outbound: every attempt failed, or the message grew too old.
+    Undeliverable,
+}
+
+impl MessageState {
+    const ALL: [MessageState; 8] = [
+        MessageState::Pending,
+        MessageState::Answered,
+        MessageState::Failed,
+        MessageState::Handled,
+        MessageState::Sent,
+        MessageState::Delivering,
+        MessageState::Delivered,
+        MessageState::Undeliverable,
+    ];
+
+    /// The wire and column name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageState::Pending => "pending",
+            MessageState::Answered => "answered",
+            MessageState::Failed => "failed",
+            MessageState::Handled => "handled",
+            MessageState::Sent => "sent",
+            MessageState::Delivering => "delivering",
+            MessageState::Delivered => "delivered",
+            MessageState::Undeliverable => "undeliverable",
+        }
+    }
+
+    /// Parses the wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for MessageState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// The life of a turn: `starting` → `running` → `done`, `failed` or `killed`, with
 /// `waiting` (a retry's backoff) between a try that gave the chat nothing and the next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -142,7 +205,7 @@ impl TurnState {
 
 impl std::fmt::Display for TurnState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -249,9 +312,8 @@ pub struct MessageView {
     pub reply_to: Option<String>,
     /// The turn that answered it (inbound) or produced it (outbound).
     pub turn_id: Option<String>,
-    /// Inbound: `pending`, `answered`, `failed` or `handled` (commands). Outbound: `sent`
-    /// (no webhook for the chat), `delivering`, `delivered` or `undeliverable`.
-    pub state: String,
+    /// Where it stands (inbound and outbound states differ).
+    pub state: MessageState,
     /// Edits of the message so far (a `status` message's text changes in place): a client
     /// shows the highest version of each id.
     #[serde(default)]

@@ -238,7 +238,7 @@ pub enum LlmApi {
 
 impl fmt::Display for LlmApi {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -508,6 +508,42 @@ pub struct RunRequest {
     pub group: GroupSpec,
 }
 
+/// What a spawn is: runed's store and queue hold both kinds.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SpawnKind {
+    /// A container run: takes a container slot and the folder's slot.
+    Run,
+    /// An external job's claim (`POST /v1/holds`): takes the folder's slot only.
+    Hold,
+}
+
+impl SpawnKind {
+    /// The wire and column name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpawnKind::Run => "run",
+            SpawnKind::Hold => "hold",
+        }
+    }
+
+    /// Parses the wire name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "run" => Some(SpawnKind::Run),
+            "hold" => Some(SpawnKind::Hold),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for SpawnKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
 /// The lifecycle of a run.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -579,7 +615,7 @@ impl RunState {
 
 impl fmt::Display for RunState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -627,7 +663,7 @@ impl Outcome {
 
 impl fmt::Display for Outcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -637,12 +673,12 @@ impl fmt::Display for Outcome {
 pub struct RunSummary {
     /// The run (or hold).
     pub run_id: RunId,
-    /// `run` or `hold`.
-    pub kind: String,
+    /// A run or a hold.
+    pub kind: SpawnKind,
     /// Its folder.
     pub folder: String,
-    /// Its turn.
-    pub turn_id: String,
+    /// Its turn (a hold's is `hold:<run id>`).
+    pub turn_id: TurnId,
     /// Its state.
     pub state: RunState,
     /// Its outcome, once over.
@@ -678,7 +714,7 @@ pub struct RunStatus {
     /// Its folder.
     pub folder: String,
     /// Its turn.
-    pub turn_id: String,
+    pub turn_id: TurnId,
     /// Where it is.
     pub state: RunState,
     /// What it means, once terminal.
@@ -894,9 +930,9 @@ pub struct SessionEntry {
     /// The run.
     pub run_id: RunId,
     /// The turn.
-    pub turn_id: String,
+    pub turn_id: TurnId,
     /// The outcome.
-    pub outcome: String,
+    pub outcome: Outcome,
     /// Unix ms.
     pub at: i64,
 }

@@ -33,7 +33,7 @@ use hako_shared::config::Env;
 use hako_shared::contract::{BlockStatus, ContainerInput, Message};
 use hako_shared::folder::GroupFolder;
 use hako_shared::grants::Grants;
-use hako_shared::ids::RunId;
+use hako_shared::ids::{RunId, TurnId};
 use hako_shared::layout::{DataLayout, FolderDir};
 use hako_shared::runs::{AgentKind, GroupSpec, LlmSpec, Outcome, Trust};
 use serde::{Deserialize, Serialize};
@@ -428,7 +428,7 @@ impl Chat {
         let spec = RunSpec {
             bind: None,
             run_id: run_id.clone(),
-            turn_id: run_id.to_string(),
+            turn_id: Some(TurnId::new(run_id.to_string()).expect("a run id is a turn id")),
             folder: self.place.folder.clone(),
             input: ContainerInput {
                 session_id: self.session.session_id.clone(),

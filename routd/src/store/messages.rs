@@ -1,36 +1,12 @@
 //! The message log and each chat's cursor: inbound and outbound messages, their states,
 //! which turn covers them, and the follow-ups steered into a live run.
 
-use hako_shared::chat::{Direction, MessageKind, MessageView};
+use hako_shared::chat::{Direction, MessageKind, MessageState, MessageView};
 use hako_shared::db::DbError;
 use hako_shared::ids::TurnId;
 use rusqlite::{OptionalExtension, params};
 
 use super::Store;
-
-/// Inbound states.
-pub mod inbound {
-    /// Not answered yet.
-    pub const PENDING: &str = "pending";
-    /// A turn answered it (or ended without retry: stopped, an error reply).
-    pub const ANSWERED: &str = "answered";
-    /// Every try of its turn failed.
-    pub const FAILED: &str = "failed";
-    /// A command routd handled.
-    pub const HANDLED: &str = "handled";
-}
-
-/// Outbound states.
-pub mod outbound {
-    /// No webhook for the chat: it is in the log (and on SSE), nothing more to do.
-    pub const SENT: &str = "sent";
-    /// Waiting for (another) webhook attempt.
-    pub const DELIVERING: &str = "delivering";
-    /// The webhook took it.
-    pub const DELIVERED: &str = "delivered";
-    /// Every attempt failed, or the message grew too old.
-    pub const UNDELIVERABLE: &str = "undeliverable";
-}
 
 /// A new inbound message.
 #[derive(Debug, Clone)]
@@ -96,6 +72,7 @@ pub(super) const MSG_COLS: &str = "seq, id, chat_jid, direction, kind, sender, s
 pub(super) fn message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageView> {
     let direction: String = r.get("direction")?;
     let kind: String = r.get("kind")?;
+    let state: String = r.get("state")?;
     Ok(MessageView {
         seq: r.get("seq")?,
         id: r.get("id")?,
@@ -108,7 +85,7 @@ pub(super) fn message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageView> {
         timestamp: r.get("timestamp")?,
         reply_to: r.get("reply_to")?,
         turn_id: r.get("turn_id")?,
-        state: r.get("state")?,
+        state: MessageState::parse(&state).ok_or_else(|| unknown("state", &state))?,
         version: r.get("version")?,
     })
 }
@@ -143,8 +120,8 @@ impl Store {
                     });
                 }
                 let state = match m.kind {
-                    MessageKind::Command => inbound::HANDLED,
-                    _ => inbound::PENDING,
+                    MessageKind::Command => MessageState::Handled,
+                    _ => MessageState::Pending,
                 };
                 tx.execute(
                     "INSERT INTO messages (id, chat_jid, direction, kind, sender, sender_name, content, \
@@ -159,13 +136,13 @@ impl Store {
                         m.content,
                         m.timestamp,
                         m.reply_to,
-                        state,
+                        state.as_str(),
                         m.body_hash,
                         m.now
                     ],
                 )?;
                 let seq = tx.last_insert_rowid();
-                let pending = i64::from(state == inbound::PENDING);
+                let pending = i64::from(state == MessageState::Pending);
                 tx.execute(
                     "INSERT INTO chats (jid, cursor, pending, updated_at) VALUES (?1, 0, ?3, ?2) \
                      ON CONFLICT (jid) DO UPDATE SET updated_at = ?2, pending = pending + ?3",
@@ -182,9 +159,9 @@ impl Store {
         self.db
             .call(move |c| {
                 let state = if o.webhook {
-                    outbound::DELIVERING
+                    MessageState::Delivering
                 } else {
-                    outbound::SENT
+                    MessageState::Sent
                 };
                 let n = c.execute(
                     "INSERT OR IGNORE INTO messages (id, chat_jid, direction, kind, sender, content, \
@@ -198,7 +175,7 @@ impl Store {
                         o.now,
                         o.reply_to,
                         o.turn_id,
-                        state,
+                        state.as_str(),
                         o.webhook.then_some(o.now)
                     ],
                 )?;
@@ -528,9 +505,9 @@ impl Store {
                 let tx = c.transaction()?;
                 let id = format!("{turn}.status");
                 let state = if webhook {
-                    outbound::DELIVERING
+                    MessageState::Delivering
                 } else {
-                    outbound::SENT
+                    MessageState::Sent
                 };
                 let next: i64 =
                     tx.query_row("SELECT coalesce(max(seq), 0) + 1 FROM messages", [], |r| {
@@ -539,14 +516,14 @@ impl Store {
                 let moved = tx.execute(
                     "UPDATE messages SET seq = ?2, content = ?3, version = version + 1, \
                      timestamp = ?4, state = ?5, attempts = 0, next_try_at = ?6 WHERE id = ?1",
-                    params![id, next, text, now, state, webhook.then_some(now)],
+                    params![id, next, text, now, state.as_str(), webhook.then_some(now)],
                 )?;
                 if moved == 0 {
                     tx.execute(
                         "INSERT INTO messages (seq, id, chat_jid, direction, kind, sender, content, \
                          timestamp, turn_id, state, next_try_at, created_at) \
                          VALUES (?1, ?2, ?3, 'out', 'status', 'hako', ?4, ?5, ?6, ?7, ?8, ?5)",
-                        params![next, id, chat, text, now, turn, state, webhook.then_some(now)],
+                        params![next, id, chat, text, now, turn, state.as_str(), webhook.then_some(now)],
                     )?;
                 }
                 tx.commit()?;

@@ -24,7 +24,7 @@ mod webhooks;
 pub use approvals::{ApprovalRow, Decided};
 pub use audit::AuditRow;
 pub use groups::GroupRow;
-pub use messages::{Backlog, Ingested, NewInbound, NewOutbound, inbound, outbound};
+pub use messages::{Backlog, Ingested, NewInbound, NewOutbound};
 pub use routes::RouteRow;
 pub use schema::MIGRATIONS;
 pub use tasks::{TaskRow, task};
@@ -80,7 +80,7 @@ pub(super) fn json_text<T: serde::Serialize>(v: &T) -> rusqlite::Result<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hako_shared::chat::{MessageKind, TurnState};
+    use hako_shared::chat::{MessageKind, MessageState, TurnState};
 
     fn inbound(id: &str, now: i64) -> NewInbound {
         NewInbound {
@@ -140,7 +140,7 @@ mod tests {
         }
     }
 
-    async fn state_of(store: &Store, seq: i64) -> (String, Option<String>) {
+    async fn state_of(store: &Store, seq: i64) -> (MessageState, Option<String>) {
         let m = store.message(seq).await.unwrap().unwrap();
         (m.state, m.turn_id)
     }
@@ -252,10 +252,10 @@ mod tests {
             .unwrap();
         assert_eq!((took_n, back_n), (2, 1));
         assert!(store.advance(&row, done(), 10).await.unwrap().is_some());
-        assert_eq!(state_of(&store, first).await.0, "answered");
-        assert_eq!(state_of(&store, took).await.0, "answered");
-        assert_eq!(state_of(&store, lost).await.0, "answered");
-        assert_eq!(state_of(&store, back).await, ("pending".into(), None));
+        assert_eq!(state_of(&store, first).await.0, MessageState::Answered);
+        assert_eq!(state_of(&store, took).await.0, MessageState::Answered);
+        assert_eq!(state_of(&store, lost).await.0, MessageState::Answered);
+        assert_eq!(state_of(&store, back).await, (MessageState::Pending, None));
         let pending: Vec<i64> = store
             .pending_of("tg:1", 10)
             .await
@@ -285,9 +285,9 @@ mod tests {
         assert!(store.advance(&row, done(), 10).await.unwrap().is_some());
         assert_eq!(
             state_of(&store, cut).await,
-            ("pending".into(), Some(t.to_string()))
+            (MessageState::Pending, Some(t.to_string()))
         );
         assert_eq!(store.release_steering().await.unwrap(), 1);
-        assert_eq!(state_of(&store, cut).await, ("pending".into(), None));
+        assert_eq!(state_of(&store, cut).await, (MessageState::Pending, None));
     }
 }

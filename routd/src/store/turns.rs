@@ -1,13 +1,12 @@
 //! The `turns` table: one row per turn, moved between states only through
 //! [`Store::advance`].
 
-use hako_shared::chat::{TurnState, TurnView};
+use hako_shared::chat::{MessageState, TurnState, TurnView};
 use hako_shared::db::DbError;
 use hako_shared::ids::{RunId, TurnId};
 use rusqlite::{OptionalExtension, params};
 
 use super::Store;
-use super::messages::inbound;
 
 /// A turn row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,9 +272,9 @@ impl Store {
                 }
                 if let Step::End { state, .. } = step {
                     let messages = if state == TurnState::Failed {
-                        inbound::FAILED
+                        MessageState::Failed
                     } else {
-                        inbound::ANSWERED
+                        MessageState::Answered
                     };
                     end_messages(&tx, &next.turn_id, messages, now)?;
                 }
@@ -389,13 +388,13 @@ impl Store {
 fn end_messages(
     tx: &rusqlite::Transaction<'_>,
     turn_id: &str,
-    message_state: &str,
+    message_state: MessageState,
     now: i64,
 ) -> rusqlite::Result<()> {
     let ended = tx.execute(
         "UPDATE messages SET state = ?2 WHERE turn_id = ?1 AND direction = 'in' \
          AND state = 'pending' AND steering = 0",
-        params![turn_id, message_state],
+        params![turn_id, message_state.as_str()],
     )?;
     tx.execute(
         "UPDATE chats SET pending = max(0, pending - ?2) \

@@ -1,11 +1,11 @@
 //! Webhooks and each delivery attempt of an outbound message.
 
-use hako_shared::chat::MessageView;
+use hako_shared::chat::{MessageState, MessageView};
 use hako_shared::db::DbError;
 use rusqlite::params;
 
 use super::Store;
-use super::messages::{MSG_COLS, message, outbound};
+use super::messages::{MSG_COLS, message};
 
 /// A webhook row (the secret included: only the delivery worker reads it).
 #[derive(Clone, PartialEq, Eq)]
@@ -149,14 +149,14 @@ impl Store {
                     ],
                 )?;
                 let (state, next_at) = match (ok, next) {
-                    (true, _) => (outbound::DELIVERED, None),
-                    (false, Some(at)) => (outbound::DELIVERING, Some(at)),
-                    (false, None) => (outbound::UNDELIVERABLE, None),
+                    (true, _) => (MessageState::Delivered, None),
+                    (false, Some(at)) => (MessageState::Delivering, Some(at)),
+                    (false, None) => (MessageState::Undeliverable, None),
                 };
                 tx.execute(
                     "UPDATE messages SET state = ?2, attempts = ?3, next_try_at = ?4 \
                      WHERE seq = ?1 AND state = 'delivering'",
-                    params![seq, state, attempt, next_at],
+                    params![seq, state.as_str(), attempt, next_at],
                 )?;
                 tx.commit()?;
                 Ok(())

@@ -23,7 +23,7 @@ use hako_runner::{
 };
 use hako_shared::GroupFolder;
 use hako_shared::contract::{ContainerInput, Message, Redacted, Secrets};
-use hako_shared::ids::RunId;
+use hako_shared::ids::{RunId, TurnId};
 use hako_shared::runs::GroupSpec;
 
 /// Upper bound on any one run in these tests.
@@ -97,7 +97,7 @@ impl Rig {
     pub fn spec(&self, folder: &str, prompt: &str) -> RunSpec {
         RunSpec {
             run_id: RunId::new(format!("run-{}", rand_hex(6))).unwrap(),
-            turn_id: format!("turn-{}", rand_hex(4)),
+            turn_id: Some(TurnId::new(format!("turn-{}", rand_hex(4))).unwrap()),
             folder: GroupFolder::new(folder).expect("folder"),
             input: input(prompt),
             group: GroupSpec::default(),
