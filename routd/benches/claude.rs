@@ -17,8 +17,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use hako_authd::testing::{CHANNEL_KEY, OPERATOR_KEY, ROUTD_KEY, RUNED_KEY, TestAuthd};
-use hako_shared::auth::AuthdClient;
+use hako_authd::testing::{ROUTD_KEY, RUNED_KEY, TestAuthd};
 use hako_shared::config::Env;
 use serde_json::{Value, json};
 
@@ -108,17 +107,8 @@ async fn bench() {
     .expect("routd config");
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let routd = hako_routd::start(cfg, l).await.expect("routd");
-    let client = AuthdClient::new(&authd.url()).unwrap();
-    let operator = client
-        .service_token("operator", OPERATOR_KEY)
-        .await
-        .unwrap()
-        .token;
-    let channel = client
-        .service_token("channel", CHANNEL_KEY)
-        .await
-        .unwrap()
-        .token;
+    let operator = authd.token("operator").await;
+    let channel = authd.token("channel").await;
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let base = routd.url();
     // One group whose every turn starts cold, one whose next box is warm.

@@ -13,8 +13,7 @@
 
 use std::time::{Duration, Instant};
 
-use hako_authd::testing::{CHANNEL_KEY, OPERATOR_KEY, ROUTD_KEY, RUNED_KEY, TestAuthd};
-use hako_shared::auth::AuthdClient;
+use hako_authd::testing::{ROUTD_KEY, RUNED_KEY, TestAuthd};
 use hako_shared::config::Env;
 use serde_json::{Value, json};
 
@@ -127,22 +126,9 @@ async fn bench() {
         .await
         .expect("bind");
     let routd = hako_routd::start(cfg, l).await.expect("routd");
-    let client = AuthdClient::new(&authd.url()).expect("client");
-    let operator = client
-        .service_token("operator", OPERATOR_KEY)
-        .await
-        .expect("op")
-        .token;
-    let channel = client
-        .service_token("channel", CHANNEL_KEY)
-        .await
-        .expect("ch")
-        .token;
-    let routd_token = client
-        .service_token("routd", ROUTD_KEY)
-        .await
-        .expect("routd")
-        .token;
+    let operator = authd.token("operator").await;
+    let channel = authd.token("channel").await;
+    let routd_token = authd.token("routd").await;
     let http = reqwest::Client::builder().no_proxy().build().expect("http");
     let base = routd.url();
 

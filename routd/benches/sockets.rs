@@ -16,7 +16,7 @@
 
 use std::time::{Duration, Instant};
 
-use hako_authd::testing::{CHANNEL_KEY, OPERATOR_KEY, ROUTD_KEY, RUNED_KEY, TestAuthd};
+use hako_authd::testing::{ROUTD_KEY, RUNED_KEY, TestAuthd};
 use hako_shared::auth::AuthdClient;
 use hako_shared::config::Env;
 use serde_json::{Value, json};
@@ -102,17 +102,8 @@ async fn bench() {
         .await
         .expect("bind");
     let routd = hako_routd::start(cfg, l).await.expect("routd");
-    let client = AuthdClient::new(&authd.url()).expect("client");
-    let operator = client
-        .service_token("operator", OPERATOR_KEY)
-        .await
-        .expect("op")
-        .token;
-    let channel = client
-        .service_token("channel", CHANNEL_KEY)
-        .await
-        .expect("ch")
-        .token;
+    let operator = authd.token("operator").await;
+    let channel = authd.token("channel").await;
     let http = reqwest::Client::builder().no_proxy().build().expect("http");
     let base = routd.url();
     let s = http
@@ -217,7 +208,7 @@ async fn bench() {
             p99.as_secs_f64() * 1000.0
         );
     }
-    gateway(&client, &turn, &data, &stub).await;
+    gateway(&authd, &turn, &data, &stub).await;
     let _ = http
         .post(format!("{base}/v1/messages"))
         .bearer_auth(&channel)
@@ -287,16 +278,13 @@ async fn timed(
     (ttfb, t.elapsed())
 }
 
-async fn gateway(client: &AuthdClient, turn: &Value, data: &std::path::Path, stub: &str) {
+async fn gateway(authd: &TestAuthd, turn: &Value, data: &std::path::Path, stub: &str) {
     let streams: usize = std::env::var("BENCH_STREAMS")
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(500);
-    let runed_token = client
-        .service_token("runed", RUNED_KEY)
-        .await
-        .expect("runed token")
-        .token;
+    let runed_token = authd.token("runed").await;
+    let client = AuthdClient::new(&authd.url()).expect("client");
     let spawn = client
         .mint(
             &runed_token,

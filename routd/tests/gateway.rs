@@ -771,11 +771,7 @@ async fn the_gateway_lets_only_the_turns_token_through() {
     // Downscoped from runed's token without a run: the scope, the folder, but not a spawn
     // token of this turn.
     let client = AuthdClient::new(&rig.authd_url()).unwrap();
-    let runed_token = client
-        .service_token("runed", RUNED_KEY)
-        .await
-        .unwrap()
-        .token;
+    let runed_token = rig.service_token("runed").await;
     let user = client
         .mint(
             &runed_token,

@@ -859,11 +859,7 @@ async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
     assert_eq!(seen["tools"].as_array().unwrap().len(), 8, "{seen}");
     // HTTP, with a spawn token of this turn (runed mints them so for each run).
     let client = AuthdClient::new(&rig.authd_url()).unwrap();
-    let runed_token = client
-        .service_token("runed", RUNED_KEY)
-        .await
-        .unwrap()
-        .token;
+    let runed_token = rig.service_token("runed").await;
     let spawn = |folder: &'static str, turn: String| {
         let (rig, run_id) = (&rig, run_id.clone());
         async move { rig.spawn_token(folder, &turn, &run_id, 300).await.token }

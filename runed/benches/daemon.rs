@@ -13,8 +13,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hako_authd::testing::{ROUTD_KEY, RUNED_KEY, TestAuthd};
-use hako_shared::auth::AuthdClient;
+use hako_authd::testing::{RUNED_KEY, TestAuthd};
 use hako_shared::config::Env;
 use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
@@ -130,12 +129,7 @@ async fn bench() {
         .await
         .expect("bind");
     let runed = hako_runed::start(cfg, l).await.expect("runed");
-    let token = AuthdClient::new(&authd.url())
-        .expect("client")
-        .service_token("routd", ROUTD_KEY)
-        .await
-        .expect("routd token")
-        .token;
+    let token = authd.token("routd").await;
     let b = Arc::new(Bench {
         http: reqwest::Client::builder().no_proxy().build().expect("http"),
         runed: runed.url(),

@@ -70,6 +70,16 @@ pub(crate) struct AuditPage {
     next_before: Option<i64>,
 }
 
+/// `202`: the run or hold is in (`existing`: it was already).
+fn accepted(run_id: RunId, state: RunState, existing: bool) -> Response {
+    let body = CreatedRun {
+        run_id,
+        state,
+        existing,
+    };
+    (StatusCode::ACCEPTED, Json(body)).into_response()
+}
+
 async fn audit_row(
     sh: &Shared,
     who: &Principal,
@@ -198,17 +208,7 @@ async fn create_run(
     if secret_bytes > MAX_SECRETS_BYTES {
         return Err(ApiFailure::SecretsTooLarge(secret_bytes));
     }
-    let existing = |r: SpawnRow| {
-        (
-            StatusCode::ACCEPTED,
-            Json(CreatedRun {
-                run_id: r.run_id,
-                state: r.state,
-                existing: true,
-            }),
-        )
-            .into_response()
-    };
+    let existing = |r: SpawnRow| accepted(r.run_id, r.state, true);
     let reserved = match sh.reserve(&folder) {
         Ok(r) => r,
         Err(full) => {
@@ -269,15 +269,7 @@ async fn create_run(
                 String::new(),
             )
             .await;
-            Ok((
-                StatusCode::ACCEPTED,
-                Json(CreatedRun {
-                    run_id,
-                    state: RunState::Queued,
-                    existing: false,
-                }),
-            )
-                .into_response())
+            Ok(accepted(run_id, RunState::Queued, false))
         }
     }
 }
@@ -801,15 +793,7 @@ async fn create_hold(
         String::new(),
     )
     .await;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(CreatedRun {
-            run_id,
-            state: RunState::Queued,
-            existing: false,
-        }),
-    )
-        .into_response())
+    Ok(accepted(run_id, RunState::Queued, false))
 }
 
 #[derive(Deserialize, utoipa::IntoParams)]

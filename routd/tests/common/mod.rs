@@ -145,6 +145,11 @@ impl Rig {
         self.authd.as_ref().unwrap().url()
     }
 
+    /// A service token of `identity` (`runed`, `routd`, `operator`, `channel`).
+    pub async fn service_token(&self, identity: &str) -> String {
+        self.authd.as_ref().unwrap().token(identity).await
+    }
+
     pub fn runed_url(&self) -> String {
         format!("http://{}", self.runed_addr.unwrap())
     }
@@ -508,13 +513,9 @@ impl Rig {
         run_id: &str,
         ttl: u64,
     ) -> hako_shared::auth::wire::MintResponse {
-        let client = AuthdClient::new(&self.authd_url()).unwrap();
-        let runed = client
-            .service_token("runed", RUNED_KEY)
-            .await
+        let runed = self.service_token("runed").await;
+        AuthdClient::new(&self.authd_url())
             .unwrap()
-            .token;
-        client
             .mint(
                 &runed,
                 &MintRequest {
