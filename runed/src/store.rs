@@ -1046,4 +1046,45 @@ mod tests {
         assert_eq!(s.prune(10, 0).await.unwrap(), 1);
         assert!(s.get(&rid("r1")).await.unwrap().is_none());
     }
+
+    #[tokio::test]
+    async fn a_row_this_build_cannot_read_is_an_error_not_a_guess() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("runed.db")).await.unwrap();
+        s.insert(new_row("r1", "t1")).await.unwrap();
+        let row = s.get(&rid("r1")).await.unwrap().unwrap();
+        assert_eq!((row.kind, row.state), (SpawnKind::Run, RunState::Queued));
+        assert_eq!(row.turn_id, "t1");
+        for (col, bad) in [
+            // (`kind` has a CHECK: the database itself refuses another.)
+            ("state", "paused"),
+            ("outcome", "maybe"),
+            ("turn_id", "t/1"),
+        ] {
+            let fix = format!("UPDATE spawns SET {col} = ?1 WHERE run_id = 'r1'");
+            let good: String =
+                s.db.call(move |c| {
+                    let sql = format!("SELECT coalesce({col}, 'ok') FROM spawns");
+                    let was: String = c.query_row(&sql, [], |r| r.get(0))?;
+                    c.execute(&fix, [bad])?;
+                    Ok::<_, DbError>(was)
+                })
+                .await
+                .unwrap();
+            assert!(s.get(&rid("r1")).await.is_err(), "{col} = {bad:?} was read");
+            assert!(
+                s.list(None, None, None, 10).await.is_err(),
+                "{col} = {bad:?} was listed"
+            );
+            // Put it back (a null outcome stays null).
+            s.db.call(move |c| {
+                let sql = format!("UPDATE spawns SET {col} = nullif(?1, 'ok') WHERE run_id = 'r1'");
+                c.execute(&sql, [good])?;
+                Ok::<_, DbError>(())
+            })
+            .await
+            .unwrap();
+            assert!(s.get(&rid("r1")).await.unwrap().is_some());
+        }
+    }
 }
