@@ -575,3 +575,46 @@ pub struct TaskList {
     /// Soonest first (at most 1000).
     pub tasks: Vec<TaskView>,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The name a state is stored under is the name it travels under: the store writes
+    /// `as_str` and the wire writes serde's name, and a client reads both.
+    #[test]
+    fn stored_names_are_wire_names_and_read_back() {
+        fn check<T>(all: &[T], as_str: fn(T) -> &'static str, parse: fn(&str) -> Option<T>)
+        where
+            T: Copy + PartialEq + std::fmt::Debug + Serialize + serde::de::DeserializeOwned,
+        {
+            for &v in all {
+                let name = as_str(v);
+                assert_eq!(serde_json::to_value(v).unwrap(), serde_json::json!(name));
+                assert_eq!(parse(name), Some(v));
+                let back: T = serde_json::from_value(serde_json::json!(name)).unwrap();
+                assert_eq!(back, v);
+            }
+            assert_eq!(parse("bogus"), None);
+        }
+        check(
+            &MessageState::ALL,
+            MessageState::as_str,
+            MessageState::parse,
+        );
+        check(&TurnState::ALL, TurnState::as_str, TurnState::parse);
+        let kinds = [
+            MessageKind::Message,
+            MessageKind::Command,
+            MessageKind::Notice,
+            MessageKind::Status,
+            MessageKind::Task,
+            MessageKind::Approval,
+        ];
+        check(&kinds, MessageKind::as_str, MessageKind::parse);
+        assert!(serde_json::from_str::<MessageState>("\"read\"").is_err());
+        // The CLI's tables pad states.
+        assert_eq!(format!("{:<10}|", MessageState::Sent), "sent      |");
+        assert_eq!(format!("{:<9}|", TurnState::Done), "done     |");
+    }
+}

@@ -1116,6 +1116,14 @@ mod tests {
         for o in ["ok", "error", "fatal", "killed", "timed_out"] {
             assert_eq!(Outcome::parse(o).unwrap().as_str(), o);
         }
+        for k in [SpawnKind::Run, SpawnKind::Hold] {
+            assert_eq!(SpawnKind::parse(k.as_str()), Some(k));
+            assert_eq!(serde_json::to_value(k).unwrap(), json!(k.as_str()));
+        }
+        assert_eq!(SpawnKind::parse("job"), None);
+        // `hako runs` pads its columns.
+        assert_eq!(format!("{:<9}|", RunState::Running), "running  |");
+        assert_eq!(format!("{:<9}|", Outcome::Ok), "ok       |");
         assert_eq!(
             serde_json::to_value(HumanDuration(Duration::from_millis(1500))).unwrap(),
             json!("1500ms")
