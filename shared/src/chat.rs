@@ -57,6 +57,15 @@ pub enum MessageKind {
 }
 
 impl MessageKind {
+    const ALL: [MessageKind; 6] = [
+        MessageKind::Message,
+        MessageKind::Command,
+        MessageKind::Notice,
+        MessageKind::Status,
+        MessageKind::Task,
+        MessageKind::Approval,
+    ];
+
     /// The wire name.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -71,16 +80,7 @@ impl MessageKind {
 
     /// Parses the wire name.
     pub fn parse(s: &str) -> Option<Self> {
-        [
-            MessageKind::Message,
-            MessageKind::Command,
-            MessageKind::Notice,
-            MessageKind::Status,
-            MessageKind::Task,
-            MessageKind::Approval,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == s)
+        Self::ALL.into_iter().find(|k| k.as_str() == s)
     }
 }
 
@@ -603,15 +603,7 @@ mod tests {
             MessageState::parse,
         );
         check(&TurnState::ALL, TurnState::as_str, TurnState::parse);
-        let kinds = [
-            MessageKind::Message,
-            MessageKind::Command,
-            MessageKind::Notice,
-            MessageKind::Status,
-            MessageKind::Task,
-            MessageKind::Approval,
-        ];
-        check(&kinds, MessageKind::as_str, MessageKind::parse);
+        check(&MessageKind::ALL, MessageKind::as_str, MessageKind::parse);
         assert!(serde_json::from_str::<MessageState>("\"read\"").is_err());
         // The CLI's tables pad states.
         assert_eq!(format!("{:<10}|", MessageState::Sent), "sent      |");
