@@ -143,6 +143,7 @@ fn brain(env: &Env) -> Result<BrainKind, ConfigError> {
                 home: env.path_or("HOME", "/home/agent"),
                 bridge: std::env::current_exe()
                     .unwrap_or_else(|_| PathBuf::from("/usr/local/bin/hako-agent")),
+                plugin_dir: PathBuf::from(hako_shared::contract::SKILLS_PLUGIN_DIR),
             }))
         }
         other => Err(ConfigError::Invalid {

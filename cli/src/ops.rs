@@ -320,16 +320,31 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     Ok(all_ready)
 }
 
+/// The most characters of a call's arguments a list line shows; `hako approvals show` prints
+/// the whole call.
+const LIST_ARGS: usize = 80;
+
 fn print_approval(a: &ApprovalView, now: i64) {
     let age = (now - a.requested_at).max(0) / 1000;
+    let args = a.arguments.to_string();
+    let n = args.chars().count();
+    let shown: String = args.chars().take(LIST_ARGS).collect();
+    let more = if n > LIST_ARGS {
+        format!(
+            "… (cut: `hako approvals show {}` prints all {n} characters)",
+            a.id
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "  {:<16} {:<10} {:<14} folder {:<16} chat {:<20} age {age}s  {}",
+        "  {:<16} {:<10} {:<14} folder {:<16} chat {:<20} age {age}s  {}{more}",
         a.id,
         a.state.as_str(),
         a.tool,
         a.folder,
         a.chat_jid,
-        crate::terminal_safe(&a.arguments.to_string().chars().take(80).collect::<String>()),
+        crate::terminal_safe(&shown),
     );
 }
 
@@ -351,6 +366,12 @@ pub enum ApprovalsCommand {
         /// Also the decided ones.
         #[arg(long)]
         all: bool,
+    },
+    /// One request whole: every argument of the call, uncut, as it will run.
+    #[command(after_help = "Examples:\n  hako approvals show ap-1a2b3c")]
+    Show {
+        /// The request's id.
+        id: String,
     },
     /// Approve a held call: it runs.
     Approve {
@@ -385,6 +406,38 @@ pub async fn approvals(args: ApprovalsArgs) -> anyhow::Result<bool> {
             for a in &list.approvals {
                 print_approval(a, now);
             }
+            return Ok(true);
+        }
+        ApprovalsCommand::Show { id } => {
+            let a: ApprovalView = d
+                .get(
+                    Daemon::Routd,
+                    &format!("/v1/approvals/{}", encode(&id)),
+                    &token,
+                )
+                .await?;
+            if json {
+                print_json(&a);
+                return Ok(true);
+            }
+            println!("id        {}", a.id);
+            println!("state     {}", a.state.as_str());
+            println!(
+                "call      {}{}",
+                a.tool,
+                a.target
+                    .as_deref()
+                    .map(|t| format!(" on {}", crate::terminal_safe(t)))
+                    .unwrap_or_default()
+            );
+            println!("folder    {}", a.folder);
+            println!("chat      {}", crate::terminal_safe(&a.chat_jid));
+            if let Some(by) = &a.decided_by {
+                println!("decided   by {}", crate::terminal_safe(by));
+            }
+            println!("arguments (whole, as the call runs):");
+            let pretty = serde_json::to_string_pretty(&a.arguments)?;
+            println!("{}", crate::terminal_safe(&pretty));
             return Ok(true);
         }
         ApprovalsCommand::Approve { id } => (id, true),

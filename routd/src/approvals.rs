@@ -20,8 +20,15 @@ use tokio::sync::Notify;
 use crate::store::{ApprovalRow, AuditRow, Decided};
 use crate::{Shared, now_ms};
 
-/// The longest text of an argument shown in a request (the rest is cut).
-const SHOWN_TEXT: usize = 400;
+/// The longest text of an argument shown in the chat's request (the rest is cut there, and
+/// the request says so; the API, `hako approvals show` and the page show the whole call).
+const SHOWN_TEXT: usize = 1000;
+/// The largest held call, its arguments as JSON: a person must be able to read what they
+/// approve, and each request is stored (a row, a chat message, an audit row).
+pub(crate) const MAX_HELD_ARGS: usize = hako_mcp::tools::MAX_TEXT + (4 << 10);
+/// The most calls one turn may hold at once: each is a row, a message and an audit row, and
+/// a turn has one person to ask.
+pub(crate) const MAX_HELD_PER_TURN: usize = 4;
 
 /// The held calls waiting in this process, by request id: woken when their row changes.
 #[derive(Debug, Default)]
@@ -68,12 +75,18 @@ impl Drop for Waiting<'_> {
 /// Who gives a verdict.
 #[derive(Debug, Clone)]
 pub(crate) enum Judge<'a> {
-    /// A sender writing in a chat.
-    Chat { chat: &'a str, sender: &'a str },
-    /// A caller of the API: its subject, whether it is unbound (the operator) and whether its
-    /// folder covers the request's.
+    /// A sender writing in a chat. `vouched`: the message came from a caller that vouches for
+    /// its `sender` (a chat adapter, the `channel` identity, or the operator); anyone else's
+    /// `sender` is only a claim.
+    Chat {
+        chat: &'a str,
+        sender: &'a str,
+        vouched: bool,
+    },
+    /// A caller of the API: who it is (`operator`, `operator@acme`), whether it is unbound
+    /// (the operator) and whether its folder covers the request's.
     Api {
-        subject: String,
+        actor: String,
         unbound: bool,
         covers: bool,
     },
@@ -109,25 +122,35 @@ fn internal(e: impl std::fmt::Display) -> ToolError {
     ToolError::internal("routd could not hold the call for approval; try again")
 }
 
-/// The arguments as people see them: long texts cut.
-fn shown(args: &Map<String, Value>) -> Value {
-    Value::Object(
+/// The arguments as the chat's request shows them, and whether anything was cut: long texts
+/// at any depth (a Bash command sits inside `agent_tool`'s `input`).
+fn shown(args: &Map<String, Value>) -> (Value, bool) {
+    fn cut(v: &Value, cutting: &mut bool) -> Value {
+        match v {
+            Value::String(s) if s.len() > SHOWN_TEXT => {
+                *cutting = true;
+                let mut end = SHOWN_TEXT;
+                while !s.is_char_boundary(end) {
+                    end -= 1;
+                }
+                Value::String(format!("{}… (cut: {} bytes)", &s[..end], s.len()))
+            }
+            Value::Object(m) => Value::Object(
+                m.iter()
+                    .map(|(k, v)| (k.clone(), cut(v, cutting)))
+                    .collect(),
+            ),
+            Value::Array(a) => Value::Array(a.iter().map(|v| cut(v, cutting)).collect()),
+            v => v.clone(),
+        }
+    }
+    let mut cutting = false;
+    let v = Value::Object(
         args.iter()
-            .map(|(k, v)| {
-                let v = match v {
-                    Value::String(s) if s.len() > SHOWN_TEXT => {
-                        let mut end = SHOWN_TEXT;
-                        while !s.is_char_boundary(end) {
-                            end -= 1;
-                        }
-                        Value::String(format!("{}… ({} bytes)", &s[..end], s.len()))
-                    }
-                    v => v.clone(),
-                };
-                (k.clone(), v)
-            })
+            .map(|(k, v)| (k.clone(), cut(v, &mut cutting)))
             .collect(),
-    )
+    );
+    (v, cutting)
 }
 
 fn wait_text(ms: i64) -> String {
@@ -137,6 +160,18 @@ fn wait_text(ms: i64) -> String {
         s if s % 60 == 0 => format!("{}m", s / 60),
         s => format!("{s}s"),
     }
+}
+
+/// Refuses a call to hold whose arguments (`bytes` of JSON) no person could read whole.
+pub(crate) fn readable(tool: &str, bytes: usize) -> Result<(), ToolError> {
+    if bytes > MAX_HELD_ARGS {
+        return Err(ToolError::invalid(format!(
+            "{tool} needs a person's approval, and its arguments are {bytes} bytes: at most \
+             {MAX_HELD_ARGS} can be shown to them. Make the call smaller (a script in a file, \
+             then a short command that runs it)."
+        )));
+    }
+    Ok(())
 }
 
 /// Holds `call` until its verdict: `Ok` when approved.
@@ -152,6 +187,8 @@ pub(crate) async fn hold(
             "{tool} needs approval, and the group's approval settings cannot be read: denied"
         )));
     };
+    let whole = serde_json::to_vec(args).map_err(internal)?.len();
+    readable(tool, whole)?;
     let now = now_ms();
     let wait = policy.wait().as_millis() as i64;
     let row = ApprovalRow {
@@ -161,7 +198,7 @@ pub(crate) async fn hold(
         chat_jid: scope.chat_jid.clone(),
         tool: tool.to_owned(),
         target: call.target(scope).map(str::to_owned),
-        arguments: shown(args),
+        arguments: Value::Object(args.clone()),
         state: ApprovalState::Pending,
         decided_by: None,
         requested_at: now,
@@ -171,7 +208,17 @@ pub(crate) async fn hold(
     let id = row.id.clone();
     // Registered before the request can be seen: no verdict can come before its waiter.
     let waiting = Waiting::new(&sh.approval_waiters, &id);
-    sh.store.add_approval(row.clone()).await.map_err(internal)?;
+    if !sh
+        .store
+        .add_approval(row.clone(), MAX_HELD_PER_TURN)
+        .await
+        .map_err(internal)?
+    {
+        return Err(ToolError::rate_limited(format!(
+            "this turn already has {MAX_HELD_PER_TURN} calls waiting for a person: wait for \
+             their verdicts before asking for more"
+        )));
+    }
     sh.metrics.approval("requested");
     gauges(sh).await;
     let who = match policy.from {
@@ -179,14 +226,22 @@ pub(crate) async fn hold(
         hako_shared::approvals::Approvers::Senders => "the group's named approvers",
         hako_shared::approvals::Approvers::Operator => "the operator (hako approvals)",
     };
+    let (shown, cut) = shown(args);
     let text = format!(
-        "Approval needed ({id}): the agent wants to run {tool}{} with {}. {who} may answer \
-         /approve {id} or /deny {id} within {}; no answer denies it.",
+        "Approval needed ({id}): the agent wants to run {tool}{} with {shown}.{} {who} may \
+         answer /approve {id} or /deny {id} within {}; no answer denies it.",
         row.target
             .as_deref()
             .map(|t| format!(" on {t}"))
             .unwrap_or_default(),
-        row.arguments,
+        if cut {
+            format!(
+                " This is cut: read the whole call ({whole} bytes) with `hako approvals show \
+                 {id}` or on the web page before you approve it."
+            )
+        } else {
+            String::new()
+        },
         wait_text(wait),
     );
     say(sh, &row, "request", text).await;
@@ -213,18 +268,26 @@ pub(crate) async fn hold(
                 None => std::future::pending().await,
             }
         };
+        let stopping = || {
+            // routd denies what is left pending when it starts again (`abandoned`, told in
+            // the chat and audited), as after a SIGKILL.
+            Err(ToolError {
+                code: hako_mcp::ToolCode::Unavailable,
+                message: "routd is stopping; the call was not run".into(),
+            })
+        };
+        // Stopping first: at shutdown the driver lets its turn go too, and that is routd
+        // stopping, not the turn ending.
         let denial = tokio::select! {
+            biased;
+            () = sh.stopping.cancelled() => return stopping(),
             () = waiting.notify.notified() => continue,
             () = tokio::time::sleep_until(expires) => ApprovalState::TimedOut,
             () = end => ApprovalState::TurnEnded,
-            () = sh.stopping.cancelled() => {
-                // routd denies what is left pending when it starts again.
-                return Err(ToolError {
-                    code: hako_mcp::ToolCode::Unavailable,
-                    message: "routd is stopping; the call was not run".into(),
-                });
-            }
         };
+        if sh.stopping.is_cancelled() {
+            return stopping();
+        }
         match conclude(sh, &id, denial, None).await.map_err(internal)? {
             Some((r, _)) => break r.state,
             None => return Err(internal("the approval request vanished")),
@@ -301,10 +364,27 @@ pub(crate) async fn decide(
     };
     let policy = sh.store.group(&row.folder).await?.map(|g| g.approvals);
     let by = match &judge {
-        Judge::Chat { chat, sender } => {
+        Judge::Chat {
+            chat,
+            sender,
+            vouched,
+        } => {
             // Another chat's request is not there for it to see.
             if *chat != row.chat_jid {
                 return Ok(Err(missing()));
+            }
+            if let Some(why) = chat_may_not_answer(sh, &row, policy.as_ref(), *vouched) {
+                audit(
+                    sh,
+                    &format!("chat:{chat}:{sender}"),
+                    "approval.verdict",
+                    &row,
+                    "not_allowed",
+                )
+                .await;
+                return Ok(Err(Refusal::NotAllowed(format!(
+                    "{sender} may not answer {id} from this chat: {why}"
+                ))));
             }
             if !policy.as_ref().is_some_and(|p| p.admits_sender(sender)) {
                 audit(
@@ -326,7 +406,7 @@ pub(crate) async fn decide(
             format!("chat:{chat}:{sender}")
         }
         Judge::Api {
-            subject,
+            actor,
             unbound,
             covers,
         } => {
@@ -337,12 +417,12 @@ pub(crate) async fn decide(
                 .as_ref()
                 .is_none_or(|p| p.from == hako_shared::approvals::Approvers::Operator);
             if !unbound && operator_only {
-                audit(sh, subject, "approval.verdict", &row, "not_allowed").await;
+                audit(sh, actor, "approval.verdict", &row, "not_allowed").await;
                 return Ok(Err(Refusal::NotAllowed(format!(
                     "{id}: the group's approvals come from the operator only"
                 ))));
             }
-            subject.clone()
+            actor.clone()
         }
     };
     let state = if approve {
@@ -358,6 +438,47 @@ pub(crate) async fn decide(
             by: after.decided_by.unwrap_or_else(|| "routd".into()),
         })),
         None => Ok(Err(missing())),
+    }
+}
+
+/// Why a verdict from the request's own chat does not count, if it does not. A chat's word
+/// is a person's only where that chat is the group's alone and the call stays in it:
+/// - `from: chat` in a group reached through a glob route (`tg:*` → `support`): every
+///   customer's chat is "the chat", so a customer could approve what their own prompt made
+///   the agent do. Such a group names its approvers (`from: senders`) or leaves it to the
+///   operator.
+/// - `from: chat` for a call that reaches another chat (a `send_message` or `schedule_task`
+///   naming one): the people who asked for it are not the ones it reaches.
+/// - `from: senders` with a `sender` nobody vouches for: only a chat adapter (the `channel`
+///   identity) or the operator says who wrote a message; a tenant's or a browser's post
+///   claims a name.
+fn chat_may_not_answer(
+    sh: &Shared,
+    row: &ApprovalRow,
+    policy: Option<&ApprovalPolicy>,
+    vouched: bool,
+) -> Option<&'static str> {
+    use hako_shared::approvals::Approvers;
+    match policy.map(|p| p.from) {
+        Some(Approvers::Chat) => {
+            if sh.routing.is_shared(&row.chat_jid) {
+                return Some(
+                    "the group serves many chats through one route, so its approvers must be \
+                     named (approvals.from: senders) or the operator's",
+                );
+            }
+            let elsewhere = matches!(row.tool.as_str(), "send_message" | "schedule_task")
+                && row.target.as_deref().is_some_and(|t| t != row.chat_jid);
+            elsewhere.then_some(
+                "the call reaches another chat; the group's named approvers or the operator \
+                 decide it",
+            )
+        }
+        Some(Approvers::Senders) if !vouched => Some(
+            "only a message a chat adapter (or the operator) posted names its sender; use \
+             `hako approvals` or the web page",
+        ),
+        _ => None,
     }
 }
 
@@ -443,14 +564,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn long_arguments_are_cut_for_people() {
+    fn long_arguments_are_cut_for_the_chat_and_say_so() {
         let mut args = Map::new();
-        args.insert("text".into(), Value::from("é".repeat(300)));
+        args.insert("text".into(), Value::from("é".repeat(600)));
         args.insert("limit".into(), Value::from(5));
-        let v = shown(&args);
+        args.insert(
+            "input".into(),
+            serde_json::json!({"command": "x".repeat(1500)}),
+        );
+        let (v, cut) = shown(&args);
+        assert!(cut);
         let t = v["text"].as_str().unwrap();
-        assert!(t.len() < 450 && t.ends_with("(600 bytes)"), "{t}");
+        assert!(t.len() < 1050 && t.ends_with("(cut: 1200 bytes)"), "{t}");
+        let c = v["input"]["command"].as_str().unwrap();
+        assert!(
+            c.ends_with("(cut: 1500 bytes)"),
+            "nested texts are cut too: {c}"
+        );
         assert_eq!(v["limit"], 5);
+        let mut small = Map::new();
+        small.insert("text".into(), Value::from("hello"));
+        assert_eq!(shown(&small), (Value::Object(small.clone()), false));
         assert_eq!(wait_text(300_000), "5m");
         assert_eq!(wait_text(7_200_000), "2h");
         assert_eq!(wait_text(1_500), "1s");

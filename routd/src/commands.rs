@@ -57,6 +57,7 @@ pub(crate) async fn handle(
     cmd: Command,
     chat: &str,
     sender: &str,
+    vouched: bool,
     id: &str,
 ) -> Result<(), hako_shared::db::DbError> {
     let folder = sh.routing.resolve(chat);
@@ -68,7 +69,11 @@ pub(crate) async fn handle(
             },
             _,
         ) => {
-            let judge = crate::approvals::Judge::Chat { chat, sender };
+            let judge = crate::approvals::Judge::Chat {
+                chat,
+                sender,
+                vouched,
+            };
             match crate::approvals::decide(sh, &request, approve, judge).await? {
                 // The verdict's own notice tells the chat.
                 Ok(_) => return Ok(()),
@@ -86,7 +91,7 @@ pub(crate) async fn handle(
             "New session: the next message starts a fresh conversation.".to_owned()
         }
         (Command::Stop, Some(f)) => match GroupFolder::new(f) {
-            Ok(g) => match sh.runed.stop(&g).await {
+            Ok(g) => match sh.runed.stop(&g, false).await {
                 Ok(r) if r.killed.is_empty() => "Nothing is running.".to_owned(),
                 Ok(_) => "Stopped.".to_owned(),
                 Err(e) => format!("Could not stop the agent: {e}"),

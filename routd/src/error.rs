@@ -30,6 +30,9 @@ pub enum ApiFailure {
     /// A tenant has made as many groups as it may.
     #[error("{0}")]
     TooManyGroups(String),
+    /// runed did not do what the request needs of it (retiring a deleted group's folder).
+    #[error("{0}")]
+    RunedUnavailable(String),
     /// What every daemon's request shares.
     #[error(transparent)]
     Common(Common),
@@ -51,6 +54,7 @@ impl ApiFailure {
             ApiFailure::NotFound(_) => StatusCode::NOT_FOUND,
             ApiFailure::FolderForbidden(_) => StatusCode::FORBIDDEN,
             ApiFailure::TooManyGroups(_) => StatusCode::TOO_MANY_REQUESTS,
+            ApiFailure::RunedUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiFailure::Common(c) => c.status(),
             ApiFailure::Tool(t) => StatusCode::from_u16(t.code.http_status())
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -67,6 +71,7 @@ impl ApiFailure {
             ApiFailure::NotFound(_) => "not_found",
             ApiFailure::FolderForbidden(_) => "folder_forbidden",
             ApiFailure::TooManyGroups(_) => "too_many_groups",
+            ApiFailure::RunedUnavailable(_) => "runed_unavailable",
             ApiFailure::Common(c) => c.code(),
             ApiFailure::Tool(t) => t.code.as_str(),
         }

@@ -319,6 +319,11 @@ pub async fn start(
             shared.clone(),
         )));
     let (router, _doc) = daemon_router(api, ops, shared.cfg.body_limit);
+    let router = if shared.verifier.is_open() {
+        hako_shared::http::local_only(router)
+    } else {
+        router
+    };
     // Before any task steers: messages left steering by a turn that is over wait for a turn
     // again (a live turn's follow-ups are settled by its run's end).
     let released = shared.store.release_steering().await?;
@@ -341,6 +346,7 @@ pub async fn start(
         tokio::spawn(delivery::worker(shared.clone())),
         tokio::spawn(turns::watch_backlog(shared.clone())),
         tokio::spawn(tasks::run(shared.clone())),
+        tokio::spawn(web::sweep_revoked(shared.clone())),
     ]
     .map(|t| t.abort_handle());
     turns::resume(&shared).await;

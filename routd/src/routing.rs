@@ -69,6 +69,16 @@ impl Routing {
             .then(|| folder.to_string())
     }
 
+    /// Whether `chat` reaches its group through a route shared with other chats (a glob that
+    /// is not the chat's own JID): the group then serves many chats, not this one alone.
+    pub fn is_shared(&self, chat: &str) -> bool {
+        let t = self.table.read().unwrap_or_else(|p| p.into_inner());
+        t.routes
+            .iter()
+            .find(|r| glob(&r.pattern, chat))
+            .is_some_and(|r| r.pattern != chat)
+    }
+
     /// Whether a group exists.
     pub fn has_group(&self, folder: &str) -> bool {
         self.table

@@ -236,10 +236,12 @@ impl RunedClient {
         .await
     }
 
-    /// Kills a folder's live run.
-    pub async fn stop(&self, folder: &GroupFolder) -> Result<StopReply, RunedError> {
+    /// Kills a folder's live run; with `retire`, also its warm box and its directory (its
+    /// group was deleted).
+    pub async fn stop(&self, folder: &GroupFolder, retire: bool) -> Result<StopReply, RunedError> {
         let body = StopRequest {
             folder: folder.clone(),
+            retire,
         };
         self.send(reqwest::Method::POST, "/v1/runs/stop", Some(&body))
             .await

@@ -33,7 +33,27 @@ async fn fire_due(sh: &Shared) -> Result<bool, hako_shared::db::DbError> {
             continue;
         }
         let chat = t.chat_jid.clone();
-        if sh.store.fire_task(t, now).await? {
+        // A firing writes its prompt into the log: it counts against the group's bytes of the
+        // day like the group's tools' writes, and past that bound it is skipped (the task
+        // keeps its schedule), never written.
+        let day = crate::gateway::utc_day(now);
+        let fits = sh
+            .store
+            .add_group_write(
+                &t.folder,
+                &day,
+                t.prompt.len() as u64,
+                sh.cfg.group_bytes_per_day,
+            )
+            .await?;
+        if !fits {
+            tracing::warn!(
+                task = t.id,
+                folder = t.folder,
+                "a task's firing skipped: its group wrote its bytes of the day (ROUTD_GROUP_MAX_BYTES_PER_DAY)"
+            );
+        }
+        if sh.store.fire_task(t, now, fits).await? {
             tracing::info!(%chat, "a scheduled task fired");
             sh.metrics.task_fired();
             let _ = sh.appended.send(Appended {

@@ -20,7 +20,7 @@ use hako_shared::time::{from_unix_millis, parse_rfc3339, rfc3339};
 use serde_json::{Value, json};
 
 use crate::live::Writes;
-use crate::store::{AuditRow, GroupRow, NewInbound, TaskRow};
+use crate::store::{AuditRow, GroupRow, NewInbound, SetBy, TaskRow};
 use crate::{Appended, Shared, now_ms};
 
 /// The furthest a one-off task may be scheduled ahead.
@@ -375,6 +375,18 @@ impl RoutdTools {
         }
         let max = self.sh.cfg.max_tenant_groups;
         let existing = self.sh.store.group(f.as_str()).await.map_err(internal)?;
+        // What the operator set (or a tenant made from it) is theirs: an agent re-registering
+        // it would replace their grants and settings with its own.
+        if existing.as_ref().is_some_and(|g| g.set_by != SetBy::Agent) {
+            return Err(ToolError {
+                code: hako_mcp::ToolCode::NotGranted,
+                message: format!(
+                    "the group {f} exists and was set by its {}; register_group changes only \
+                     groups an agent made",
+                    existing.as_ref().map_or("operator", |g| g.set_by.as_str())
+                ),
+            });
+        }
         if existing.is_none()
             && self
                 .sh
@@ -401,6 +413,7 @@ impl RoutdTools {
             // Who approves its held calls stays the operator's to say.
             approvals: existing.map(|g| g.approvals).unwrap_or_default(),
             updated_at: now_ms(),
+            set_by: SetBy::Agent,
         };
         let created = self.sh.store.put_group(row).await.map_err(internal)?;
         self.sh
@@ -475,6 +488,21 @@ impl Backend for RoutdTools {
         call: &Call,
         args: &serde_json::Map<String, Value>,
     ) -> Result<(), ToolError> {
+        // A held call is written three times (its request, the chat's message, an audit
+        // row): it counts as a message of the turn's and its bytes against the turn's and
+        // the group's bounds, like any other write.
+        let bytes = serde_json::to_vec(args).map_or(0, |v| v.len());
+        crate::approvals::readable(call.tool().name(), bytes)?;
+        let bytes = bytes as u64;
+        self.count_write(
+            scope,
+            Writes {
+                messages: 1,
+                bytes,
+                status: 0,
+            },
+        )
+        .await?;
         crate::approvals::hold(&self.sh, scope, call, args).await
     }
 

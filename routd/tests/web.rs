@@ -514,3 +514,161 @@ async fn a_tenants_link_sees_its_folder_only_and_sessions_end_as_they_should() {
     assert_eq!(r.headers()["location"], "/web/signin");
     rig.stop().await;
 }
+
+/// Posts a sign-in from a browser holding `cookie` (its live session), `replace` as the
+/// page sends it once the person chose: (status, new cookie value, body).
+async fn sign_in_over(
+    rig: &Rig,
+    cookie: &str,
+    token: &str,
+    replace: bool,
+) -> (u16, Option<String>, Value) {
+    let r = http()
+        .post(format!("{}/web/session", rig.base()))
+        .header("origin", rig.base())
+        .header("cookie", format!("hako_session={cookie}"))
+        .json(&json!({"token": token, "replace": replace}))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let value = r.headers().get("set-cookie").map(|c| {
+        c.to_str()
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .trim_start_matches("hako_session=")
+            .to_owned()
+    });
+    (status, value, r.json().await.unwrap_or(Value::Null))
+}
+
+/// A session ends for good with the token its link was minted from: a tenant's 3 s link
+/// from an 8 s token, the token revoked at authd, stays ended after both expired and authd's
+/// revocation list forgot them (it was refused for a few seconds, then worked again and
+/// posted). And a link never swaps a browser's live session by itself: it answers 409
+/// `already_signed_in` naming both, and only the person's choice (`replace`) signs in anew
+/// (a tenant's link opened by the operator turned the operator's browser into the tenant's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_dies_with_its_parent_token_and_a_link_never_swaps_one_silently() {
+    let rig = Rig::new(&[], &[]).await;
+    rig.put_group("acme", json!({"name": "Acme"})).await;
+    let authd = AuthdClient::new(&rig.authd_url()).unwrap();
+    let scopes = ["chats:read", "messages:write", "groups:read"];
+    let parent = rig.mint_full(&scopes, Some("acme"), 8).await;
+    let short = authd
+        .mint(
+            &parent.token,
+            &hako_shared::auth::wire::MintRequest {
+                scope: scopes.iter().map(|s| (*s).to_owned()).collect(),
+                ttl_seconds: Some(3),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let (s, cookie, v) = exchange(&rig, &short.token).await;
+    assert_eq!(s, 201, "{v}");
+    let (cookie, csrf) = (cookie.unwrap(), v["csrf"].as_str().unwrap().to_owned());
+    authd.revoke(&rig.operator, &parent.jti).await.unwrap();
+    eventually("the session ending with its parent token", WAIT, || async {
+        let (s, v) = with_cookie(
+            &rig,
+            reqwest::Method::GET,
+            "/web/session",
+            &cookie,
+            None,
+            None,
+        )
+        .await;
+        if s == 401 { Ok(v) } else { Err((s, v)) }
+    })
+    .await;
+    // Past both tokens' expiry and the verifiers' leeway (1 s): authd lists neither now.
+    let forgotten = std::time::UNIX_EPOCH + Duration::from_secs(parent.expires_at as u64 + 3);
+    if let Ok(left) = forgotten.duration_since(std::time::SystemTime::now()) {
+        tokio::time::sleep(left).await;
+    }
+    let (s, v) = with_cookie(
+        &rig,
+        reqwest::Method::GET,
+        "/web/session",
+        &cookie,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (401, Some("session_ended")),
+        "{v}"
+    );
+    let (s, v) = with_cookie(
+        &rig,
+        reqwest::Method::POST,
+        "/v1/messages",
+        &cookie,
+        Some(&csrf),
+        Some(json!({"chat_jid": "web:acme", "sender": "t", "content": "after"})),
+    )
+    .await;
+    assert_eq!(s, 401, "{v}");
+
+    // The operator's browser, then a tenant's link opened in it.
+    let (s, op_cookie, v) = exchange(&rig, &link(&rig, None, 600).await.0).await;
+    assert_eq!(s, 201, "{v}");
+    let op_cookie = op_cookie.unwrap();
+    let tenant_link = link(&rig, Some("acme"), 600).await.0;
+    let (s, none, v) = sign_in_over(&rig, &op_cookie, &tenant_link, false).await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (409, Some("already_signed_in")),
+        "{v}"
+    );
+    assert!(none.is_none(), "no cookie set");
+    let msg = v["message"].as_str().unwrap();
+    assert!(
+        msg.contains("operator") && msg.contains("operator@acme"),
+        "{msg}"
+    );
+    let (s, v) = with_cookie(
+        &rig,
+        reqwest::Method::GET,
+        "/web/session",
+        &op_cookie,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(
+        (s, &v["folder"]),
+        (200, &Value::Null),
+        "still the operator's: {v}"
+    );
+    // The person chose the link: the tenant's session, the operator's ended.
+    let (s, tenant_cookie, v) = sign_in_over(&rig, &op_cookie, &tenant_link, true).await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["folder"], "acme", "{v}");
+    let (s, _) = with_cookie(
+        &rig,
+        reqwest::Method::GET,
+        "/web/session",
+        &op_cookie,
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(s, 401, "the replaced session ended");
+    let (s, _) = with_cookie(
+        &rig,
+        reqwest::Method::GET,
+        "/web/session",
+        &tenant_cookie.unwrap(),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(s, 200);
+    rig.stop().await;
+}

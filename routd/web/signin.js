@@ -17,6 +17,14 @@ async function signIn() {
     status.textContent = "Not signed in. Open the link `hako web` prints.";
     return;
   }
+  await post(token, false);
+}
+
+// Posts the link's token; `replace`: the person chose to leave the browser's live session.
+async function post(token, replace) {
+  const status = document.getElementById("signin-status");
+  const choice = document.getElementById("signin-replace");
+  choice.hidden = true;
   status.textContent = "Signing in…";
   status.className = "";
   try {
@@ -24,13 +32,21 @@ async function signIn() {
       method: "POST",
       credentials: "same-origin",
       headers: { "content-type": "application/json" },
-      body: JSON.stringify({ token }),
+      body: JSON.stringify({ token, replace }),
     });
     if (r.ok) {
       location.replace("/web/");
       return;
     }
     const e = await r.json().catch(() => ({}));
+    if (e.error === "already_signed_in") {
+      // A link someone sent must not swap this browser's session by itself: say who is
+      // signed in and who the link is, and let the person choose.
+      status.textContent = e.message;
+      choice.hidden = false;
+      choice.onclick = () => post(token, true);
+      return;
+    }
     status.textContent = "Sign-in refused: " + (e.message || r.status);
     status.className = "error";
   } catch (err) {

@@ -311,7 +311,7 @@ async fn get_run(
     let mut rx = sh.events.subscribe();
     let mut row = visible(&sh, &who, &run_id).await?;
     if !wait.is_zero() && !row.state.is_terminal() {
-        let _pass = sh.watchers.enter(&who.bound_key())?;
+        let _pass = sh.watchers.enter(&who.bound_key(), !who.is_unbound())?;
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let ended = tokio::select! {
@@ -470,7 +470,7 @@ async fn events(
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiFailure> {
     who.require(scopes::RUNS_READ)?;
     let run_id = visible(&sh, &who, &run_id).await?.run_id;
-    let pass = sh.watchers.enter(&who.bound_key())?;
+    let pass = sh.watchers.enter(&who.bound_key(), !who.is_unbound())?;
     // Subscribed before the first read of the store, so nothing falls between the two.
     let st = RunStream {
         rx: sh.events.subscribe(),
@@ -665,7 +665,8 @@ async fn kill_run(
     Ok(Json(status(&sh, row).await?))
 }
 
-/// Kill a folder's live run and the runs waiting for its slot.
+/// Kill a folder's live run and the runs waiting for its slot; with `retire`, also remove
+/// the folder's warm box and move its directory to the trash (its group was deleted).
 #[utoipa::path(post, path = "/v1/runs/stop", tag = "runs", security(("bearer" = [])),
     request_body = StopRequest,
     responses(
@@ -673,6 +674,7 @@ async fn kill_run(
         (status = 400, description = "`invalid_json`", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "`insufficient_scope` (`runs:kill`), `folder_forbidden`", body = ErrorBody),
+        (status = 503, description = "`docker_unavailable`: a folder to retire needs the runner", body = ErrorBody),
     ))]
 async fn stop_folder(
     State(AppState(sh)): State<AppState>,
@@ -704,6 +706,23 @@ async fn stop_folder(
             kill_and_wait(&sh, &row).await?;
             killed.push(id);
         }
+    }
+    if body.retire {
+        let runner = sh.runner().map_err(ApiFailure::DockerUnavailable)?;
+        runner
+            .retire_folder(&body.folder)
+            .await
+            .map_err(ApiFailure::internal)?;
+        audit_row(
+            &sh,
+            &who,
+            "folder.retire",
+            None,
+            Some(&folder),
+            "ok",
+            String::new(),
+        )
+        .await;
     }
     audit_row(
         &sh,

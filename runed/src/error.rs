@@ -43,6 +43,9 @@ pub enum ApiFailure {
     /// A steer id outside the id grammar.
     #[error("steer_id must be 1-128 of [A-Za-z0-9._:-]")]
     InvalidSteerId,
+    /// Docker's socket is not there (yet): what needs the runner cannot be done.
+    #[error("Docker is unavailable: {0}")]
+    DockerUnavailable(String),
     /// The audit log is for unbound callers.
     #[error("the audit log spans every folder; a folder-bound token cannot read it")]
     AuditNeedsUnbound,
@@ -67,6 +70,7 @@ impl ApiFailure {
             }
             ApiFailure::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiFailure::NotLive(_) => StatusCode::CONFLICT,
+            ApiFailure::DockerUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiFailure::Common(c) => c.status(),
         }
     }
@@ -78,6 +82,7 @@ impl ApiFailure {
             ApiFailure::InvalidWait(_) => "invalid_wait",
             ApiFailure::ForbiddenGroupSetting(_) => "forbidden_group_setting",
             ApiFailure::SecretsTooLarge(_) => "secrets_too_large",
+            ApiFailure::DockerUnavailable(_) => "docker_unavailable",
             ApiFailure::QueueFull(_) => "queue_full",
             ApiFailure::NotLive(_) => "not_live",
             ApiFailure::EmptyMessages | ApiFailure::InvalidSteerId => "invalid_request",

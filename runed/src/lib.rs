@@ -222,6 +222,11 @@ pub async fn start(
         ops,
         shared.cfg.body_limit,
     );
+    let router = if shared.verifier.is_open() {
+        hako_shared::http::local_only(router)
+    } else {
+        router
+    };
     let tasks = [
         tokio::spawn(daemon::scheduler(shared.clone())),
         tokio::spawn(gc::gc_loop(shared.clone())),

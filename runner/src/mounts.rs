@@ -191,6 +191,11 @@ impl MountPlan<'_> {
         ];
         if let Some(skills) = self.skills_dir {
             v.push(m(skills.to_owned(), "/skills", true));
+            v.push(m(
+                skills.to_owned(),
+                &format!("{}/skills", hako_shared::contract::SKILLS_PLUGIN_DIR),
+                true,
+            ));
         }
         if let Some(web) = self.web_dir {
             v.push(m(web.to_owned(), "/workspace/web", true));

@@ -63,10 +63,11 @@ pub fn seed_claude_json(
 ) -> io::Result<bool> {
     let digest = Sha256::digest(folder.as_str().as_bytes());
     let user_id: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    // No project is marked trusted: Claude Code loads no settings from the workspace (the
+    // agent writes there), and its print mode never asks.
     let doc = json!({
         "userID": user_id,
         "hasCompletedOnboarding": true,
-        "projects": {"/workspace": {"hasTrustDialogAccepted": true}},
     });
     let text = serde_json::to_vec_pretty(&doc).map_err(io::Error::other)?;
     home.create_new(".claude.json", &text, 0o644, owner)

@@ -112,6 +112,20 @@ impl Storage {
         dir.move_into(name, &self.trash, name).map(drop)
     }
 
+    /// Moves a folder's whole directory (`folders/<key>`: workspace, home, transcripts,
+    /// everything its agents left) into the trash, and empties the trash in the background.
+    /// Answers whether there was one. A group made later in the folder starts from nothing.
+    pub fn retire_folder(self: &Arc<Self>, folder: &hako_shared::GroupFolder) -> io::Result<bool> {
+        let folders = self.root.subdir(layout::FOLDERS)?;
+        let key = layout::folder_key(folder);
+        if folders.kind(&key)?.is_none() {
+            return Ok(false);
+        }
+        folders.move_into(&key, &self.trash, "retired")?;
+        self.schedule_reap();
+        Ok(true)
+    }
+
     /// Empties the trash now, on this thread.
     pub fn reap_now(&self) -> io::Result<Reaped> {
         let _held = self.reap_lock.lock().unwrap_or_else(|p| p.into_inner());

@@ -142,6 +142,9 @@ pub(super) struct WarmBox {
 #[derive(Default)]
 pub(super) struct WarmPool {
     boxes: Mutex<HashMap<GroupFolder, WarmBox>>,
+    /// Per folder, how often it was retired: a box being made while its folder was retired
+    /// was made over the old directory, and is never kept.
+    retired: Mutex<HashMap<GroupFolder, u64>>,
     /// Boxes created and not yet in `boxes` (an orphan sweep must not take them).
     making: Mutex<std::collections::HashSet<String>>,
 }
@@ -166,6 +169,23 @@ impl WarmPool {
                 .contains(container)
     }
 
+    fn generation(&self, folder: &GroupFolder) -> u64 {
+        let r = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        r.get(folder).copied().unwrap_or(0)
+    }
+
+    /// The folder is being retired: its box (if any) is handed back, and none being made now
+    /// is kept.
+    fn retire(&self, folder: &GroupFolder) -> Option<WarmBox> {
+        *self
+            .retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(folder.clone())
+            .or_insert(0) += 1;
+        self.take(folder)
+    }
+
     fn take(&self, folder: &GroupFolder) -> Option<WarmBox> {
         self.lock().remove(folder)
     }
@@ -181,9 +201,15 @@ impl WarmPool {
 
     /// Keeps `b` as `folder`'s box, unless `max` boxes wait already (then it is handed back).
     #[allow(clippy::result_large_err)]
-    fn put(&self, folder: GroupFolder, b: WarmBox, max: usize) -> Result<(), WarmBox> {
+    fn put(
+        &self,
+        folder: GroupFolder,
+        b: WarmBox,
+        max: usize,
+        generation: u64,
+    ) -> Result<(), WarmBox> {
         let mut boxes = self.lock();
-        if boxes.len() >= max {
+        if boxes.len() >= max || self.generation(&folder) != generation {
             return Err(b);
         }
         boxes.insert(folder, b);
@@ -254,6 +280,7 @@ impl Runner {
         if !g.sidecars.is_empty() || g.network == Network::Allowlist {
             return Err(NotWarmed::PerRun);
         }
+        let generation = self.warm.generation(&spec.folder);
         if let Some(old) = self.warm.take(&spec.folder) {
             self.discard(old, "replaced").await;
         }
@@ -317,8 +344,9 @@ impl Runner {
             _expiry: expiry.clone().drop_guard(),
         };
         let folder = spec.folder.clone();
-        if let Err(b) = self.warm.put(folder.clone(), b, cfg.warm_max) {
-            self.discard(b, "the pool filled meanwhile").await;
+        if let Err(b) = self.warm.put(folder.clone(), b, cfg.warm_max, generation) {
+            self.discard(b, "the pool filled or the folder was retired meanwhile")
+                .await;
             return Err(NotWarmed::Full(cfg.warm_max));
         }
         tracing::info!(folder = %folder, container = %container, took = ?t0.elapsed(), "warm box ready");
@@ -390,6 +418,23 @@ impl Runner {
                 Err(m)
             }
         }
+    }
+
+    /// Retires a folder whose group was deleted: its warm box is removed (and one being made
+    /// now is never kept), and its directory goes to the trash, so that nothing of it (files,
+    /// transcripts, settings an agent planted, the next launch it left) reaches a group made
+    /// in the folder later. Call it while no run of the folder is live. Answers whether the
+    /// folder had a directory.
+    pub async fn retire_folder(&self, folder: &GroupFolder) -> Result<bool, RunError> {
+        if let Some(b) = self.warm.retire(folder) {
+            self.discard(b, "its group was deleted").await;
+        }
+        let storage = self.storage.clone();
+        let f = folder.clone();
+        tokio::task::spawn_blocking(move || storage.retire_folder(&f))
+            .await
+            .map_err(|e| RunError::Io(std::io::Error::other(e)))?
+            .map_err(RunError::Io)
     }
 
     /// Removes every warm box (shutdown). Returns how many there were.

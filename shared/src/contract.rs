@@ -44,6 +44,10 @@ pub const WARM_ENV: &str = "HAKO_WARM";
 /// warm boxes only of images that carry it, since an image that counts
 /// [`QUERY_TIMEOUT_ENV`] from its own start would count the wait before its turn.
 pub const WARM_LABEL: &str = "io.hako.warm";
+/// Where the operator's skills bundle is mounted read-only a second time, as the `skills/`
+/// of a Claude Code plugin directory (`--plugin-dir`): Claude Code reads no skill from a
+/// place the agent can write (`specs/agent-script.md`, "Claude Code").
+pub const SKILLS_PLUGIN_DIR: &str = "/opt/hako/claude-plugin";
 
 /// The pair of lines that frame an output block.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -891,6 +891,10 @@ pub struct SteerReply {
 pub struct StopRequest {
     /// The folder whose live run is killed.
     pub folder: GroupFolder,
+    /// Also retire the folder (its group was deleted): its warm box is removed and its
+    /// directory goes to the trash, so a group made in it later starts from nothing.
+    #[serde(default)]
+    pub retire: bool,
 }
 
 /// `POST /v1/runs/stop` answer.

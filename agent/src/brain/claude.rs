@@ -76,6 +76,9 @@ pub struct ClaudeSettings {
     pub home: PathBuf,
     /// This program, for the MCP bridges (`/proc/self/exe` by default).
     pub bridge: PathBuf,
+    /// The read-only plugin directory whose `skills/` is the operator's bundle
+    /// (`hako_shared::contract::SKILLS_PLUGIN_DIR`).
+    pub plugin_dir: PathBuf,
 }
 
 /// What a child is started with that a turn must share to use it.
@@ -210,6 +213,33 @@ impl ClaudeBrain {
         })
     }
 
+    /// What Claude Code reads from disk: nothing the agent can write decides what it may do.
+    /// No settings file is loaded (`--setting-sources ""`: not `$HOME/.claude/settings.json`,
+    /// not the workspace's `.claude/settings*.json`, which the agent's own Write tool reaches
+    /// and Claude Code would honour, permissions and hooks alike); the seeded `env` comes
+    /// inline with every hook off; skills come only from the operator's read-only bundle
+    /// (mounted as a plugin directory), and the workspace's `CLAUDE.md` is read as memory
+    /// text, which is all it is.
+    fn lock_down(&self, cmd: &mut tokio::process::Command) {
+        let env = std::fs::read(self.cfg.home.join(".claude/settings.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|s| s.get("env").filter(|e| e.is_object()).cloned())
+            .unwrap_or_else(|| json!({}));
+        let settings = json!({"disableAllHooks": true, "env": env});
+        cmd.args(["--setting-sources", ""])
+            .arg("--settings")
+            .arg(settings.to_string());
+        if let Ok(cwd) = std::env::current_dir() {
+            cmd.arg("--add-dir")
+                .arg(cwd)
+                .env("CLAUDE_CODE_ADDITIONAL_DIRECTORIES_CLAUDE_MD", "1");
+        }
+        if self.cfg.plugin_dir.join("skills").is_dir() {
+            cmd.arg("--plugin-dir").arg(&self.cfg.plugin_dir);
+        }
+    }
+
     /// Starts the child; `early`: before the turn (its tools wait for the turn's sockets).
     async fn start(&mut self, launch: Launch, early: bool) -> Result<(), BrainError> {
         let relay = relay::Relay::start(self.cfg.api_socket.clone())
@@ -243,6 +273,7 @@ impl ClaudeBrain {
         }
         cmd.args(["--strict-mcp-config", "--mcp-config"])
             .arg(mcp.to_string());
+        self.lock_down(&mut cmd);
         if let Some(sid) = &launch.session_id {
             cmd.args(["--resume", sid]);
         }

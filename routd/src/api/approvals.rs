@@ -39,8 +39,12 @@ pub(super) async fn list_approvals(
 ) -> Result<Json<ApprovalList>, ApiFailure> {
     who.require(scopes::APPROVALS_READ)?;
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
-    let mut rows = sh.store.approvals(!q.all.unwrap_or(false), limit).await?;
-    rows.retain(|a| who.covers_folder(&a.folder));
+    // Filtered by folder in the query, before the limit: another tenant's requests must not
+    // push the caller's own out of its list.
+    let rows = sh
+        .store
+        .approvals(!q.all.unwrap_or(false), who.folder(), limit)
+        .await?;
     Ok(Json(ApprovalList {
         approvals: rows.into_iter().map(ApprovalView::from).collect(),
     }))
@@ -104,7 +108,7 @@ pub(super) async fn decide_approval(
     }
     let row = sh.store.approval(&id).await?.ok_or_else(missing)?;
     let judge = Judge::Api {
-        subject: who.subject().to_owned(),
+        actor: who.actor(),
         unbound: who.is_unbound(),
         covers: who.covers_folder(&row.folder),
     };

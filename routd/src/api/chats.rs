@@ -80,8 +80,9 @@ pub(super) struct ChatStream {
     chat: String,
     last: i64,
     pending: VecDeque<MessageView>,
-    /// The token the stream was opened with: it ends when that expires or is revoked.
-    claims: Option<Arc<hako_shared::auth::Claims>>,
+    /// Who opened the stream: it ends when their token expires or is revoked, or the chat
+    /// stops routing to a folder they cover.
+    who: Principal,
     _pass: hako_shared::watchers::Pass,
 }
 
@@ -90,20 +91,26 @@ pub(super) struct ChatStream {
 pub(super) const STREAM_RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl ChatStream {
-    /// Whether the stream's token still holds (not expired, not revoked, its browser session
-    /// not signed out).
+    /// Whether the stream's caller may still read it: its token not expired or revoked, its
+    /// browser session not ended, and the chat still routed to a folder it covers (a chat
+    /// re-routed to another tenant's group is no longer this caller's).
     fn token_holds(&self) -> bool {
-        let Some(c) = &self.claims else {
-            return true;
-        };
-        let now = hako_shared::auth::now_secs();
-        c.exp > now && !self.sh.verifier.is_revoked(&c.jti) && !self.sh.signed_out.contains(&c.jti)
+        if let Some(c) = self.who.claims() {
+            let now = hako_shared::auth::now_secs();
+            if c.exp <= now
+                || self.sh.verifier.is_revoked(&c.jti)
+                || self.sh.signed_out.contains(&c.jti)
+            {
+                return false;
+            }
+        }
+        chat_folder(&self.sh, &self.who, &self.chat).is_ok()
     }
 
     async fn next(&mut self) -> Option<MessageView> {
         loop {
             if !self.token_holds() {
-                tracing::info!(chat = %self.chat, "a chat stream's token expired or was revoked: the stream ends");
+                tracing::info!(chat = %self.chat, "a chat stream's token expired or was revoked, or the chat left its folders: the stream ends");
                 return None;
             }
             if let Some(m) = self.pending.pop_front() {
@@ -130,7 +137,7 @@ impl ChatStream {
             }
             loop {
                 if !self.token_holds() {
-                    tracing::info!(chat = %self.chat, "a chat stream's token expired or was revoked: the stream ends");
+                    tracing::info!(chat = %self.chat, "a chat stream's token expired or was revoked, or the chat left its folders: the stream ends");
                     return None;
                 }
                 let got = tokio::select! {
@@ -185,7 +192,7 @@ pub(super) async fn chat_events(
         ),
         None => None,
     };
-    let pass = sh.watchers.enter(&who.bound_key())?;
+    let pass = sh.watchers.enter(&who.bound_key(), !who.is_unbound())?;
     // Subscribed before the first read, so nothing appended in between is missed.
     let rx = sh.appended.subscribe();
     let last = match from_header.or(q.after) {
@@ -203,7 +210,7 @@ pub(super) async fn chat_events(
         chat: jid,
         last,
         pending: VecDeque::new(),
-        claims: who.claims().cloned().map(Arc::new),
+        who,
         _pass: pass,
     };
     let stream = futures_util::stream::unfold(st, |mut st| async move {

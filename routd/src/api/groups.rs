@@ -12,7 +12,7 @@ use hako_shared::runs::GroupSpec;
 
 use super::{AppState, audit_row, check_text, parse_folder};
 use crate::error::ApiFailure;
-use crate::store::GroupRow;
+use crate::store::{GroupRow, SetBy};
 use crate::{Shared, now_ms};
 
 /// The most chat sessions a group's view lists.
@@ -90,6 +90,7 @@ pub(super) async fn put_group(
             spec: cfg.group,
             approvals: cfg.approvals,
             updated_at: now_ms(),
+            set_by: SetBy::Operator,
         };
         let created = sh.store.put_group(row.clone()).await?;
         (row, created)
@@ -143,6 +144,14 @@ pub(super) async fn tenant_put(
         return Ok((row, false));
     }
     let root = who.folder().unwrap_or(folder.as_str());
+    // A tenant's own folder is the operator's to make: a group a tenant made there would
+    // start from no one's settings (or from `main`'s, above the tenant).
+    if folder.as_str() == root {
+        return Err(ApiFailure::FolderForbidden(format!(
+            "there is no group {folder}: the operator makes a tenant's own group, and the \
+             tenant makes groups below it"
+        )));
+    }
     let max = sh.cfg.max_tenant_groups;
     if sh.store.groups_under(root).await? >= max {
         return Err(ApiFailure::TooManyGroups(format!(
@@ -157,17 +166,21 @@ pub(super) async fn tenant_put(
             break;
         }
     }
-    let (grants, spec, approvals) = match parent {
-        Some(p) => {
-            let mut spec = p.spec;
-            if spec.trust == hako_shared::runs::Trust::Main {
-                spec.trust = hako_shared::runs::Trust::Untrusted;
-            }
-            // Its ask rules keep their approvers: a sub-group is no way around them.
-            (p.grants, spec, p.approvals)
-        }
-        None => Default::default(),
+    // The nearest ancestor inside the tenant's own folder: nothing wider (and never none,
+    // which would be no one's settings: every tool, approvals from the chat).
+    let parent = parent.filter(|p| hako_shared::folder::contains(root, &p.folder));
+    let Some(p) = parent else {
+        return Err(ApiFailure::FolderForbidden(format!(
+            "{folder} has no group above it in {root}: a tenant's group starts from the \
+             settings of a group the operator made for it"
+        )));
     };
+    let mut spec = p.spec;
+    if spec.trust == hako_shared::runs::Trust::Main {
+        spec.trust = hako_shared::runs::Trust::Untrusted;
+    }
+    // Its ask rules keep their approvers: a sub-group is no way around them.
+    let (grants, approvals) = (p.grants, p.approvals);
     let row = GroupRow {
         folder: folder.to_string(),
         name,
@@ -176,6 +189,7 @@ pub(super) async fn tenant_put(
         spec,
         approvals,
         updated_at: now,
+        set_by: SetBy::Tenant,
     };
     let created = sh.store.put_group(row.clone()).await?;
     Ok((row, created))
@@ -207,14 +221,18 @@ pub(super) async fn get_group(
     Ok(Json(group_view(&sh, g).await?))
 }
 
-/// Remove a group, with its routes and session (its history stays in the log).
+/// Remove a group, with its routes, sessions and tasks (its history stays in the log); runed
+/// stops its runs, removes its warm box and moves its folder's files to the trash, so a
+/// group made in the folder later starts from nothing. A folder-bound caller may remove only
+/// the groups it (or a main group's agent) made below its folder, never one the operator set.
 #[utoipa::path(delete, path = "/v1/groups/{folder}", tag = "groups", security(("bearer" = [])),
     params(("folder" = GroupFolder, Path, description = "The group folder (percent-encoded)")),
     responses(
         (status = 204, description = "Removed"),
         (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden`", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden` (outside the caller's folder, or a group the operator set)", body = ErrorBody),
         (status = 404, description = "No such group", body = ErrorBody),
+        (status = 503, description = "`runed_unavailable`: the folder could not be retired; nothing was removed", body = ErrorBody),
     ))]
 pub(super) async fn delete_group(
     State(AppState(sh)): State<AppState>,
@@ -224,6 +242,32 @@ pub(super) async fn delete_group(
     who.require(scopes::GROUPS_WRITE)?;
     let f = parse_folder(&folder)?;
     who.require_folder(f.as_str())?;
+    let g = sh
+        .store
+        .group(f.as_str())
+        .await?
+        .ok_or_else(|| ApiFailure::NotFound(format!("no group {f}")))?;
+    if !who.is_unbound() && g.set_by == SetBy::Operator {
+        audit_row(
+            &sh,
+            &who,
+            "group.delete",
+            Some(f.as_str()),
+            "folder_forbidden",
+            String::new(),
+        )
+        .await;
+        return Err(ApiFailure::FolderForbidden(format!(
+            "the operator set the group {f}: only the operator removes it"
+        )));
+    }
+    // The folder first: a group whose files could not be moved aside stays, rather than
+    // leaving them to whoever makes a group there next.
+    sh.runed.stop(&f, true).await.map_err(|e| {
+        ApiFailure::RunedUnavailable(format!(
+            "runed could not retire {f}'s folder ({e}); the group was not removed"
+        ))
+    })?;
     if !sh.store.delete_group(f.as_str()).await? {
         return Err(ApiFailure::NotFound(format!("no group {f}")));
     }

@@ -118,7 +118,12 @@ pub(super) async fn post_message(
                 chat: m.chat_jid.as_str().into(),
             });
             match command {
-                Some(c) => commands::handle(&sh, c, &m.chat_jid, &sender, &id).await?,
+                // A chat adapter (or the operator) says who wrote; anyone else's
+                // `sender` is only a claim (it names no approver).
+                Some(c) => {
+                    let vouched = is_channel(&who) || who.is_unbound();
+                    commands::handle(&sh, c, &m.chat_jid, &sender, vouched, &id).await?
+                }
                 None => sh.wake.notify_one(),
             }
             Ok((StatusCode::CREATED, Json(posted(seq, false))))

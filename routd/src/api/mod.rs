@@ -110,16 +110,20 @@ async fn audit_row(
     outcome: &str,
     detail: String,
 ) {
-    sh.audit(who.subject(), action, folder, outcome, detail)
+    sh.audit(&who.actor(), action, folder, outcome, detail)
         .await;
 }
 
-/// Whether `who` is the `channel` service identity (a chat adapter): unbound, yet it reaches
-/// only the chats `ROUTD_CHANNEL_CHATS` names, never a folder's `web:` chats.
+/// Whether `who` acts for the `channel` service identity (a chat adapter): its own token or
+/// any token minted from it (authd keeps a chain's subject). Unbound, yet it reaches only the
+/// chats `ROUTD_CHANNEL_CHATS` names, never a folder's `web:` chats; a child it mints is held
+/// to the same chats.
 fn is_channel(who: &Principal) -> bool {
-    who.claims()
-        .is_some_and(|c| c.typ == hako_shared::auth::TokenType::Service && c.sub == "channel")
+    who.claims().is_some_and(|c| c.sub == CHANNEL)
 }
+
+/// The chat adapters' service identity.
+pub(crate) const CHANNEL: &str = "channel";
 
 /// The folder a chat routes to, when the caller may see the chat.
 fn chat_folder(sh: &Shared, who: &Principal, chat: &str) -> Result<Option<String>, ApiFailure> {

@@ -95,14 +95,17 @@ pub enum Decided {
 }
 
 impl Store {
-    /// Records a new pending request.
-    pub async fn add_approval(&self, a: ApprovalRow) -> Result<(), DbError> {
+    /// Records a new pending request, unless its turn already has `max_pending` pending:
+    /// answers whether it was recorded. One statement, so calls racing on one turn never
+    /// hold more than the bound between them.
+    pub async fn add_approval(&self, a: ApprovalRow, max_pending: usize) -> Result<bool, DbError> {
         self.db
             .call(move |c| {
-                c.execute(
+                let added = c.execute(
                     &format!(
-                        "INSERT INTO approvals ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
-                         ?8, ?9, ?10, ?11, ?12)"
+                        "INSERT INTO approvals ({COLUMNS}) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, \
+                         ?8, ?9, ?10, ?11, ?12 WHERE (SELECT count(*) FROM approvals \
+                         WHERE turn_id = ?2 AND state = 'pending') < ?13"
                     ),
                     params![
                         a.id,
@@ -116,10 +119,11 @@ impl Store {
                         a.decided_by,
                         a.requested_at,
                         a.expires_at,
-                        a.decided_at
+                        a.decided_at,
+                        max_pending as i64
                     ],
                 )?;
-                Ok(())
+                Ok(added == 1)
             })
             .await
     }
@@ -193,20 +197,24 @@ impl Store {
             .await
     }
 
-    /// The newest requests first, pending only or all, at most `limit`.
+    /// The newest requests first, pending only or all, of `under` and the folders below it
+    /// (every folder when `None`), at most `limit`.
     pub async fn approvals(
         &self,
         pending_only: bool,
+        under: Option<&str>,
         limit: usize,
     ) -> Result<Vec<ApprovalRow>, DbError> {
+        let under = under.map(str::to_owned);
         self.db
             .call(move |c| {
                 let mut st = c.prepare_cached(&format!(
                     "SELECT {COLUMNS} FROM approvals WHERE (?1 = 0 OR state = 'pending') \
-                     ORDER BY requested_at DESC, id LIMIT ?2"
+                     AND (?2 IS NULL OR folder = ?2 OR substr(folder, 1, length(?2) + 1) = ?2 || '/') \
+                     ORDER BY requested_at DESC, id LIMIT ?3"
                 ))?;
                 let rows = st
-                    .query_map(params![pending_only, limit as i64], row)?
+                    .query_map(params![pending_only, under, limit as i64], row)?
                     .collect::<Result<Vec<_>, _>>()?;
                 Ok(rows)
             })

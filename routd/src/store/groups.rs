@@ -26,11 +26,45 @@ pub struct GroupRow {
     pub approvals: ApprovalPolicy,
     /// Unix ms.
     pub updated_at: i64,
+    /// Who set its settings last.
+    pub set_by: SetBy,
+}
+
+/// Who set a group's settings: it decides who may delete the group and who may change it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetBy {
+    /// An unbound caller: the group is the operator's policy. A tenant can rename it, never
+    /// delete it (re-making it by name would shed that policy), and a main group's
+    /// `register_group` cannot replace it.
+    Operator,
+    /// A folder-bound caller made it below its folder (from its nearest ancestor's settings).
+    Tenant,
+    /// A main group's agent made it (`register_group`).
+    Agent,
+}
+
+impl SetBy {
+    /// Every value.
+    pub const ALL: [SetBy; 3] = [SetBy::Operator, SetBy::Tenant, SetBy::Agent];
+
+    /// The stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SetBy::Operator => "operator",
+            SetBy::Tenant => "tenant",
+            SetBy::Agent => "agent",
+        }
+    }
+
+    /// The value of a stored name.
+    pub fn parse(s: &str) -> Option<SetBy> {
+        SetBy::ALL.into_iter().find(|v| v.as_str() == s)
+    }
 }
 
 /// The columns [`group_row`] reads, by name.
 pub(super) const GROUP_COLUMNS: &str =
-    "folder, name, system_prompt, grants, spec, approvals, updated_at";
+    "folder, name, system_prompt, grants, spec, approvals, updated_at, set_by";
 
 /// A group, its JSON columns parsed here and nowhere else. A column that does not parse is
 /// an error, never a default: unreadable grants read as `[]` would grant every tool.
@@ -43,6 +77,16 @@ pub(super) fn group_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<GroupRow> {
         spec: json_column(r, "groups", "spec")?,
         approvals: json_column(r, "groups", "approvals")?,
         updated_at: r.get("updated_at")?,
+        set_by: {
+            let raw: String = r.get("set_by")?;
+            SetBy::parse(&raw).ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    0,
+                    rusqlite::types::Type::Text,
+                    format!("groups.set_by: unknown value {raw:?}").into(),
+                )
+            })?
+        },
     })
 }
 
@@ -61,9 +105,9 @@ impl Store {
                     .unwrap_or(false);
                 c.execute(
                     "INSERT INTO groups (folder, name, system_prompt, grants, spec, approvals, \
-                     updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (folder) DO \
-                     UPDATE SET name = ?2, system_prompt = ?3, grants = ?4, spec = ?5, \
-                     approvals = ?6, updated_at = ?7",
+                     updated_at, set_by) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT \
+                     (folder) DO UPDATE SET name = ?2, system_prompt = ?3, grants = ?4, \
+                     spec = ?5, approvals = ?6, updated_at = ?7, set_by = ?8",
                     params![
                         g.folder,
                         g.name,
@@ -71,7 +115,8 @@ impl Store {
                         json_text(&g.grants)?,
                         json_text(&g.spec)?,
                         json_text(&g.approvals)?,
-                        g.updated_at
+                        g.updated_at,
+                        g.set_by.as_str(),
                     ],
                 )?;
                 Ok(!existed)

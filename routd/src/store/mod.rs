@@ -23,7 +23,7 @@ mod webhooks;
 
 pub use approvals::{ApprovalRow, Decided};
 pub use audit::AuditRow;
-pub use groups::GroupRow;
+pub use groups::{GroupRow, SetBy};
 pub use messages::{Backlog, Ingested, NewInbound, NewOutbound};
 pub use routes::RouteRow;
 pub use schema::MIGRATIONS;

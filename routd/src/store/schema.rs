@@ -289,4 +289,13 @@ CREATE TABLE web_sessions (
 );
 "#,
     },
+    Migration {
+        version: 10,
+        name: "who set each group",
+        // Groups from before are the operator's: the value that gives tenants least.
+        sql: r#"
+ALTER TABLE groups ADD COLUMN set_by TEXT NOT NULL DEFAULT 'operator'
+    CHECK (set_by IN ('operator', 'tenant', 'agent'));
+"#,
+    },
 ];

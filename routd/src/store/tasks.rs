@@ -165,19 +165,23 @@ impl Store {
     /// inbound `task` message (id `task:<id>:<due>`, so a firing is never appended twice),
     /// then a one-off is done and a cron task moves to its next firing after `now` (firings
     /// missed while routd was down fire once, not once each). Answers whether a prompt
-    /// arrived.
-    pub async fn fire_task(&self, t: TaskRow, now: i64) -> Result<bool, DbError> {
+    /// arrived. Without `append` the firing is skipped: the task only moves on.
+    pub async fn fire_task(&self, t: TaskRow, now: i64, append: bool) -> Result<bool, DbError> {
         self.db
             .call(move |c| {
                 let tx = c.transaction()?;
                 let due_at = t.next_at.unwrap_or(now);
                 let id = format!("task:{}:{due_at}", t.id);
-                let added = tx.execute(
+                let added = if !append {
+                    0
+                } else {
+                    tx.execute(
                     "INSERT OR IGNORE INTO messages (id, chat_jid, direction, kind, sender, \
                      sender_name, content, timestamp, state, created_at) \
                      VALUES (?1, ?2, 'in', 'task', ?3, 'scheduled task', ?4, ?5, 'pending', ?5)",
                     params![id, t.chat_jid, format!("task:{}", t.id), t.prompt, now],
-                )?;
+                    )?
+                };
                 if added == 1 {
                     tx.execute(
                         "INSERT INTO chats (jid, cursor, pending, updated_at) VALUES (?1, 0, 1, ?2) \

@@ -18,7 +18,7 @@ use crate::Shared;
 
 pub(crate) mod session;
 
-pub(crate) use session::SignedOut;
+pub(crate) use session::{SignedOut, sweep_revoked};
 
 /// The page's one policy: scripts, styles and everything else from routd itself only, no
 /// inline script or style, no frames, no plug-ins, forms only to routd.

@@ -29,7 +29,15 @@ pub(crate) const CSRF_HEADER: &str = "x-hako-csrf";
 pub(crate) struct SignIn {
     /// The sign-in link's token (the part after `#`).
     pub token: String,
+    /// End the browser's live session and sign in with this link instead: the person saw
+    /// both and chose (a link someone sent must never swap their session silently).
+    #[serde(default)]
+    pub replace: bool,
 }
+
+/// The identity sign-in links are minted from (`hako web`): the operator's, or a child of
+/// it bound to a tenant's folder. A channel adapter's child token is no person's link.
+const LINK_SUBJECT: &str = "operator";
 
 /// What the page knows of its session.
 #[derive(Debug, Serialize)]
@@ -137,10 +145,57 @@ pub(crate) async fn session(
         .await
         .map_err(db_error)?
         .ok_or_else(ended)?;
-    if sh.verifier.is_revoked(&s.link_jti) {
+    if revoked(sh, &s) {
+        end_revoked(sh, &s).await;
         return Err(ended());
     }
     Ok(Some(s))
+}
+
+/// Whether authd revoked the session's link or the token the link was minted from (a
+/// tenant's token revoked takes its link's session with it, even after the link expired).
+fn revoked(sh: &Shared, s: &WebSession) -> bool {
+    sh.verifier.is_revoked(&s.link_jti)
+        || s.claims
+            .parent_jti
+            .as_deref()
+            .is_some_and(|p| sh.verifier.is_revoked(p))
+}
+
+/// Ends a revoked session in `routd.db`: authd's revocation list forgets a token once it has
+/// expired, and the session must not come back then.
+async fn end_revoked(sh: &Shared, s: &WebSession) {
+    match sh.store.end_web_session(&s.id_hash, now_ms()).await {
+        Ok(true) => {
+            sh.signed_out.add(&s.link_jti, s.claims.exp);
+            sh.audit(
+                &s.claims.sub,
+                "web.session.end",
+                s.claims.folder.as_deref(),
+                "revoked",
+                format!("link {}", s.link_jti),
+            )
+            .await;
+        }
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "ending a revoked web session failed"),
+    }
+}
+
+/// Ends the sessions whose link (or its parent) authd revoked, every second while routd
+/// runs: a revocation is seen while authd still lists it, whether or not the session is used.
+pub(crate) async fn sweep_revoked(sh: Arc<Shared>) {
+    loop {
+        if let Ok(live) = sh.store.web_sessions(now_ms()).await {
+            for s in live.iter().filter(|s| revoked(&sh, s)) {
+                end_revoked(&sh, s).await;
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+            () = sh.stopping.cancelled() => return,
+        }
+    }
 }
 
 fn csrf_ok(headers: &HeaderMap, want: &str) -> bool {
@@ -250,10 +305,10 @@ pub(crate) async fn sign_in(
             format!("the sign-in link does not hold: {e}"),
         )
     })?;
-    if claims.typ != TokenType::User {
+    if claims.typ != TokenType::User || claims.sub != LINK_SUBJECT {
         return Err(refused(
             "invalid_link",
-            "a sign-in link carries a user token minted by `hako web`",
+            "a sign-in link carries a user token minted by `hako web` from the operator's",
         ));
     }
     let life = claims.exp - claims.iat;
@@ -270,6 +325,23 @@ pub(crate) async fn sign_in(
         return Err(refused(
             "invalid_link",
             "the sign-in link's token cannot read chats (chats:read)",
+        ));
+    }
+    // A live session in this browser is replaced only when the person chose to (the page
+    // asks): otherwise a link another person sent would turn this browser into theirs.
+    let current = session(sh, headers).await.ok().flatten();
+    if let Some(cur) = &current
+        && !body.replace
+    {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "already_signed_in",
+            format!(
+                "this browser is signed in as {}; the link signs in as {}. Sign in with the \
+                 link instead only if you meant to",
+                who_of(&cur.claims),
+                who_of(&claims)
+            ),
         ));
     }
     let now = now_ms();
@@ -305,6 +377,13 @@ pub(crate) async fn sign_in(
             "this sign-in link was used already: ask for a new one (`hako web`)",
         ));
     }
+    if let Some(cur) = current {
+        sh.store
+            .end_web_session(&cur.id_hash, now)
+            .await
+            .map_err(db_error)?;
+        sh.signed_out.add(&cur.link_jti, cur.claims.exp);
+    }
     sh.audit(
         &claims.sub,
         "web.signin",
@@ -321,6 +400,14 @@ pub(crate) async fn sign_in(
     );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     Ok(resp)
+}
+
+/// A session's identity in words: the operator, or a tenant's folder.
+fn who_of(c: &hako_shared::auth::Claims) -> String {
+    match &c.folder {
+        Some(f) => format!("{}@{f}", c.sub),
+        None => c.sub.clone(),
+    }
 }
 
 /// `GET /web/session`: the session's view (with its CSRF token) for the page's script.

@@ -90,7 +90,28 @@ impl Principal {
     /// Whom per-caller bounds (open streams) count against: the subject and the folder it
     /// is bound to. Tenants' tokens are all minted by the operator (subject `operator`), so
     /// the subject alone would make one tenant's streams everyone's.
+    ///
+    /// A bound token counts against its folder's **first segment** (its tenant, `acme` of
+    /// `acme/support`): children minted for sub-folders are the same tenant's, never a
+    /// multiplier of its quota.
     pub fn bound_key(&self) -> String {
+        match self {
+            Principal::Open => "open".into(),
+            Principal::Token(c) => match &c.folder {
+                Some(f) => {
+                    let tenant = f.split('/').next().unwrap_or(f);
+                    format!("{}@{tenant}", c.sub)
+                }
+                None => c.sub.clone(),
+            },
+        }
+    }
+
+    /// Who the caller is, as audit rows, verdicts and notices name it: the subject, and for a
+    /// folder-bound token its folder (`operator@acme`). Tenants' tokens are minted by the
+    /// operator and carry its subject, so the subject alone would credit a tenant's act to
+    /// the operator.
+    pub fn actor(&self) -> String {
         match self {
             Principal::Open => "open".into(),
             Principal::Token(c) => match &c.folder {

@@ -68,6 +68,63 @@ pub fn guard(router: Router, body_limit: usize) -> Router {
         ))
 }
 
+/// Open dev mode's wall (`HAKO_OPEN_DEV=1`: any caller, no tokens): only requests addressed
+/// to this machine's loopback by name (`Host` of `localhost`, `127.0.0.1`, `[::1]`, any port)
+/// and, when a browser sends an `Origin`, from a loopback origin, are served; others get 403
+/// `foreign_host`. Listening on loopback is not enough: a web page the developer visits can
+/// point its own name at 127.0.0.1 (DNS rebinding) and drive an open daemon through the
+/// browser, with a foreign `Host` and `Origin`.
+pub fn local_only(router: Router) -> Router {
+    router.layer(axum::middleware::from_fn(
+        |req: Request, next: axum::middleware::Next| async move {
+            if is_local_request(req.headers()) {
+                next.run(req).await
+            } else {
+                ApiError::new(
+                    StatusCode::FORBIDDEN,
+                    "foreign_host",
+                    "open dev mode serves requests to localhost, 127.0.0.1 or [::1] only \
+                     (the Host and Origin headers name another site)",
+                )
+                .into_response()
+            }
+        },
+    ))
+}
+
+/// Whether a host (`name[:port]`, a URL's authority) is this machine's loopback by name.
+fn is_loopback_authority(authority: &str) -> bool {
+    let host = match authority.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((h, tail)) if tail.is_empty() || tail.starts_with(':') => h,
+            _ => return false,
+        },
+        None => authority.split(':').next().unwrap_or(""),
+    };
+    let host = host.to_ascii_lowercase();
+    host == "localhost"
+        || host == "::1"
+        || host
+            .parse::<std::net::Ipv4Addr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+fn is_local_request(headers: &axum::http::HeaderMap) -> bool {
+    let host_ok = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(is_loopback_authority);
+    let origin_ok = match headers.get(header::ORIGIN) {
+        None => true,
+        Some(o) => o.to_str().ok().is_some_and(|o| {
+            o.strip_prefix("http://")
+                .or_else(|| o.strip_prefix("https://"))
+                .is_some_and(is_loopback_authority)
+        }),
+    };
+    host_ok && origin_ok
+}
+
 /// Request ids (taken from a sane `x-request-id` or made, returned in the answer) and a
 /// tracing span per request carrying it.
 pub fn traced(router: Router) -> Router {
@@ -142,4 +199,55 @@ async fn refuse_oversized(limit: usize, req: Request, next: axum::middleware::Ne
         format!("the request body is {len} bytes; the limit is {limit}"),
     )
     .into_response()
+}
+
+#[cfg(test)]
+mod local_tests {
+    use super::*;
+
+    fn h(pairs: &[(&str, &str)]) -> axum::http::HeaderMap {
+        let mut m = axum::http::HeaderMap::new();
+        for (k, v) in pairs {
+            m.append(
+                axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                v.parse().unwrap(),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn open_mode_answers_loopback_names_only() {
+        for host in [
+            "127.0.0.1:8183",
+            "localhost",
+            "LOCALHOST:1",
+            "[::1]:9",
+            "127.9.0.1",
+        ] {
+            assert!(is_local_request(&h(&[("host", host)])), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:8183",
+            "10.0.0.1",
+            "[::2]:1",
+            "127.0.0.1.nip.io",
+        ] {
+            assert!(!is_local_request(&h(&[("host", host)])), "{host}");
+        }
+        assert!(!is_local_request(&h(&[])), "no Host");
+        assert!(is_local_request(&h(&[
+            ("host", "127.0.0.1:8183"),
+            ("origin", "http://localhost:8183")
+        ])));
+        assert!(!is_local_request(&h(&[
+            ("host", "127.0.0.1:8183"),
+            ("origin", "http://evil.example")
+        ])));
+        assert!(!is_local_request(&h(&[
+            ("host", "127.0.0.1:8183"),
+            ("origin", "null")
+        ])));
+    }
 }
