@@ -138,6 +138,12 @@ async fn untrusted_container_has_the_security_profile_and_the_mount_table() {
             tmp.join("skills").to_string_lossy().into(),
             false,
         ),
+        // The same bundle as Claude Code's plugin directory's skills (read-only too).
+        (
+            "/opt/hako/claude-plugin/skills",
+            tmp.join("skills").to_string_lossy().into(),
+            false,
+        ),
         (
             "/workspace/web",
             tmp.join("web").to_string_lossy().into(),
