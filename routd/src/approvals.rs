@@ -373,35 +373,27 @@ pub(crate) async fn decide(
             if *chat != row.chat_jid {
                 return Ok(Err(missing()));
             }
-            if let Some(why) = chat_may_not_answer(sh, &row, policy.as_ref(), *vouched) {
-                audit(
-                    sh,
-                    &format!("chat:{chat}:{sender}"),
-                    "approval.verdict",
-                    &row,
-                    "not_allowed",
-                )
-                .await;
-                return Ok(Err(Refusal::NotAllowed(format!(
+            let refusal = if let Some(why) =
+                chat_may_not_answer(sh, &row, policy.as_ref(), *vouched)
+            {
+                Some(format!(
                     "{sender} may not answer {id} from this chat: {why}"
-                ))));
-            }
-            if !policy.as_ref().is_some_and(|p| p.admits_sender(sender)) {
-                audit(
-                    sh,
-                    &format!("chat:{chat}:{sender}"),
-                    "approval.verdict",
-                    &row,
-                    "not_allowed",
-                )
-                .await;
-                return Ok(Err(Refusal::NotAllowed(format!(
+                ))
+            } else if !policy.as_ref().is_some_and(|p| p.admits_sender(sender)) {
+                Some(format!(
                     "{sender} may not answer {id}: the group's approvals come from {}",
                     match policy.map(|p| p.from) {
                         Some(hako_shared::approvals::Approvers::Operator) | None => "the operator",
                         _ => "its named approvers",
                     }
-                ))));
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = refusal {
+                let actor = format!("chat:{chat}:{sender}");
+                audit(sh, &actor, "approval.verdict", &row, "not_allowed").await;
+                return Ok(Err(Refusal::NotAllowed(why)));
             }
             format!("chat:{chat}:{sender}")
         }

@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use hako_shared::chat::{MessageKind, MessageView};
+use hako_shared::chat::MessageView;
 use serde_json::{Value, json};
 
 /// A group whose `send_message` asks, with `approvals` as its settings, routed from `chat`.
@@ -30,22 +30,6 @@ async fn post_as(rig: &Rig, chat: &str, id: &str, sender: &str, text: &str) {
         )
         .await;
     assert_eq!(s, 201, "{v}");
-}
-
-/// The approval requests a history shows, their ids (`ap-…`), oldest first.
-fn requests(h: &[MessageView]) -> Vec<String> {
-    h.iter()
-        .filter(|m| m.kind == MessageKind::Approval)
-        .filter_map(|m| m.id.rsplit('.').next().map(str::to_owned))
-        .collect()
-}
-
-/// Waits for the `n`th approval request of `chat`; answers its id.
-async fn nth_request(rig: &Rig, chat: &str, n: usize) -> String {
-    let h = rig
-        .wait_for(chat, "an approval request", |h| requests(h).len() >= n)
-        .await;
-    requests(&h)[n - 1].clone()
 }
 
 /// A verdict on request `id` posted by `who` (`body`: `{"approve": …}`): the status and

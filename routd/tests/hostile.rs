@@ -15,24 +15,9 @@ use std::time::Duration;
 use common::*;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
-use hako_shared::chat::{MessageKind, MessageView};
+use hako_shared::chat::MessageKind;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-
-/// The approval requests a history shows, their ids (`ap-…`), oldest first.
-fn requests(h: &[MessageView]) -> Vec<String> {
-    h.iter()
-        .filter(|m| m.kind == MessageKind::Approval)
-        .filter_map(|m| m.id.rsplit('.').next().map(str::to_owned))
-        .collect()
-}
-
-async fn nth_request(rig: &Rig, chat: &str, n: usize) -> String {
-    let h = rig
-        .wait_for(chat, "an approval request", |h| requests(h).len() >= n)
-        .await;
-    requests(&h)[n - 1].clone()
-}
 
 /// Posts `text` into `chat` as `sender` with `token`.
 async fn post(

@@ -2,8 +2,10 @@
 //!
 //! (a) end-to-end latency of one trivial run (POST → final result via `?wait=`) vs
 //!     `docker run -i --rm --network none <image>` with the same input line (target ≤ 1.1);
-//! (b) throughput of 100 trivial runs at `MAX_CONTAINERS=4` across folders vs four parallel
-//!     lanes of `docker run` (target ≥ 1.0);
+//! (b) throughput of 40 trivial runs over 8 folders at `MAX_CONTAINERS=4`, with warm boxes
+//!     (`RUNED_WARM_MAX=4`) and without (`0`), vs four parallel lanes of `docker run`, the
+//!     three interleaved twice so each sees the same machine (targets: on ≥ off ≥ 1.3 ×
+//!     lanes: warm boxes never cost throughput);
 //! (c) idle RSS of the `runed` binary, open auth mode (target ≤ 20 MiB).
 //!
 //! A real authd signs every run's spawn token, as in production. The docker CLI appears here
@@ -19,11 +21,13 @@ use serde_json::{Value, json};
 use tokio::io::AsyncWriteExt;
 
 const N: usize = 10;
-const THROUGHPUT_RUNS: usize = 100;
+const THROUGHPUT_RUNS: usize = 40;
+const THROUGHPUT_FOLDERS: usize = 8;
 const LANES: usize = 4;
 
 struct Bench {
     http: reqwest::Client,
+    /// The runed (a)'s latency is measured on: warm boxes on.
     runed: String,
     token: String,
     image: String,
@@ -33,11 +37,16 @@ struct Bench {
 impl Bench {
     /// One run through runed: POST, then long-poll until it ends. Returns its duration.
     async fn run(&self, folder: &str) -> Duration {
+        self.run_on(&self.runed, folder).await
+    }
+
+    /// One run through the runed at `runed`.
+    async fn run_on(&self, runed: &str, folder: &str) -> Duration {
         let i = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let t = Instant::now();
         let r = self
             .http
-            .post(format!("{}/v1/runs", self.runed))
+            .post(format!("{runed}/v1/runs"))
             .bearer_auth(&self.token)
             .json(&json!({"folder": folder, "turn_id": format!("bench-{i}"),
                           "messages": [{"role": "user", "content": "x"}]}))
@@ -47,15 +56,15 @@ impl Bench {
         assert_eq!(r.status().as_u16(), 202);
         let v: Value = r.json().await.expect("run id");
         let id = v["run_id"].as_str().expect("run id").to_owned();
-        self.wait(&id).await;
+        self.wait(runed, &id).await;
         t.elapsed()
     }
 
-    async fn wait(&self, id: &str) {
+    async fn wait(&self, runed: &str, id: &str) {
         loop {
             let v: Value = self
                 .http
-                .get(format!("{}/v1/runs/{id}?wait=60s", self.runed))
+                .get(format!("{runed}/v1/runs/{id}?wait=60s"))
                 .bearer_auth(&self.token)
                 .timeout(Duration::from_secs(90))
                 .send()
@@ -110,6 +119,64 @@ fn main() {
     rt.block_on(bench());
 }
 
+/// A runed on its own data directory with `warm_max` warm boxes, its token from `authd`.
+async fn start_runed(
+    authd: &TestAuthd,
+    data: &std::path::Path,
+    image: &str,
+    warm_max: usize,
+) -> hako_runed::Running {
+    let cfg = hako_runed::Config::from_env(&Env::from_pairs([
+        ("DATA_DIR", data.display().to_string()),
+        ("AUTHD_URL", authd.url()),
+        ("AUTHD_SERVICE_KEY", RUNED_KEY.into()),
+        ("MAX_CONTAINERS", LANES.to_string()),
+        ("CONTAINER_IMAGE", image.to_owned()),
+        ("RUNED_WARM_MAX", warm_max.to_string()),
+    ]))
+    .expect("runed config");
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    hako_runed::start(cfg, l).await.expect("runed")
+}
+
+/// `THROUGHPUT_RUNS` runs over `THROUGHPUT_FOLDERS` folders, all posted at once to the runed
+/// at `url`: the time they took.
+async fn burst(b: &Arc<Bench>, url: &str, round: usize) -> Duration {
+    let t = Instant::now();
+    let mut hs = Vec::new();
+    for i in 0..THROUGHPUT_RUNS {
+        let (b, url) = (b.clone(), url.to_owned());
+        hs.push(tokio::spawn(async move {
+            b.run_on(&url, &format!("tp{round}-{}", i % THROUGHPUT_FOLDERS))
+                .await;
+        }));
+    }
+    for h in hs {
+        h.await.expect("run task");
+    }
+    t.elapsed()
+}
+
+/// The same runs as `LANES` lanes of `docker run`, one after another in each lane.
+async fn lanes(b: &Arc<Bench>) -> Duration {
+    let t = Instant::now();
+    let mut hs = Vec::new();
+    for lane in 0..LANES {
+        let b = b.clone();
+        hs.push(tokio::spawn(async move {
+            for _ in 0..THROUGHPUT_RUNS / LANES {
+                b.cli(&format!("tp{lane}")).await;
+            }
+        }));
+    }
+    for h in hs {
+        h.await.expect("cli task");
+    }
+    t.elapsed()
+}
+
 async fn bench() {
     let image = hako_deploy::ensure_agent_image()
         .await
@@ -117,22 +184,12 @@ async fn bench() {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path();
     let authd = TestAuthd::start(&data.join("authd")).await;
-    let cfg = hako_runed::Config::from_env(&Env::from_pairs([
-        ("DATA_DIR", data.join("runed").display().to_string()),
-        ("AUTHD_URL", authd.url()),
-        ("AUTHD_SERVICE_KEY", RUNED_KEY.into()),
-        ("MAX_CONTAINERS", LANES.to_string()),
-        ("CONTAINER_IMAGE", image.clone()),
-    ]))
-    .expect("runed config");
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let runed = hako_runed::start(cfg, l).await.expect("runed");
+    let warm = start_runed(&authd, &data.join("runed-warm"), &image, 4).await;
+    let cold = start_runed(&authd, &data.join("runed-cold"), &image, 0).await;
     let token = authd.token("routd").await;
     let b = Arc::new(Bench {
         http: reqwest::Client::builder().no_proxy().build().expect("http"),
-        runed: runed.url(),
+        runed: warm.url(),
         token,
         image: image.clone(),
         seq: Default::default(),
@@ -156,44 +213,24 @@ async fn bench() {
         cl.as_secs_f64() * 1e3
     );
 
-    // (b) throughput: 100 runs over 10 folders at MAX_CONTAINERS=4 vs 4 CLI lanes.
-    let t = Instant::now();
-    let mut hs = Vec::new();
-    for i in 0..THROUGHPUT_RUNS {
-        let b = b.clone();
-        hs.push(tokio::spawn(async move {
-            b.run(&format!("tp{}", i % 10)).await;
-        }));
+    // (b) throughput: warm boxes on, off, and the CLI lanes, interleaved; each round its own
+    // folders, so no round starts with another's boxes.
+    let (mut on, mut off, mut cli) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    for round in 0..2 {
+        on += burst(&b, &warm.url(), round).await;
+        off += burst(&b, &cold.url(), round).await;
+        cli += lanes(&b).await;
     }
-    for h in hs {
-        h.await.expect("run task");
-    }
-    let rd = t.elapsed();
-    let t = Instant::now();
-    let mut hs = Vec::new();
-    for lane in 0..LANES {
-        let b = b.clone();
-        hs.push(tokio::spawn(async move {
-            for _ in 0..THROUGHPUT_RUNS / LANES {
-                b.cli(&format!("tp{lane}")).await;
-            }
-        }));
-    }
-    for h in hs {
-        h.await.expect("cli task");
-    }
-    let cl = t.elapsed();
-    let (rt, ct) = (
-        THROUGHPUT_RUNS as f64 / rd.as_secs_f64(),
-        THROUGHPUT_RUNS as f64 / cl.as_secs_f64(),
-    );
+    let rate = |d: Duration| 2.0 * THROUGHPUT_RUNS as f64 / d.as_secs_f64();
+    let (on, off, cli) = (rate(on), rate(off), rate(cli));
     println!(
-        "throughput ({THROUGHPUT_RUNS} runs, {LANES} at once): runed {rt:.2} runs/s ({:.1} s), docker run {ct:.2} runs/s ({:.1} s), ratio {:.3} (target >= 1.0)",
-        rd.as_secs_f64(),
-        cl.as_secs_f64(),
-        rt / ct
+        "throughput ({THROUGHPUT_RUNS} runs over {THROUGHPUT_FOLDERS} folders, {LANES} at once, 2 rounds): warm boxes on {on:.2} runs/s, off {off:.2} runs/s, docker run lanes {cli:.2} runs/s; on/lanes {:.3}, off/lanes {:.3}, on/off {:.3} (targets: on >= off >= 1.3 x lanes)",
+        on / cli,
+        off / cli,
+        on / off
     );
-    runed.shutdown().await;
+    warm.shutdown().await;
+    cold.shutdown().await;
     let _ = authd.shutdown().await;
 
     // (c) idle RSS of the binary.

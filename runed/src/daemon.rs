@@ -366,8 +366,19 @@ fn bind_hook(sh: Arc<Shared>, run_id: RunId) -> BindHook {
     }))
 }
 
-/// Starts the folder's next box, if its group and the install keep one.
+/// Starts the folder's next box, if its group and the install keep one, and no other
+/// folder's run waits for a slot: the box is made while this run still holds its slot, so
+/// making it then would delay a run that is sure to come for a box that may never be taken
+/// (eight folders on four slots threw most of theirs away, and warm boxes cost throughput).
 async fn warm_next(sh: &Shared, spec: &RunSpec) {
+    let others_wait = {
+        let s = sh.sched();
+        s.queue.len() > s.queue.folder_len(spec.folder.as_str())
+    };
+    if others_wait {
+        tracing::debug!(folder = %spec.folder, "no warm box: other folders' runs wait for a slot");
+        return;
+    }
     let Ok(runner) = sh.runner() else { return };
     match runner.prestart(spec).await {
         Ok(()) => {}

@@ -16,7 +16,7 @@ use hako_authd::testing::TestAuthd;
 pub use hako_authd::testing::{CHANNEL_KEY, OPERATOR_KEY, ROUTD_KEY, RUNED_KEY};
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
-use hako_shared::chat::MessageView;
+use hako_shared::chat::{MessageKind, MessageView};
 use hako_shared::config::Env;
 use hako_shared::testing::ApiClient;
 pub use hako_shared::testing::eventually;
@@ -737,4 +737,20 @@ pub fn tool_lines(reply: &str) -> HashMap<String, Vec<String>> {
             .push(rest.to_owned());
     }
     by_tool
+}
+
+/// The approval requests a history shows, their ids (`ap-…`), oldest first.
+pub fn requests(h: &[MessageView]) -> Vec<String> {
+    h.iter()
+        .filter(|m| m.kind == MessageKind::Approval)
+        .filter_map(|m| m.id.rsplit('.').next().map(str::to_owned))
+        .collect()
+}
+
+/// Waits for the `n`th approval request of `chat`; answers its id.
+pub async fn nth_request(rig: &Rig, chat: &str, n: usize) -> String {
+    let h = rig
+        .wait_for(chat, "an approval request", |h| requests(h).len() >= n)
+        .await;
+    requests(&h)[n - 1].clone()
 }
