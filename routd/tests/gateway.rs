@@ -1125,7 +1125,10 @@ async fn the_responses_api_serves_the_official_openai_sdk() {
     assert_eq!(sdk["plain"]["text"], "You said: from the sdk", "{sdk}");
     assert_eq!(sdk["plain"]["status"], "completed", "{sdk}");
     assert_eq!(
-        (&sdk["plain"]["input_tokens"], &sdk["plain"]["output_tokens"]),
+        (
+            &sdk["plain"]["input_tokens"],
+            &sdk["plain"]["output_tokens"]
+        ),
         (&json!(30), &json!(12)),
         "{sdk}"
     );
@@ -1145,7 +1148,11 @@ async fn the_responses_api_serves_the_official_openai_sdk() {
     assert_eq!(sdk["web_search"]["body"], "not_allowed", "{sdk}");
 
     let seen = provider.seen();
-    assert_eq!(seen.len(), 2, "only the two good calls reached the provider");
+    assert_eq!(
+        seen.len(),
+        2,
+        "only the two good calls reached the provider"
+    );
     for s in &seen {
         assert_eq!(s.headers["authorization"], format!("Bearer {OPENAI_KEY}"));
         assert_eq!(s.body["model"], "gpt-stub-1");

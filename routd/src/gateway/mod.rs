@@ -428,13 +428,7 @@ async fn forward(
         let obj = v
             .as_object_mut()
             .ok_or_else(|| GatewayError::InvalidJson("it is not an object".into()))?;
-        let checked = policy::check(
-            format,
-            obj,
-            body.len(),
-            group_model.as_deref(),
-            networked,
-        )?;
+        let checked = policy::check(format, obj, body.len(), group_model.as_deref(), networked)?;
         let model: String = obj
             .get("model")
             .and_then(Value::as_str)

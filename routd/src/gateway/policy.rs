@@ -148,7 +148,10 @@ const RESPONSES_FIELDS: &[&str] = &[
 /// What a Responses call may ask to have included in its answer: its own reasoning (Codex
 /// keeps it encrypted across calls, since nothing is stored) and log probabilities. The other
 /// values are server tools' outputs and stored images.
-const RESPONSES_INCLUDE: &[&str] = &["reasoning.encrypted_content", "message.output_text.logprobs"];
+const RESPONSES_INCLUDE: &[&str] = &[
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+];
 /// Item types of a Responses `input`: messages, the client's own tool calls and their
 /// outputs, reasoning (encrypted, the provider's own) and a compaction of earlier ones. Not:
 /// references to stored items, server tools' calls (web and file search, code interpreter,
@@ -290,7 +293,12 @@ fn client_tool(format: Format, t: &Value) -> Result<(), PolicyError> {
         Format::Responses => match ty {
             Some("function" | "custom") => true,
             Some("namespace") => {
-                for inner in t.get("tools").and_then(Value::as_array).into_iter().flatten() {
+                for inner in t
+                    .get("tools")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
                     let ty = inner.get("type").and_then(Value::as_str);
                     if !matches!(ty, Some("function" | "custom")) {
                         return Err(PolicyError::NotAllowed(format!(
@@ -346,7 +354,11 @@ fn responses(body: &Map<String, Value>) -> Result<(), PolicyError> {
     let items = match input {
         Value::String(_) => return Ok(()),
         Value::Array(items) => items,
-        _ => return Err(PolicyError::Invalid("input must be a string or an array".into())),
+        _ => {
+            return Err(PolicyError::Invalid(
+                "input must be a string or an array".into(),
+            ));
+        }
     };
     for item in items {
         // A message may leave its type out.
