@@ -148,14 +148,22 @@ impl Codex {
     /// linked in.
     fn make_home(&self, home: &Path, cwd: &Path) -> std::io::Result<()> {
         use std::os::unix::fs::DirBuilderExt as _;
+        let at = |path: &Path| {
+            let path = path.display().to_string();
+            move |e: std::io::Error| std::io::Error::new(e.kind(), format!("{path}: {e}"))
+        };
         match std::fs::remove_dir_all(&self.home) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(at(&self.home)(e)),
             _ => {}
         }
-        std::fs::DirBuilder::new().mode(0o700).create(&self.home)?;
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&self.home)
+            .map_err(at(&self.home))?;
         let sessions = home.join(SESSIONS);
-        std::fs::create_dir_all(&sessions)?;
-        std::os::unix::fs::symlink(&sessions, self.home.join("sessions"))?;
+        std::fs::create_dir_all(&sessions).map_err(at(&sessions))?;
+        std::os::unix::fs::symlink(&sessions, self.home.join("sessions"))
+            .map_err(at(&self.home))?;
         // The working directory is untrusted: Codex loads no project config, hooks or exec
         // policy from it (it would mark it trusted itself, and then load them).
         let config = format!(
