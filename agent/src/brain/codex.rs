@@ -32,8 +32,9 @@
 //!   marks the working directory untrusted: Codex then loads no project `.codex/` config,
 //!   hooks or exec policy rules from the workspace) and a link to the folder's sessions
 //!   (`$HOME/.codex/sessions`, data, never settings). Everything else is passed with `-c`,
-//!   Codex's highest layer; Codex reads its configuration when the thread starts, before the
-//!   model can run anything in this box; hooks are switched off, and the image's managed
+//!   Codex's highest layer; Codex reads its configuration when a thread starts, and the only
+//!   thread is opened before the model can run anything in this box (subagents, which would
+//!   be new threads, are off); hooks are switched off, and the image's managed
 //!   requirements (`/etc/codex/requirements.toml`) allow no other approval policy, reviewer,
 //!   sandbox or web search whatever any layer says. The folder's `AGENTS.md` (and
 //!   `CLAUDE.md`, the memory a Claude Code group keeps) are read as instructions, as memory
@@ -82,8 +83,11 @@ const UNREAD: &[&str] = &[
     "account/rateLimits/updated",
 ];
 /// Codex's features that would reach out of the box or run something on their own (hooks,
-/// apps and plugins, browsers, image generation by the provider).
+/// apps and plugins, browsers, image generation by the provider), and subagents: a subagent is
+/// a new thread, and a new thread reads `CODEX_HOME/config.toml` again, which by then the
+/// model's commands could have rewritten.
 const OFF: &[&str] = &[
+    "multi_agent",
     "hooks",
     "apps",
     "plugins",
