@@ -14,6 +14,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::oneshot;
 
 use crate::brain::claude::ClaudeBrain;
+use crate::brain::codex::CodexBrain;
 use crate::brain::llm::LlmBrain;
 use crate::brain::script::ScriptBrain;
 use crate::brain::{Brain, BrainError, Io, Outcome, Query};
@@ -138,7 +139,10 @@ async fn run_with(env: &Env, started: Instant, out: Output) -> i32 {
     let mut brain = match &cfg.brain {
         BrainKind::Script => Either::Script(ScriptBrain::new()),
         BrainKind::Llm(settings) => Either::Llm(Box::new(LlmBrain::new(settings.clone()))),
-        BrainKind::Claude(settings) => Either::Claude(Box::new(ClaudeBrain::new(settings.clone()))),
+        BrainKind::Claude(settings) => {
+            Either::Claude(Box::new(ClaudeBrain::claude(settings.clone())))
+        }
+        BrainKind::Codex(settings) => Either::Codex(Box::new(CodexBrain::codex(settings.clone()))),
     };
     if cfg.warm {
         brain.prepare().await;
@@ -177,13 +181,16 @@ enum Either {
     Script(ScriptBrain),
     Llm(Box<LlmBrain>),
     Claude(Box<ClaudeBrain>),
+    Codex(Box<CodexBrain>),
 }
 
 impl Either {
-    /// What a brain can do before its turn, in a warm box: Claude Code starts its child.
+    /// What a brain can do before its turn, in a warm box: a CLI agent starts its program.
     async fn prepare(&mut self) {
-        if let Either::Claude(b) = self {
-            b.prepare().await;
+        match self {
+            Either::Claude(b) => b.prepare().await,
+            Either::Codex(b) => b.prepare().await,
+            Either::Script(_) | Either::Llm(_) => {}
         }
     }
 }
@@ -198,6 +205,7 @@ impl Brain for Either {
             Either::Script(b) => b.respond(query, io).await,
             Either::Llm(b) => b.respond(query, io).await,
             Either::Claude(b) => b.respond(query, io).await,
+            Either::Codex(b) => b.respond(query, io).await,
         }
     }
 
@@ -206,6 +214,7 @@ impl Brain for Either {
             Either::Script(b) => b.partial(),
             Either::Llm(b) => b.partial(),
             Either::Claude(b) => b.partial(),
+            Either::Codex(b) => b.partial(),
         }
     }
 }

@@ -9,7 +9,7 @@ pub const USAGE: &str = "usage:
   hako-agent                            run the agent (container contract on stdin/stdout)
   hako-agent serve-mcp --socket PATH    serve the echo MCP server on a unix socket
   hako-agent mcp-bridge --socket PATH [--after MARK]
-                                        stdio MCP to a unix socket (for Claude Code);
+                                        stdio MCP to a unix socket (Claude Code, Codex);
                                         --after: connect once the file MARK exists
   hako-agent --version                  print the version
 ";

@@ -10,18 +10,20 @@ use hako_shared::contract::{
 };
 use hako_shared::runs::LlmApi;
 
-use crate::brain::claude::ClaudeSettings;
+use crate::brain::harness::Settings as CliSettings;
 use crate::brain::llm::LlmSettings;
 
 /// Overrides the follow-up directory (tests outside a container).
 pub const INPUT_DIR_ENV: &str = "HAKO_INPUT_DIR";
 /// Overrides the MCP socket path.
 pub const MCP_SOCKET_ENV: &str = "HAKO_MCP_SOCKET";
-/// Chooses the brain: `script` (the default without a model), `llm` (the default with one)
-/// or `claude` (Claude Code; needs a model).
+/// Chooses the brain: `script` (the default without a model), `llm` (the default with one),
+/// `claude` (Claude Code) or `codex` (Codex; both need a model).
 pub use hako_shared::contract::BRAIN_ENV;
 /// The `claude` program the Claude Code brain runs.
 pub const CLAUDE_BIN_ENV: &str = "HAKO_CLAUDE_BIN";
+/// The `codex` program the Codex brain runs.
+pub const CODEX_BIN_ENV: &str = "HAKO_CODEX_BIN";
 /// Overrides the gateway socket.
 pub const API_SOCKET_ENV: &str = "HAKO_API_SOCKET";
 /// Output tokens per model step (default 4096).
@@ -44,7 +46,9 @@ pub enum BrainKind {
     /// A model through routd's gateway.
     Llm(LlmSettings),
     /// Claude Code, its model through routd's gateway.
-    Claude(ClaudeSettings),
+    Claude(CliSettings),
+    /// Codex, its model through routd's gateway.
+    Codex(CliSettings),
 }
 
 /// Everything the agent reads from its environment.
@@ -84,6 +88,7 @@ impl BrainKind {
             BrainKind::Script => "script".into(),
             BrainKind::Llm(l) => format!("llm ({} {})", l.api, l.model),
             BrainKind::Claude(c) => format!("claude ({})", c.model),
+            BrainKind::Codex(c) => format!("codex ({})", c.model),
         }
     }
 }
@@ -130,26 +135,35 @@ fn brain(env: &Env) -> Result<BrainKind, ConfigError> {
                 sessions: env.path_or(SESSION_DIR_ENV, home.join(".hako/sessions")),
             }))
         }
-        "claude" => {
+        kind @ ("claude" | "codex") => {
+            let (name, bin_env, bin) = match kind {
+                "claude" => ("Claude Code", CLAUDE_BIN_ENV, "/usr/local/bin/claude"),
+                _ => ("Codex", CODEX_BIN_ENV, "/usr/local/bin/codex"),
+            };
             let model = model.ok_or_else(|| ConfigError::Required {
                 var: MODEL_ENV.into(),
-                hint: "Claude Code needs a model (the group's `llm.model`)".into(),
+                hint: format!("{name} needs a model (the group's `llm.model`)"),
             })?;
-            Ok(BrainKind::Claude(ClaudeSettings {
+            let settings = CliSettings {
                 model: model.to_owned(),
-                program: env.path_or(CLAUDE_BIN_ENV, "/usr/local/bin/claude"),
+                program: env.path_or(bin_env, bin),
                 api_socket: env.path_or(API_SOCKET_ENV, API_SOCKET),
                 mcp_socket: env.path_or(MCP_SOCKET_ENV, MCP_SOCKET),
                 home: env.path_or("HOME", "/home/agent"),
                 bridge: std::env::current_exe()
                     .unwrap_or_else(|_| PathBuf::from("/usr/local/bin/hako-agent")),
                 plugin_dir: PathBuf::from(hako_shared::contract::SKILLS_PLUGIN_DIR),
-            }))
+            };
+            Ok(if kind == "claude" {
+                BrainKind::Claude(settings)
+            } else {
+                BrainKind::Codex(settings)
+            })
         }
         other => Err(ConfigError::Invalid {
             var: BRAIN_ENV.into(),
             value: other.into(),
-            reason: "unknown brain; expected script, llm or claude".into(),
+            reason: "unknown brain; expected script, llm, claude or codex".into(),
         }),
     }
 }

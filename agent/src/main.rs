@@ -47,7 +47,7 @@ fn main() {
             }
         },
         Ok(Cli::McpBridge { socket, after }) => match runtime() {
-            Ok(rt) => match rt.block_on(hako_agent::brain::claude::relay::bridge(
+            Ok(rt) => match rt.block_on(hako_agent::brain::harness::bridge::bridge(
                 socket.clone(),
                 after,
             )) {

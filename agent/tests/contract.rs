@@ -966,3 +966,74 @@ fn mcp_without_a_socket_is_a_line() {
         "{r}"
     );
 }
+
+/// A stand-in for `codex app-server` (JSON-RPC over stdio, as Codex 0.147 speaks it): the
+/// handshake, a thread, one turn with text, a command whose approval it asks (and checks the
+/// answer: hako-agent could not reach the grants, so it must be declined), the answer; then
+/// it dies on the next turn, saying why on stderr.
+const FAKE_CODEX: &str = r#"#!/bin/sh
+read l; case "$l" in *'"initialize"'*) ;; *) echo "not initialize: $l" >&2; exit 2;; esac
+echo '{"id":1,"result":{"userAgent":"fake"}}'
+read l
+read l; case "$l" in *'"thread/start"'*'"developerInstructions":"Be brief."'*) ;; *) echo "no thread/start: $l" >&2; exit 2;; esac
+echo '{"method":"thread/started","params":{"thread":{"id":"01a2250d-0d81-74c2-bef9-f063e0a0437d"}}}'
+echo '{"id":2,"result":{"thread":{"id":"01a2250d-0d81-74c2-bef9-f063e0a0437d"}}}'
+read l; case "$l" in *'"turn/start"'*'"text":"first"'*) ;; *) echo "no turn/start: $l" >&2; exit 2;; esac
+echo '{"id":3,"result":{"turn":{"id":"t1","status":"inProgress"}}}'
+echo '{"method":"item/completed","params":{"item":{"type":"agentMessage","id":"m1","text":"Let me look."}}}'
+echo '{"method":"item/started","params":{"item":{"type":"commandExecution","id":"c1","command":"rm -rf x"}}}'
+echo '{"id":0,"method":"item/commandExecution/requestApproval","params":{"itemId":"c1","command":"rm -rf x","cwd":"/w"}}'
+read l; case "$l" in *'"id":0'*'"decision":"decline"'*) ;; *) echo "not declined: $l" >&2; exit 2;; esac
+echo '{"method":"item/completed","params":{"item":{"type":"agentMessage","id":"m2","text":"All done."}}}'
+echo '{"method":"turn/completed","params":{"turn":{"id":"t1","status":"completed"}}}'
+read l
+echo 'boom: the fake fell over' >&2
+exit 1
+"#;
+
+/// The Codex brain against a stand-in app server: text before a tool call goes out at once,
+/// the answer names the thread as the session, an approval hako-agent cannot ask the grants
+/// about is declined (fail closed), and the program dying on a follow-up is a `fatal` block
+/// with its exit status and last words.
+#[test]
+fn codex_brain_speaks_the_app_server_protocol() {
+    let bin = tempfile::tempdir().unwrap();
+    let fake = bin.path().join("codex");
+    std::fs::write(&fake, FAKE_CODEX).unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let none = bin.path().join("none.sock");
+    let mut opts = with_dir();
+    opts.env = env(&[
+        ("HAKO_BRAIN", "codex"),
+        ("HAKO_MODEL", "gpt-test"),
+        ("HAKO_CODEX_BIN", fake.to_str().unwrap()),
+        ("HAKO_API_SOCKET", none.to_str().unwrap()),
+        ("HAKO_MCP_SOCKET", none.to_str().unwrap()),
+    ]);
+    let mut i = input("first");
+    i["systemPrompt"] = json!("Be brief.");
+    let mut a = Agent::run(opts, &i);
+    assert_eq!(a.ok_result(T), "Let me look.", "{}", a.stderr_text());
+    let (_, r) = a.block(T);
+    assert_eq!(
+        (&r["status"], &r["result"], &r["newSessionId"]),
+        (
+            &json!("ok"),
+            &json!("All done."),
+            &json!("01a2250d-0d81-74c2-bef9-f063e0a0437d")
+        ),
+        "{}",
+        a.stderr_text()
+    );
+    a.follow_up("1000.json", "second");
+    let (_, f) = a.block(T);
+    assert_eq!(f["status"], "fatal", "{f}");
+    let why = f["error"].as_str().unwrap();
+    assert!(
+        why.starts_with("Codex exited (exit status: 1): boom: the fake fell over"),
+        "{why}"
+    );
+    a.drop_file("_close", b"");
+    assert_eq!(a.wait(T).code(), Some(0));
+}

@@ -65,6 +65,10 @@ pub struct UpArgs {
     /// about a minute and 380 MB the first time.
     #[arg(long)]
     pub with_claude: bool,
+    /// Also build the Codex image (hako-codex), for groups with `"agent": "codex"`: about a
+    /// minute and 270 MB the first time.
+    #[arg(long)]
+    pub with_codex: bool,
 }
 
 /// Arguments of `hako down`.
@@ -421,16 +425,24 @@ pub async fn demo(ep: &Endpoints, text: &str) -> anyhow::Result<String> {
 
 /// `hako up`.
 pub async fn up_command(args: UpArgs) -> anyhow::Result<()> {
-    if args.with_claude {
-        eprintln!("hako up: the Claude Code image (for groups with \"agent\": \"claude\")");
+    let agents = [
+        (
+            args.with_claude,
+            hako_deploy::CLAUDE,
+            "Claude Code",
+            "claude",
+        ),
+        (args.with_codex, hako_deploy::CODEX, "Codex", "codex"),
+    ];
+    for (_, spec, program, agent) in agents.into_iter().filter(|a| a.0) {
+        eprintln!("hako up: the {program} image (for groups with \"agent\": \"{agent}\")");
         let docker = hako_deploy::connect_docker()
             .context("cannot reach the Docker daemon (is it running? is DOCKER_HOST right?)")?;
         let progress = Progress::stderr();
-        let spec = hako_deploy::CLAUDE;
         Pipeline::new(docker)
             .ensure_with(&spec, &|step| progress.report(spec.name, step))
             .await
-            .context("building hako-claude")?;
+            .with_context(|| format!("building {}", spec.name))?;
     }
     let ep = up(&args.stack).await?;
     let cmd = compose_command(&args.stack)?;

@@ -596,3 +596,109 @@ async fn claude_code_in_chat_mode_two_lines_two_replies_one_container() {
         "the provider got the operator's key only: {keys:?}"
     );
 }
+
+/// `hako chat --agent codex` in a pipe: the real Codex in one hako-codex container answers two
+/// lines (the second a follow-up into the same app server), its model reached through the
+/// gateway the chat serves on the turn's socket in the Responses format (the key from the
+/// chat's own environment, never the container's), against a stub on loopback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn codex_in_chat_mode_two_lines_two_replies_one_container() {
+    use std::sync::{Arc, Mutex};
+    let image = hako_deploy::ensure_codex_image().await.expect("image");
+    // The stub: "You said: <last text>", streamed; it records the keys it was given.
+    let keys: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = keys.clone();
+    let app = axum::Router::new().fallback(axum::routing::any(
+        move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(
+                    headers
+                        .get("authorization")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned(),
+                );
+                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let text = v["input"]
+                    .as_array()
+                    .and_then(|i| i.iter().rev().find(|m| m["role"] == "user"))
+                    .and_then(|m| m["content"].as_array())
+                    .and_then(|c| c.iter().rev().find_map(|p| p["text"].as_str()))
+                    .unwrap_or("")
+                    .to_owned();
+                let item = json!({"type": "message", "id": "msg_1", "role": "assistant",
+                    "status": "completed", "content": [{"type": "output_text",
+                    "text": format!("You said: {text}"), "annotations": []}]});
+                let ev = |d: Value| format!("event: {}\ndata: {d}\n\n", d["type"].as_str().unwrap());
+                let body = [
+                    ev(json!({"type": "response.created", "sequence_number": 0,
+                        "response": {"id": "r", "object": "response", "status": "in_progress", "output": []}})),
+                    ev(json!({"type": "response.output_item.done", "sequence_number": 1,
+                        "output_index": 0, "item": item})),
+                    ev(json!({"type": "response.completed", "sequence_number": 2,
+                        "response": {"id": "r", "object": "response", "status": "completed", "output": [item],
+                        "usage": {"input_tokens": 10, "output_tokens": 3, "total_tokens": 13}}})),
+                ]
+                .concat();
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(axum::body::Body::from(body))
+                    .unwrap()
+            }
+        },
+    ));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+
+    let data = tempfile::tempdir().expect("tempdir");
+    let install = unique("cli-codex");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hako"))
+        .args([
+            "chat",
+            "team/cx",
+            "--agent",
+            "codex",
+            "--model",
+            "gpt-stub-1",
+        ])
+        .env("DATA_DIR", data.path())
+        .env("RUNED_CODEX_IMAGE", &image)
+        .env("HAKO_INSTALL_ID", &install)
+        .env("OPENAI_API_KEY", "sk-the-operators-own-openai-key")
+        .env("HAKO_OPENAI_URL", &url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn hako");
+    let (tx, lines) = mpsc::channel();
+    let out = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let mut s = Session {
+        child,
+        lines,
+        install: install.clone(),
+    };
+    s.say("first line");
+    assert_eq!(s.next(), "You said: first line");
+    let first = containers(&install).await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    s.say("second line");
+    assert_eq!(s.next(), "You said: second line");
+    assert_eq!(containers(&install).await, first, "the same container");
+    assert_eq!(s.end().await.0, 0);
+    assert!(containers(&install).await.is_empty(), "removed at the end");
+    let keys = keys.lock().unwrap().clone();
+    assert!(!keys.is_empty());
+    assert!(
+        keys.iter()
+            .all(|k| k == "Bearer sk-the-operators-own-openai-key"),
+        "the provider got the operator's key only: {keys:?}"
+    );
+}

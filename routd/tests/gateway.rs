@@ -214,10 +214,79 @@ impl Provider {
                 }
             }),
         );
+        let state = p.clone();
+        let app = app.route(
+            "/v1/responses",
+            axum::routing::post(move |headers: HeaderMap, body: axum::body::Bytes| {
+                let st = state.clone();
+                async move {
+                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    st.seen.lock().unwrap().push(Seen {
+                        headers: headers.clone(),
+                        body: body.clone(),
+                    });
+                    Provider::responses(&body)
+                }
+            }),
+        );
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
         tokio::spawn(async move { axum::serve(l, app).await });
         (p, url)
+    }
+
+    /// The Responses model: "You said: <the input's text>", streamed in two deltas or whole.
+    fn responses(body: &Value) -> axum::response::Response {
+        let said = match &body["input"] {
+            Value::String(s) => s.clone(),
+            v => v.to_string(),
+        };
+        let text = format!("You said: {said}");
+        let message = json!({"type": "message", "id": "msg_1", "role": "assistant",
+            "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]});
+        let done = json!({"id": "resp_1", "object": "response", "created_at": 1, "status": "completed",
+            "model": body["model"], "output": [message], "parallel_tool_calls": false,
+            "tool_choice": "auto", "tools": [],
+            "usage": {"input_tokens": 30, "input_tokens_details": {"cached_tokens": 10},
+                "output_tokens": 12, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 42}});
+        if body["stream"] != true {
+            return axum::response::Response::builder()
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(done.to_string()))
+                .unwrap();
+        }
+        let mut created = done.clone();
+        created["status"] = json!("in_progress");
+        created["output"] = json!([]);
+        created["usage"] = Value::Null;
+        let (a, b) = text.split_at(9);
+        let mut seq = 0;
+        let mut ev = |v: Value| {
+            let mut v = v;
+            v["sequence_number"] = json!(seq);
+            seq += 1;
+            format!("event: {}\ndata: {v}\n\n", v["type"].as_str().unwrap())
+        };
+        let sse = [
+            ev(json!({"type": "response.created", "response": created})),
+            ev(json!({"type": "response.output_item.added", "output_index": 0,
+                "item": {"type": "message", "id": "msg_1", "role": "assistant", "status": "in_progress", "content": []}})),
+            ev(json!({"type": "response.content_part.added", "item_id": "msg_1", "output_index": 0,
+                "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})),
+            ev(json!({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+                "content_index": 0, "delta": a, "logprobs": []})),
+            ev(json!({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+                "content_index": 0, "delta": b, "logprobs": []})),
+            ev(json!({"type": "response.output_text.done", "item_id": "msg_1", "output_index": 0,
+                "content_index": 0, "text": text, "logprobs": []})),
+            ev(json!({"type": "response.output_item.done", "output_index": 0, "item": message})),
+            ev(json!({"type": "response.completed", "response": done})),
+        ]
+        .concat();
+        axum::response::Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(axum::body::Body::from(sse))
+            .unwrap()
     }
 
     /// What the model says next, from the conversation so far.
@@ -1008,6 +1077,99 @@ async fn the_gateway_lets_only_the_turns_token_through() {
         .await;
     assert_eq!(s, 201, "{v}");
     socket_gone(&sock).await;
+    rig.stop().await;
+}
+
+/// The gateway's Responses API (what Codex speaks) with the official OpenAI SDK as the
+/// agent's client: plain and streamed answers pass through; the provider sees the real key,
+/// the group's model and `store: false`; the usage of both calls is charged; a bad token is
+/// 401, another model and a web search (the provider browsing for a group without network)
+/// 403, none of them reaching the provider.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_responses_api_serves_the_official_openai_sdk() {
+    const OPENAI_KEY: &str = "sk-openai-real-responses-0123456789";
+    let (provider, url) = Provider::start().await;
+    let rig = Rig::new(
+        LONG_RUNS,
+        &[
+            ("OPENAI_API_KEY", OPENAI_KEY),
+            ("ROUTD_OPENAI_URL", url.as_str()),
+        ],
+    )
+    .await;
+    rig.put_group("resp", json!({"name": "resp"})).await;
+    // A script-brain turn that stays live while the SDK calls its gateway; the group gets its
+    // model afterwards (the gateway reads the group at each call, the box keeps its brain).
+    let turn = rig.running_turn("resp").await;
+    rig.put_group(
+        "resp",
+        json!({"name": "resp", "group": {"llm": {"model": "gpt-stub-1", "api": "openai"}}}),
+    )
+    .await;
+    let turn_id = turn["turn_id"].as_str().unwrap().to_owned();
+    let run_id = turn["run_id"].as_str().unwrap().to_owned();
+    let sock = rig.data().join("folders/resp/ipc/api.sock");
+    let own = rig
+        .spawn_token("resp", &format!("{turn_id}.1"), &run_id, 300)
+        .await;
+
+    let python = tokio::task::spawn_blocking(hako_shared::testing::conformance_python)
+        .await
+        .unwrap();
+    let input = json!({"socket": sock, "token": own.token, "model": "gpt-stub-1"});
+    let sdk = tokio::task::spawn_blocking(move || {
+        hako_shared::testing::run_python(&python, include_str!("openai_sdk.py"), &input)
+    })
+    .await
+    .unwrap();
+    assert_eq!(sdk["plain"]["text"], "You said: from the sdk", "{sdk}");
+    assert_eq!(sdk["plain"]["status"], "completed", "{sdk}");
+    assert_eq!(
+        (
+            &sdk["plain"]["input_tokens"],
+            &sdk["plain"]["output_tokens"]
+        ),
+        (&json!(30), &json!(12)),
+        "{sdk}"
+    );
+    assert_eq!(
+        sdk["stream"]["deltas"],
+        json!(["You said:", " streamed"]),
+        "the stream arrives in its pieces: {sdk}"
+    );
+    assert_eq!(sdk["stream"]["text"], "You said: streamed", "{sdk}");
+    assert_eq!(sdk["stream"]["output_tokens"], 12, "{sdk}");
+    // The SDK's `body` of an error is the envelope's `error`: hako's code.
+    assert_eq!(sdk["refused"]["status"], 401, "{sdk}");
+    assert_eq!(sdk["refused"]["body"], "invalid_token", "{sdk}");
+    assert_eq!(sdk["other_model"]["status"], 403, "{sdk}");
+    assert_eq!(sdk["other_model"]["body"], "model_not_allowed", "{sdk}");
+    assert_eq!(sdk["web_search"]["status"], 403, "{sdk}");
+    assert_eq!(sdk["web_search"]["body"], "not_allowed", "{sdk}");
+
+    let seen = provider.seen();
+    assert_eq!(
+        seen.len(),
+        2,
+        "only the two good calls reached the provider"
+    );
+    for s in &seen {
+        assert_eq!(s.headers["authorization"], format!("Bearer {OPENAI_KEY}"));
+        assert_eq!(s.body["model"], "gpt-stub-1");
+        assert_eq!(s.body["store"], false, "nothing is stored at the provider");
+    }
+    // Both answers are charged from the usage they reported.
+    let v = eventually("both calls charged", LIMIT, || async {
+        let (_, v) = rig.api().get(&rig.operator, "/v1/usage?folder=resp").await;
+        if v["calls"] == 2 { Ok(v) } else { Err(v) }
+    })
+    .await;
+    assert_eq!(
+        (&v["input_tokens"], &v["output_tokens"]),
+        (&json!(60), &json!(24)),
+        "{v}"
+    );
+    assert_eq!(v["rows"][0]["api"], "openai", "{v}");
     rig.stop().await;
 }
 

@@ -445,23 +445,11 @@ async fn a_deleted_groups_files_and_box_do_not_reach_the_next_group() {
     assert!(folder.join("workspace/planted.txt").is_file());
     let docker = bollard::Docker::connect_with_local_defaults().unwrap();
     let boxes = |docker: bollard::Docker, install: String| async move {
-        let filters = std::collections::HashMap::from([(
-            "label".to_owned(),
-            vec![
-                format!("io.hako.install={install}"),
-                "io.hako.folder=old".to_owned(),
-            ],
-        )]);
-        docker
-            .list_containers(Some(
-                bollard::query_parameters::ListContainersOptionsBuilder::new()
-                    .all(true)
-                    .filters(&filters)
-                    .build(),
-            ))
-            .await
-            .unwrap()
-            .len()
+        let labels = vec![
+            format!("io.hako.install={install}"),
+            "io.hako.folder=old".to_owned(),
+        ];
+        labelled(&docker, labels).await.len()
     };
     eventually("the folder's warm box", LIMIT, || async {
         match boxes(docker.clone(), rig.install.clone()).await {

@@ -31,6 +31,8 @@ pub struct RunnerConfig {
     pub default_image: String,
     /// The image of `agent: claude` groups (`RUNED_CLAUDE_IMAGE`).
     pub claude_image: String,
+    /// The image of `agent: codex` groups (`RUNED_CODEX_IMAGE`).
+    pub codex_image: String,
     /// The OCI runtime of untrusted groups that name none (`RUNED_UNTRUSTED_RUNTIME`, e.g.
     /// `runsc`); `None`: the Docker daemon's default.
     pub untrusted_runtime: Option<String>,
@@ -113,6 +115,7 @@ impl RunnerConfig {
             },
             default_image: "hako-agent:latest".into(),
             claude_image: "hako-claude:latest".into(),
+            codex_image: "hako-codex:latest".into(),
             untrusted_runtime: None,
             run_timeout: Duration::from_secs(20 * 60),
             // Off in the library's defaults (tests, `hako chat`); runed's environment turns
@@ -186,6 +189,7 @@ impl RunnerConfig {
         }
         c.default_image = env.string_or("CONTAINER_IMAGE", &c.default_image);
         c.claude_image = env.string_or("RUNED_CLAUDE_IMAGE", &c.claude_image);
+        c.codex_image = env.string_or("RUNED_CODEX_IMAGE", &c.codex_image);
         if let Some(r) = env.get("RUNED_UNTRUSTED_RUNTIME") {
             if !hako_shared::runs::is_runtime_name(r) {
                 return Err(ConfigError::Invalid {

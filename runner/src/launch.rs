@@ -231,6 +231,7 @@ impl Runner {
     pub(super) fn image_for(&self, g: &GroupSpec) -> String {
         match g.agent {
             AgentKind::Claude => self.cfg.claude_image.clone(),
+            AgentKind::Codex => self.cfg.codex_image.clone(),
             AgentKind::Hako => g
                 .image
                 .clone()
@@ -262,8 +263,8 @@ impl Runner {
             env.push(format!("{MODEL_ENV}={}", llm.model));
             env.push(format!("{LLM_API_ENV}={}", llm.api.as_str()));
         }
-        if g.agent == AgentKind::Claude {
-            env.push(format!("{BRAIN_ENV}=claude"));
+        if let Some((_, brain, _)) = g.agent.program() {
+            env.push(format!("{BRAIN_ENV}={brain}"));
         }
         if cfg.markers != Markers::default() {
             env.push(format!("{MARKER_START_ENV}={}", cfg.markers.start));

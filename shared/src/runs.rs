@@ -188,8 +188,9 @@ pub struct GroupSpec {
     /// The model the agent calls through routd's gateway, and the group's daily budget.
     #[serde(default)]
     pub llm: Option<LlmSpec>,
-    /// Which agent answers: hako-agent's own brains (default), or Claude Code (`claude`: the
-    /// `hako-claude` image, its model through the gateway; needs `llm`, Anthropic format).
+    /// Which agent answers: hako-agent's own brains (default), Claude Code (`claude`: the
+    /// `hako-claude` image, its model through the gateway; needs `llm`, Anthropic format) or
+    /// Codex (`codex`: the `hako-codex` image; needs `llm`, OpenAI format).
     #[serde(default)]
     pub agent: AgentKind,
     /// The OCI runtime its containers run under (a name the Docker daemon lists, e.g.
@@ -213,6 +214,20 @@ pub enum AgentKind {
     Hako,
     /// Claude Code in the `hako-claude` image (`RUNED_CLAUDE_IMAGE`).
     Claude,
+    /// OpenAI's Codex in the `hako-codex` image (`RUNED_CODEX_IMAGE`).
+    Codex,
+}
+
+impl AgentKind {
+    /// For a CLI agent, the wire format its program speaks (the group's `llm.api` must be
+    /// it), its name on the wire, and the runed variable naming its image.
+    pub fn program(self) -> Option<(LlmApi, &'static str, &'static str)> {
+        match self {
+            AgentKind::Hako => None,
+            AgentKind::Claude => Some((LlmApi::Anthropic, "claude", "RUNED_CLAUDE_IMAGE")),
+            AgentKind::Codex => Some((LlmApi::Openai, "codex", "RUNED_CODEX_IMAGE")),
+        }
+    }
 }
 
 /// Whether `name` can be an OCI runtime's name in Docker's configuration.
@@ -378,19 +393,16 @@ impl GroupSpec {
                     .into(),
             )?;
         }
-        if self.agent == AgentKind::Claude {
+        if let Some((api, name, image)) = self.agent.program() {
             check(
-                self.llm
-                    .as_ref()
-                    .is_some_and(|l| l.api == LlmApi::Anthropic),
+                self.llm.as_ref().is_some_and(|l| l.api == api),
                 "agent",
-                "claude needs llm (a model in the Anthropic format: Claude Code speaks it)".into(),
+                format!("{name} needs llm (a model in the {api} format: its program speaks it)"),
             )?;
             check(
                 self.image.is_none(),
                 "image",
-                "agent claude runs the hako-claude image (RUNED_CLAUDE_IMAGE); leave image out"
-                    .into(),
+                format!("agent {name} runs the hako-{name} image ({image}); leave image out"),
             )?;
         }
         check(
@@ -961,6 +973,37 @@ mod tests {
         cpus: 2.0,
         pids: 512,
     };
+
+    /// A CLI agent needs a model in the format its program speaks, and runs its own image.
+    #[test]
+    fn cli_agents_need_their_programs_format_and_image() {
+        let spec = |agent: &str, api: Option<&str>, image: Option<&str>| -> GroupSpec {
+            let mut v = json!({"agent": agent});
+            if let Some(api) = api {
+                v["llm"] = json!({"model": "m", "api": api});
+            }
+            if let Some(i) = image {
+                v["image"] = json!(i);
+            }
+            serde_json::from_value(v).unwrap()
+        };
+        for (agent, good, bad) in [
+            ("claude", "anthropic", "openai"),
+            ("codex", "openai", "anthropic"),
+        ] {
+            spec(agent, Some(good), None).validate().unwrap();
+            for wrong in [spec(agent, Some(bad), None), spec(agent, None, None)] {
+                let e = wrong.validate().unwrap_err();
+                assert_eq!(e.field, "agent", "{agent}: {e}");
+                assert!(e.reason.contains(good), "{agent}: {e}");
+            }
+            let e = spec(agent, Some(good), Some("mine:1"))
+                .validate()
+                .unwrap_err();
+            assert_eq!(e.field, "image");
+            assert!(e.reason.contains(&format!("hako-{agent}")), "{e}");
+        }
+    }
 
     /// Generated from `GroupSpec`'s fields: each field on the wire must have an entry here,
     /// a value that widens the defaults (or `None`: it cannot widen anything) and one that

@@ -6,11 +6,15 @@
 //! reports it through [`Brain::partial`] for the timeout summary.
 //!
 //! The brains: [`script`] (deterministic, for tests and demos; the default), [`llm`] (a
-//! tool-use loop against routd's gateway) and [`claude`] (the real Claude Code as a child
-//! process, through the same gateway). Adding one: implement [`Brain`], add a
-//! [`crate::config::BrainKind`] variant and a match arm in [`crate::agent::run`].
+//! tool-use loop against routd's gateway), and the CLI agents, a third party's agent program
+//! as a child process through the same gateway: [`claude`] (Claude Code) and [`codex`]
+//! (Codex), two adapters of one [`harness`]. Adding a brain: implement [`Brain`] (or, for
+//! another agent program, [`harness::Adapter`]), add a [`crate::config::BrainKind`] variant
+//! and a match arm in [`crate::agent::run`].
 
 pub mod claude;
+pub mod codex;
+pub mod harness;
 pub mod llm;
 pub mod script;
 

@@ -1,12 +1,13 @@
-//! The model for `hako chat` with a model (`--model`, and `--agent claude`): without routd, the
+//! The model for `hako chat` with a model (`--model`, `--agent claude|codex`): without routd, the
 //! chat serves the turn's `api.sock` itself, as routd's gateway does for a stack's turns
 //! (`specs/routd.md`, "The LLM gateway"), reduced to what one person at a terminal needs:
 //!
 //! - the credential of every call must be this chat's own token (random, given to the agent on
 //!   stdin only, like a spawn token); anything else is 401;
 //! - the model must be the chat's (403 `model_not_allowed`);
-//! - the provider's key (`ANTHROPIC_API_KEY` of the chat's environment) replaces the token,
-//!   and never enters the container; the answer streams back as it comes.
+//! - the provider's key (`ANTHROPIC_API_KEY`, or `OPENAI_API_KEY` for an agent in the OpenAI
+//!   format, Codex, of the chat's environment) replaces the token, and never enters the
+//!   container; the answer streams back as it comes.
 //!
 //! Budgets and the request policy are routd's: a chat is its operator's own session.
 
@@ -19,6 +20,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt as _;
+use hako_shared::runs::LlmApi;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -28,10 +30,36 @@ const BODY_LIMIT: usize = 16 << 20;
 /// What the chat's gateway forwards with.
 struct Gate {
     token: String,
+    api: LlmApi,
     key: String,
     base: String,
     model: String,
     http: reqwest::Client,
+}
+
+/// A provider's key variable, URL variable, default URL and routes.
+fn provider(
+    api: LlmApi,
+) -> (
+    &'static str,
+    &'static str,
+    &'static str,
+    &'static [&'static str],
+) {
+    match api {
+        LlmApi::Anthropic => (
+            "ANTHROPIC_API_KEY",
+            "HAKO_ANTHROPIC_URL",
+            "https://api.anthropic.com",
+            &["/v1/messages", "/v1/messages/count_tokens"],
+        ),
+        LlmApi::Openai => (
+            "OPENAI_API_KEY",
+            "HAKO_OPENAI_URL",
+            "https://api.openai.com",
+            &["/v1/responses", "/v1/chat/completions"],
+        ),
+    }
 }
 
 fn refuse(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
@@ -84,16 +112,24 @@ async fn call(
         .http
         .post(format!("{}{}", g.base, uri.path()))
         .header("content-type", "application/json")
-        .header("x-api-key", &g.key)
         .body(body);
-    for name in ["anthropic-version", "anthropic-beta", "accept"] {
+    for name in [
+        "anthropic-version",
+        "anthropic-beta",
+        "openai-beta",
+        "accept",
+    ] {
         if let Some(v) = headers.get(name) {
             req = req.header(name, v);
         }
     }
-    if !headers.contains_key("anthropic-version") {
-        req = req.header("anthropic-version", "2023-06-01");
-    }
+    req = match g.api {
+        LlmApi::Anthropic if !headers.contains_key("anthropic-version") => req
+            .header("anthropic-version", "2023-06-01")
+            .header("x-api-key", &g.key),
+        LlmApi::Anthropic => req.header("x-api-key", &g.key),
+        LlmApi::Openai => req.bearer_auth(&g.key),
+    };
     let resp = match req.send().await {
         Ok(r) => r,
         Err(e) => {
@@ -109,7 +145,7 @@ async fn call(
         let mut r = refuse(
             StatusCode::BAD_GATEWAY,
             "provider_key_refused",
-            "the provider refused the key: check ANTHROPIC_API_KEY",
+            format!("the provider refused the key: check {}", provider(g.api).0),
         );
         r.headers_mut().insert(
             "x-should-retry",
@@ -128,18 +164,27 @@ async fn call(
 }
 
 /// Serves the chat's gateway on `socket` until `stop`; answers the token the agent must
-/// present. The provider is `HAKO_ANTHROPIC_URL` (default `https://api.anthropic.com`), the key
-/// `ANTHROPIC_API_KEY`.
-pub fn serve(socket: &Path, model: &str, stop: CancellationToken) -> anyhow::Result<String> {
-    let key = std::env::var("ANTHROPIC_API_KEY")
+/// present. The provider of `api`: `HAKO_ANTHROPIC_URL` (default `https://api.anthropic.com`)
+/// with `ANTHROPIC_API_KEY`, or `HAKO_OPENAI_URL` (default `https://api.openai.com`) with
+/// `OPENAI_API_KEY`.
+pub fn serve(
+    socket: &Path,
+    model: &str,
+    api: LlmApi,
+    stop: CancellationToken,
+) -> anyhow::Result<String> {
+    let (key_var, url_var, default_url, routes) = provider(api);
+    let key = std::env::var(key_var)
         .ok()
         .filter(|k| !k.trim().is_empty())
-        .context(
-            "a chat with a model needs ANTHROPIC_API_KEY in hako chat's environment (it never \
-             enters the container: the chat's gateway holds it)",
-        )?;
-    let base = std::env::var("HAKO_ANTHROPIC_URL")
-        .unwrap_or_else(|_| "https://api.anthropic.com".into())
+        .with_context(|| {
+            format!(
+                "a chat with a model needs {key_var} in hako chat's environment (it never \
+                 enters the container: the chat's gateway holds it)"
+            )
+        })?;
+    let base = std::env::var(url_var)
+        .unwrap_or_else(|_| default_url.into())
         .trim_end_matches('/')
         .to_owned();
     let mut b = [0u8; 24];
@@ -148,6 +193,7 @@ pub fn serve(socket: &Path, model: &str, stop: CancellationToken) -> anyhow::Res
     let token: String = b.iter().map(|x| format!("{x:02x}")).collect();
     let gate = Arc::new(Gate {
         token: format!("hako-chat-{token}"),
+        api,
         key: key.trim().to_owned(),
         base,
         model: model.to_owned(),
@@ -159,9 +205,11 @@ pub fn serve(socket: &Path, model: &str, stop: CancellationToken) -> anyhow::Res
     let (listener, _) = hako_mcp::bind_socket(socket)
         .with_context(|| format!("cannot serve the model on {}", socket.display()))?;
     let listener = tokio::net::UnixListener::from_std(listener)?;
-    let app = axum::Router::new()
-        .route("/v1/messages", axum::routing::post(call))
-        .route("/v1/messages/count_tokens", axum::routing::post(call))
+    let mut app = axum::Router::new();
+    for route in routes {
+        app = app.route(route, axum::routing::post(call));
+    }
+    let app = app
         .layer(axum::extract::DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(gate.clone());
     tokio::spawn(async move {

@@ -61,13 +61,15 @@ pub struct ChatArgs {
     /// same session).
     #[arg(long, default_value = "10m", value_parser = hako_shared::config::parse_duration)]
     pub idle: Duration,
-    /// The model the agent calls (Anthropic format), through a gateway the chat serves on the
-    /// turn's socket with `ANTHROPIC_API_KEY` from this environment (never the container's).
+    /// The model the agent calls (Anthropic format; OpenAI's for Codex), through a gateway the
+    /// chat serves on the turn's socket with `ANTHROPIC_API_KEY` (`OPENAI_API_KEY` for Codex)
+    /// from this environment (never the container's).
     #[arg(long)]
     pub model: Option<String>,
-    /// The agent: `hako` (hako-agent; its LLM brain with --model, else the script brain) or
-    /// `claude` (Claude Code in the hako-claude image; needs --model).
-    #[arg(long, default_value = "hako", value_parser = ["hako", "claude"])]
+    /// The agent: `hako` (hako-agent; its LLM brain with --model, else the script brain),
+    /// `claude` (Claude Code in the hako-claude image) or `codex` (Codex in the hako-codex
+    /// image); the last two need --model.
+    #[arg(long, default_value = "hako", value_parser = ["hako", "claude", "codex"])]
     pub agent: String,
 }
 
@@ -197,16 +199,19 @@ pub async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     let api_socket = DataLayout::new(&place.data).api_socket(&place.folder);
     let agent = match args.agent.as_str() {
         "claude" => AgentKind::Claude,
+        "codex" => AgentKind::Codex,
         _ => AgentKind::Hako,
     };
+    // A CLI agent's program speaks one format; hako-agent's LLM brain speaks Anthropic's here.
+    let api = agent.program().map(|(api, _, _)| api).unwrap_or_default();
     let (group, token) = match &args.model {
         Some(model) => {
-            let token = gateway::serve(&api_socket, model, stop_tools.clone())?;
+            let token = gateway::serve(&api_socket, model, api, stop_tools.clone())?;
             let group = GroupSpec {
                 agent,
                 llm: Some(LlmSpec {
                     model: model.clone(),
-                    api: Default::default(),
+                    api,
                     daily_tokens: None,
                 }),
                 ..GroupSpec::default()
@@ -217,8 +222,11 @@ pub async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
             }
             (group, token)
         }
-        None if agent == AgentKind::Claude => {
-            eprintln!("hako chat: --agent claude needs --model (the model Claude Code calls)");
+        None if agent != AgentKind::Hako => {
+            eprintln!(
+                "hako chat: --agent {} needs --model (the model its program calls)",
+                args.agent
+            );
             return Ok(ExitCode::from(2));
         }
         None => (GroupSpec::default(), String::new()),

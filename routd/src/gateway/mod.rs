@@ -5,11 +5,13 @@
 //! Bearer`); the gateway checks it (signature, expiry, revocation, `llm:call`, this folder and
 //! this turn), checks the group's daily token budget, swaps the token for the provider's real
 //! key and forwards the call: Anthropic Messages (`POST /v1/messages`,
-//! `/v1/messages/count_tokens`) or OpenAI-compatible chat completions
-//! (`POST /v1/chat/completions`). The answer passes through as it arrives, a stream event by
+//! `/v1/messages/count_tokens`), OpenAI-compatible chat completions
+//! (`POST /v1/chat/completions`) or OpenAI Responses (`POST /v1/responses`, what Codex
+//! speaks): the wire formats of [`format::Format`]. The answer passes through as it arrives, a stream event by
 //! event, while [`usage::Meter`] reads the tokens it reports; they are recorded per turn and
 //! per group when the answer ends (or is cut). The real key never reaches the container.
 
+pub mod format;
 pub mod policy;
 pub mod usage;
 
@@ -35,6 +37,7 @@ use serde_json::Value;
 use crate::Shared;
 use crate::live::CutOff;
 use crate::store::UsageRow;
+use format::Format;
 use usage::{Meter, Usage};
 
 /// The longest model name recorded with usage.
@@ -266,19 +269,11 @@ impl IntoResponse for GatewayError {
 /// The gateway's routes for one turn.
 pub(crate) fn router(turn: Arc<GatewayTurn>) -> Router {
     let body_limit = turn.sh.cfg.llm.body_limit;
-    let r = Router::new()
-        .route(
-            "/v1/messages",
-            post(|s, r| call(s, r, LlmApi::Anthropic, "/v1/messages")),
-        )
-        .route(
-            "/v1/messages/count_tokens",
-            post(|s, r| call(s, r, LlmApi::Anthropic, "/v1/messages/count_tokens")),
-        )
-        .route(
-            "/v1/chat/completions",
-            post(|s, r| call(s, r, LlmApi::Openai, "/v1/chat/completions")),
-        )
+    let mut r = Router::new();
+    for format in Format::ALL {
+        r = r.route(format.path(), post(move |s, req| call(s, req, format)));
+    }
+    let r = r
         .route("/health", get(|| async { "ok\n" }))
         .with_state(turn);
     hako_shared::http::traced(hako_shared::http::guard(r, body_limit))
@@ -292,14 +287,13 @@ pub(crate) fn utc_day(ms: i64) -> String {
 async fn call(
     State(t): State<Arc<GatewayTurn>>,
     req: axum::extract::Request,
-    api: LlmApi,
-    path: &'static str,
+    format: Format,
 ) -> Response {
     let (parts, body) = req.into_parts();
-    match forward(&t, &parts.headers, body, api, path).await {
+    match forward(&t, &parts.headers, body, format).await {
         Ok(r) => r,
         Err(e) => {
-            t.sh.metrics.llm_request(api.as_str(), e.result());
+            t.sh.metrics.llm_request(format.api().as_str(), e.result());
             if e.is_permanent()
                 && let Some((status, code)) = e.status_code()
                 && let Some(live) = t.sh.live.get(&t.turn_id)
@@ -404,9 +398,9 @@ async fn forward(
     t: &Arc<GatewayTurn>,
     headers: &HeaderMap,
     body: Body,
-    api: LlmApi,
-    path: &'static str,
+    format: Format,
 ) -> Result<Response, GatewayError> {
+    let (api, path) = (format.api(), format.path());
     // Everything that costs routd memory comes after the token and the call slot.
     t.authenticate(headers).await?;
     if let Some(c) = t.sh.live.get(&t.turn_id).and_then(|l| l.cut_off_reason()) {
@@ -434,14 +428,7 @@ async fn forward(
         let obj = v
             .as_object_mut()
             .ok_or_else(|| GatewayError::InvalidJson("it is not an object".into()))?;
-        let checked = policy::check(
-            api,
-            path,
-            obj,
-            body.len(),
-            group_model.as_deref(),
-            networked,
-        )?;
+        let checked = policy::check(format, obj, body.len(), group_model.as_deref(), networked)?;
         let model: String = obj
             .get("model")
             .and_then(Value::as_str)
@@ -541,7 +528,7 @@ async fn forward(
         api,
         model,
         day,
-        meter: Meter::new(api, is_stream),
+        meter: Meter::new(format, is_stream),
         // A refused call (4xx) is not billed; an answer that never says what it used is
         // charged its estimate.
         fallback: if status.is_success() {

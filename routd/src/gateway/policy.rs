@@ -8,10 +8,15 @@
 //! one. And what the budget needs is made sure of: `stream` is a boolean, an OpenAI stream
 //! reports its usage, and an estimate of the call's size stands in for usage an answer never
 //! reported (an agent that hangs up early is still charged).
+//!
+//! The Responses format has state at the provider, and one key serves every group: nothing
+//! may refer to it (`previous_response_id`, `conversation`, stored prompts, item
+//! references), nothing may run in the background, and no response is stored
+//! (`store: false`, whatever the agent sent), so that no group can read another's by id.
 
-use hako_shared::runs::LlmApi;
 use serde_json::{Map, Value};
 
+use super::format::Format;
 use super::usage::Usage;
 
 /// Output tokens assumed for a call that names no limit (OpenAI's is optional).
@@ -112,6 +117,65 @@ const OPENAI_FIELDS: &[&str] = &[
     "metadata",
 ];
 
+const RESPONSES_FIELDS: &[&str] = &[
+    "model",
+    "input",
+    "instructions",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "max_output_tokens",
+    "max_tool_calls",
+    "temperature",
+    "top_p",
+    "top_logprobs",
+    "stream",
+    "stream_options",
+    "store",
+    "include",
+    "metadata",
+    "reasoning",
+    "text",
+    "truncation",
+    "user",
+    "safety_identifier",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "service_tier",
+    // Codex's: its thread and turn, for the provider's logs.
+    "client_metadata",
+];
+/// What a Responses call may ask to have included in its answer: its own reasoning (Codex
+/// keeps it encrypted across calls, since nothing is stored) and log probabilities. The other
+/// values are server tools' outputs and stored images.
+const RESPONSES_INCLUDE: &[&str] = &[
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+];
+/// Item types of a Responses `input`: messages, the client's own tool calls and their
+/// outputs, reasoning (encrypted, the provider's own) and a compaction of earlier ones. Not:
+/// references to stored items, server tools' calls (web and file search, code interpreter,
+/// image generation, computer use, remote MCP).
+const RESPONSES_ITEMS: &[&str] = &[
+    "message",
+    "function_call",
+    "function_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "local_shell_call",
+    "local_shell_call_output",
+    "reasoning",
+    "compaction",
+];
+/// Content part types of a Responses message (or of a tool's output).
+const RESPONSES_CONTENT: &[&str] = &[
+    "input_text",
+    "input_image",
+    "input_file",
+    "output_text",
+    "refusal",
+];
+
 /// Content block types of Anthropic messages (at any depth: a tool result holds blocks).
 const ANTHROPIC_CONTENT: &[&str] = &[
     "text",
@@ -134,12 +198,11 @@ fn fetches_for_the_agent(model: &str) -> bool {
     m.contains("search") || m.ends_with(":online") || m.starts_with("sonar") || m.contains("/sonar")
 }
 
-/// Checks and normalises `body` (a JSON object) for `path` in `api`'s format, `body_len`
-/// bytes long; `model` is the group's model when it names one; `networked` whether the
-/// group's agent may reach a network at all (`allowlist` or `open`).
+/// Checks and normalises `body` (a JSON object) in `format`, `body_len` bytes long; `model`
+/// is the group's model when it names one; `networked` whether the group's agent may reach a
+/// network at all (`allowlist` or `open`).
 pub fn check(
-    api: LlmApi,
-    path: &str,
+    format: Format,
     body: &mut Map<String, Value>,
     body_len: usize,
     model: Option<&str>,
@@ -166,9 +229,10 @@ pub fn check(
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(PolicyError::Invalid("stream must be true or false".into())),
     };
-    let allowed = match api {
-        LlmApi::Anthropic => ANTHROPIC_FIELDS,
-        LlmApi::Openai => OPENAI_FIELDS,
+    let allowed = match format {
+        Format::Messages | Format::CountTokens => ANTHROPIC_FIELDS,
+        Format::ChatCompletions => OPENAI_FIELDS,
+        Format::Responses => RESPONSES_FIELDS,
     };
     if let Some(f) = body.keys().find(|k| !allowed.contains(&k.as_str())) {
         return Err(PolicyError::NotAllowed(format!(
@@ -181,28 +245,20 @@ pub fn check(
             return Err(PolicyError::Invalid("tools must be an array".into()));
         };
         for t in tools {
-            let ty = t.get("type").and_then(Value::as_str);
-            let client = match api {
-                LlmApi::Anthropic => ty.is_none_or(|ty| {
-                    ty == "custom" || CLIENT_TOOL_PREFIXES.iter().any(|p| ty.starts_with(p))
-                }),
-                LlmApi::Openai => matches!(ty, Some("function" | "custom")),
-            };
-            if !client {
-                return Err(PolicyError::NotAllowed(format!(
-                    "the tool type {:?}",
-                    ty.unwrap_or("")
-                )));
+            client_tool(format, t)?;
+        }
+    }
+    if format == Format::Responses {
+        responses(body)?;
+    } else {
+        for key in ["messages", "system"] {
+            if let Some(v) = body.get(key) {
+                fetched_content(format, v)?;
             }
         }
+        content_types(format, body)?;
     }
-    for key in ["messages", "system"] {
-        if let Some(v) = body.get(key) {
-            fetched_content(api, v)?;
-        }
-    }
-    content_types(api, body)?;
-    if api == LlmApi::Openai && streaming {
+    if format == Format::ChatCompletions && streaming {
         // An OpenAI stream reports usage only when asked: always ask, so the budget holds.
         let opts = body
             .entry("stream_options")
@@ -214,20 +270,160 @@ pub fn check(
             o.insert("include_usage".into(), Value::Bool(true));
         }
     }
+    if format == Format::Responses {
+        // Nothing is kept at the provider: one key serves every group.
+        body.insert("store".into(), Value::Bool(false));
+    }
     Ok(Checked {
         streaming,
-        estimate: estimate(api, path, body, body_len),
+        estimate: estimate(format, body, body_len),
     })
+}
+
+/// A tool the client runs itself (the model only asks for it): Anthropic's custom and
+/// client tools, OpenAI's functions, a Responses namespace of functions (Codex's MCP
+/// servers). Anything else is a tool the provider would run.
+fn client_tool(format: Format, t: &Value) -> Result<(), PolicyError> {
+    let ty = t.get("type").and_then(Value::as_str);
+    let client = match format {
+        Format::Messages | Format::CountTokens => ty.is_none_or(|ty| {
+            ty == "custom" || CLIENT_TOOL_PREFIXES.iter().any(|p| ty.starts_with(p))
+        }),
+        Format::ChatCompletions => matches!(ty, Some("function" | "custom")),
+        Format::Responses => match ty {
+            Some("function" | "custom") => true,
+            Some("namespace") => {
+                for inner in t
+                    .get("tools")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let ty = inner.get("type").and_then(Value::as_str);
+                    if !matches!(ty, Some("function" | "custom")) {
+                        return Err(PolicyError::NotAllowed(format!(
+                            "the tool type {:?} in a namespace",
+                            ty.unwrap_or("")
+                        )));
+                    }
+                }
+                true
+            }
+            _ => false,
+        },
+    };
+    if client {
+        Ok(())
+    } else {
+        Err(PolicyError::NotAllowed(format!(
+            "the tool type {:?}",
+            ty.unwrap_or("")
+        )))
+    }
+}
+
+/// A Responses call's input, tool choice and includes: only inline content of the client's
+/// own items (see [`RESPONSES_ITEMS`]).
+fn responses(body: &Map<String, Value>) -> Result<(), PolicyError> {
+    if let Some(include) = body.get("include") {
+        let Some(list) = include.as_array() else {
+            return Err(PolicyError::Invalid("include must be an array".into()));
+        };
+        for v in list {
+            let v = v.as_str().unwrap_or("");
+            if !RESPONSES_INCLUDE.contains(&v) {
+                return Err(PolicyError::NotAllowed(format!(
+                    "include {:?}",
+                    v.chars().take(64).collect::<String>()
+                )));
+            }
+        }
+    }
+    if let Some(Value::Object(choice)) = body.get("tool_choice") {
+        let ty = choice.get("type").and_then(Value::as_str).unwrap_or("");
+        if !matches!(ty, "function" | "custom" | "allowed_tools") {
+            return Err(PolicyError::NotAllowed(format!(
+                "the tool choice {:?}",
+                ty.chars().take(64).collect::<String>()
+            )));
+        }
+    }
+    let Some(input) = body.get("input") else {
+        return Ok(());
+    };
+    let items = match input {
+        Value::String(_) => return Ok(()),
+        Value::Array(items) => items,
+        _ => {
+            return Err(PolicyError::Invalid(
+                "input must be a string or an array".into(),
+            ));
+        }
+    };
+    for item in items {
+        // A message may leave its type out.
+        let ty = match item.get("type").and_then(Value::as_str) {
+            Some(t) => t,
+            None if item.get("role").is_some() => "message",
+            None => "",
+        };
+        if !RESPONSES_ITEMS.contains(&ty) {
+            return Err(PolicyError::NotAllowed(format!(
+                "{:?} input",
+                ty.chars().take(64).collect::<String>()
+            )));
+        }
+        for key in ["content", "output"] {
+            if let Some(Value::Array(parts)) = item.get(key) {
+                responses_parts(parts)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The parts of a Responses message or tool output: known types, images and files inline.
+fn responses_parts(parts: &[Value]) -> Result<(), PolicyError> {
+    for p in parts {
+        let ty = p.get("type").and_then(Value::as_str).unwrap_or("");
+        if !RESPONSES_CONTENT.contains(&ty) {
+            return Err(PolicyError::NotAllowed(format!(
+                "{:?} content",
+                ty.chars().take(64).collect::<String>()
+            )));
+        }
+        let stored = p.get("file_id").is_some_and(|f| !f.is_null());
+        match ty {
+            "input_image" => {
+                let url = p.get("image_url").and_then(Value::as_str).unwrap_or("");
+                if stored || !url.starts_with("data:") {
+                    return Err(PolicyError::NotAllowed(
+                        "an image not given inline (send it as a data: URL)".into(),
+                    ));
+                }
+            }
+            "input_file" => {
+                let by_url = p.get("file_url").is_some_and(|f| !f.is_null());
+                if stored || by_url || p.get("file_data").is_none() {
+                    return Err(PolicyError::NotAllowed(
+                        "a file not given inline (file_data)".into(),
+                    ));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The type of every content block (of the system prompt, of each message, of each tool
 /// result) must be one the format has for inline content: a block type the gateway does not
 /// know (a server tool's result, a video or audio by URL) is refused. Only blocks are looked
 /// at, never a tool call's own input, which is the model's data.
-fn content_types(api: LlmApi, body: &Map<String, Value>) -> Result<(), PolicyError> {
-    let known = match api {
-        LlmApi::Anthropic => ANTHROPIC_CONTENT,
-        LlmApi::Openai => OPENAI_CONTENT,
+fn content_types(format: Format, body: &Map<String, Value>) -> Result<(), PolicyError> {
+    let known = match format {
+        Format::ChatCompletions => OPENAI_CONTENT,
+        _ => ANTHROPIC_CONTENT,
     };
     fn blocks(known: &[&str], list: &Value) -> Result<(), PolicyError> {
         let Some(items) = list.as_array() else {
@@ -264,17 +460,17 @@ fn content_types(api: LlmApi, body: &Map<String, Value>) -> Result<(), PolicyErr
 /// Refuses content the provider would fetch: an Anthropic `image`/`document` whose source is a URL
 /// or a stored file, an OpenAI image, audio or file given by URL or stored. Nesting is
 /// bounded by the JSON parser's own depth limit.
-fn fetched_content(api: LlmApi, v: &Value) -> Result<(), PolicyError> {
+fn fetched_content(format: Format, v: &Value) -> Result<(), PolicyError> {
     match v {
         Value::Array(items) => {
             for i in items {
-                fetched_content(api, i)?;
+                fetched_content(format, i)?;
             }
         }
         Value::Object(o) => {
             let ty = o.get("type").and_then(Value::as_str);
-            match api {
-                LlmApi::Anthropic => {
+            match format {
+                Format::Messages | Format::CountTokens | Format::Responses => {
                     let ty = ty.unwrap_or("");
                     let source = o
                         .get("source")
@@ -289,7 +485,7 @@ fn fetched_content(api: LlmApi, v: &Value) -> Result<(), PolicyError> {
                         )));
                     }
                 }
-                LlmApi::Openai => {
+                Format::ChatCompletions => {
                     let ty = ty.unwrap_or("");
                     if ty == "image_url" {
                         let url = o
@@ -317,7 +513,7 @@ fn fetched_content(api: LlmApi, v: &Value) -> Result<(), PolicyError> {
             }
             for (_, child) in o {
                 if child.is_array() || child.is_object() {
-                    fetched_content(api, child)?;
+                    fetched_content(format, child)?;
                 }
             }
         }
@@ -328,19 +524,18 @@ fn fetched_content(api: LlmApi, v: &Value) -> Result<(), PolicyError> {
 
 /// What the call would cost at most, roughly: its body's bytes / 4 in, its output limit
 /// (times its choices) out. Counting tokens costs nothing.
-fn estimate(api: LlmApi, path: &str, body: &Map<String, Value>, body_len: usize) -> Usage {
-    if path.ends_with("/count_tokens") {
-        return Usage::default();
-    }
+fn estimate(format: Format, body: &Map<String, Value>, body_len: usize) -> Usage {
     let num = |k: &str| body.get(k).and_then(Value::as_u64);
-    let out = match api {
-        LlmApi::Anthropic => num("max_tokens"),
-        LlmApi::Openai => num("max_completion_tokens").or_else(|| num("max_tokens")),
+    let out = match format {
+        Format::CountTokens => return Usage::default(),
+        Format::Messages => num("max_tokens"),
+        Format::ChatCompletions => num("max_completion_tokens").or_else(|| num("max_tokens")),
+        Format::Responses => num("max_output_tokens"),
     }
     .unwrap_or(DEFAULT_MAX_OUTPUT);
-    let choices = match api {
-        LlmApi::Openai => num("n").unwrap_or(1).max(1),
-        LlmApi::Anthropic => 1,
+    let choices = match format {
+        Format::ChatCompletions => num("n").unwrap_or(1).max(1),
+        _ => 1,
     };
     Usage {
         input: (body_len as u64 / 4).min(MAX_CHARGE),
@@ -353,16 +548,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn run(api: LlmApi, v: Value, model: Option<&str>) -> Result<(Checked, Value), PolicyError> {
+    fn run(api: Format, v: Value, model: Option<&str>) -> Result<(Checked, Value), PolicyError> {
         let len = v.to_string().len();
         let mut v = v;
-        let c = check(api, "/v1/x", v.as_object_mut().unwrap(), len, model, false)?;
+        let c = check(api, v.as_object_mut().unwrap(), len, model, false)?;
         Ok((c, v))
     }
 
     #[test]
     fn provider_side_reach_is_refused() {
-        use LlmApi::{Anthropic, Openai};
+        use Format::{ChatCompletions as Openai, Messages as Anthropic};
         for (api, body) in [
             (
                 Anthropic,
@@ -434,7 +629,7 @@ mod tests {
     #[test]
     fn client_tools_and_inline_content_pass() {
         let (c, _) = run(
-            LlmApi::Anthropic,
+            Format::Messages,
             json!({"model": "m", "max_tokens": 100, "stream": true,
                 "tools": [{"name": "get_history", "input_schema": {}},
                           {"type": "custom", "name": "x", "input_schema": {}},
@@ -449,7 +644,7 @@ mod tests {
         assert!(c.streaming);
         assert_eq!(c.estimate.output, 100);
         run(
-            LlmApi::Openai,
+            Format::ChatCompletions,
             json!({"tools": [{"type": "function", "function": {"name": "f"}}],
                 "messages": [{"role": "user", "content": [
                     {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]}]}),
@@ -462,7 +657,7 @@ mod tests {
     #[test]
     fn claude_codes_requests_pass() {
         run(
-            LlmApi::Anthropic,
+            Format::Messages,
             json!({"model": "m", "max_tokens": 32000, "stream": true,
                 "metadata": {"user_id": "{}"},
                 "thinking": {"type": "adaptive", "display": "updates"},
@@ -488,14 +683,14 @@ mod tests {
     fn a_browsing_model_passes_for_a_networked_group_only() {
         let mut v = json!({"model": "gpt-4o-search-preview"});
         let o = v.as_object_mut().unwrap();
-        assert!(check(LlmApi::Openai, "/v1/x", o, 10, None, false).is_err());
-        assert!(check(LlmApi::Openai, "/v1/x", o, 10, None, true).is_ok());
+        assert!(check(Format::ChatCompletions, o, 10, None, false).is_err());
+        assert!(check(Format::ChatCompletions, o, 10, None, true).is_ok());
     }
 
     #[test]
     fn stream_and_usage_reporting_cannot_be_switched_off() {
         for bad in [json!(1), json!("true"), json!({})] {
-            let e = run(LlmApi::Openai, json!({"stream": bad}), None).unwrap_err();
+            let e = run(Format::ChatCompletions, json!({"stream": bad}), None).unwrap_err();
             assert_eq!(e.code(), "invalid_request");
         }
         for opts in [
@@ -505,7 +700,7 @@ mod tests {
             json!([]),
         ] {
             let (c, v) = run(
-                LlmApi::Openai,
+                Format::ChatCompletions,
                 json!({"stream": true, "stream_options": opts}),
                 None,
             )
@@ -513,33 +708,33 @@ mod tests {
             assert!(c.streaming);
             assert_eq!(v["stream_options"]["include_usage"], true, "{v}");
         }
-        let (c, v) = run(LlmApi::Openai, json!({"stream": null}), None).unwrap();
+        let (c, v) = run(Format::ChatCompletions, json!({"stream": null}), None).unwrap();
         assert!(!c.streaming);
         assert!(v.get("stream_options").is_none());
     }
 
     #[test]
     fn the_groups_model_is_the_only_one() {
-        let e = run(LlmApi::Anthropic, json!({"model": "big"}), Some("small")).unwrap_err();
+        let e = run(Format::Messages, json!({"model": "big"}), Some("small")).unwrap_err();
         assert_eq!(e.code(), "model_not_allowed");
         assert!(e.to_string().contains("small"), "{e}");
-        run(LlmApi::Anthropic, json!({"model": "any"}), None).unwrap();
+        run(Format::Messages, json!({"model": "any"}), None).unwrap();
     }
 
     #[test]
     fn the_estimate_bounds_the_call() {
         let (c, _) = run(
-            LlmApi::Openai,
+            Format::ChatCompletions,
             json!({"n": 3, "max_completion_tokens": 50, "messages": []}),
             None,
         )
         .unwrap();
         assert_eq!(c.estimate.output, 150);
         assert!(c.estimate.input > 0);
-        let (c, _) = run(LlmApi::Openai, json!({"messages": []}), None).unwrap();
+        let (c, _) = run(Format::ChatCompletions, json!({"messages": []}), None).unwrap();
         assert_eq!(c.estimate.output, DEFAULT_MAX_OUTPUT);
         let (c, _) = run(
-            LlmApi::Openai,
+            Format::ChatCompletions,
             json!({"n": u64::MAX, "max_tokens": u64::MAX}),
             None,
         )
@@ -547,8 +742,7 @@ mod tests {
         assert_eq!(c.estimate.output, MAX_CHARGE);
         let mut v = json!({"max_tokens": 10});
         let c = check(
-            LlmApi::Anthropic,
-            "/v1/messages/count_tokens",
+            Format::CountTokens,
             v.as_object_mut().unwrap(),
             1000,
             None,
@@ -556,5 +750,80 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.estimate, Usage::default());
+    }
+
+    /// What Codex 0.147 sends passes (the fields of its real requests, with an MCP server's
+    /// tools as a namespace), and `store` is false whatever it said.
+    #[test]
+    fn codexs_requests_pass_and_store_nothing() {
+        let (c, v) = run(
+            Format::Responses,
+            json!({"model": "m", "instructions": "i", "stream": true, "store": true,
+                "tool_choice": "auto", "parallel_tool_calls": false,
+                "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
+                "prompt_cache_key": "k", "client_metadata": {"turn_id": "t"},
+                "tools": [{"type": "function", "name": "exec_command", "parameters": {}},
+                          {"type": "namespace", "name": "mcp__arizuko", "description": "d",
+                           "tools": [{"type": "function", "name": "send_message", "parameters": {}}]}],
+                "input": [
+                    {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "d"}]},
+                    {"role": "user", "content": "hi"},
+                    {"type": "reasoning", "summary": [], "encrypted_content": "x"},
+                    {"type": "function_call", "call_id": "c", "name": "exec_command", "arguments": "{}"},
+                    {"type": "function_call_output", "call_id": "c", "output": "ok"},
+                    {"type": "message", "role": "user", "content": [
+                        {"type": "input_image", "image_url": "data:image/png;base64,AA=="}]}]}),
+            Some("m"),
+        )
+        .unwrap();
+        assert!(c.streaming);
+        assert_eq!(c.estimate.output, DEFAULT_MAX_OUTPUT);
+        assert_eq!(v["store"], false, "{v}");
+        let (c, v) = run(
+            Format::Responses,
+            json!({"model": "m", "input": "hi", "max_output_tokens": 77}),
+            None,
+        )
+        .unwrap();
+        assert_eq!((c.streaming, c.estimate.output), (false, 77));
+        assert_eq!(v["store"], false, "{v}");
+    }
+
+    /// The Responses API's state at the provider and its server tools: refused.
+    #[test]
+    fn responses_reach_and_state_are_refused() {
+        for body in [
+            json!({"previous_response_id": "resp_of_another_group"}),
+            json!({"conversation": "conv_1"}),
+            json!({"background": true}),
+            json!({"prompt": {"id": "pmpt_1"}}),
+            json!({"tools": [{"type": "web_search"}]}),
+            json!({"tools": [{"type": "web_search_preview"}]}),
+            json!({"tools": [{"type": "file_search", "vector_store_ids": ["v"]}]}),
+            json!({"tools": [{"type": "mcp", "server_url": "https://x"}]}),
+            json!({"tools": [{"type": "code_interpreter"}]}),
+            json!({"tools": [{"type": "image_generation"}]}),
+            json!({"tools": [{"type": "namespace", "tools": [{"type": "web_search"}]}]}),
+            json!({"tool_choice": {"type": "web_search_preview"}}),
+            json!({"include": ["web_search_call.action.sources"]}),
+            json!({"input": [{"type": "item_reference", "id": "msg_of_another_group"}]}),
+            json!({"input": [{"type": "web_search_call", "id": "w"}]}),
+            json!({"input": [{"role": "user", "content": [
+                {"type": "input_image", "image_url": "https://evil/?leak"}]}]}),
+            json!({"input": [{"role": "user", "content": [
+                {"type": "input_image", "file_id": "file_1"}]}]}),
+            json!({"input": [{"role": "user", "content": [
+                {"type": "input_file", "file_url": "https://evil/x.pdf"}]}]}),
+            json!({"input": [{"type": "function_call_output", "call_id": "c", "output": [
+                {"type": "input_image", "image_url": "http://169.254.169.254/"}]}]}),
+            json!({"input": [{"role": "user", "content": [{"type": "input_video", "url": "x"}]}]}),
+        ] {
+            let e = run(Format::Responses, body.clone(), None).unwrap_err();
+            assert_eq!(e.code(), "not_allowed", "{body}: {e}");
+        }
+        for bad in [json!({"input": 5}), json!({"include": "x"})] {
+            let e = run(Format::Responses, bad.clone(), None).unwrap_err();
+            assert_eq!(e.code(), "invalid_request", "{bad}: {e}");
+        }
     }
 }

@@ -7,9 +7,13 @@
 //!   Input counts the cache reads and writes too: they are billed input.
 //! - OpenAI chat completions: `usage.prompt_tokens` / `usage.completion_tokens` of the body,
 //!   or of the stream's last chunk (the gateway asks for it with `stream_options`).
+//! - OpenAI Responses: `usage.input_tokens` (cached ones included) / `usage.output_tokens`
+//!   of the body, or of the stream's final event's `response` (`response.completed`, or
+//!   `response.incomplete` / `response.failed`, which report what was used too).
 
-use hako_shared::runs::LlmApi;
 use serde_json::Value;
+
+use super::format::Format;
 
 /// The longest SSE line (or plain body) read for usage; longer ones pass through unread.
 const MAX_SCAN: usize = 8 << 20;
@@ -34,7 +38,7 @@ impl Usage {
 /// Reads usage from an answer fed to it in chunks, as they pass.
 #[derive(Debug)]
 pub struct Meter {
-    api: LlmApi,
+    format: Format,
     stream: bool,
     /// The current line of a stream, or the whole of a plain body.
     buf: Vec<u8>,
@@ -50,10 +54,10 @@ fn count(v: &Value, key: &str) -> u64 {
 }
 
 impl Meter {
-    /// A meter for an answer in `api`'s format; `stream` when it is `text/event-stream`.
-    pub fn new(api: LlmApi, stream: bool) -> Self {
+    /// A meter for an answer in `format`; `stream` when it is `text/event-stream`.
+    pub fn new(format: Format, stream: bool) -> Self {
         Self {
-            api,
+            format,
             stream,
             buf: Vec::new(),
             skipping: false,
@@ -101,7 +105,8 @@ impl Meter {
     }
 
     /// Whether the answer reported its final usage (call after [`Meter::finish`]): a plain
-    /// body's `usage`, an Anthropic stream's `message_delta`, an OpenAI stream's usage chunk.
+    /// body's `usage`, an Anthropic stream's `message_delta`, an OpenAI stream's usage chunk,
+    /// a Responses stream's final event.
     pub fn complete(&self) -> bool {
         self.complete
     }
@@ -129,8 +134,8 @@ impl Meter {
         let Ok(v) = serde_json::from_slice::<Value>(data.trim_ascii_start()) else {
             return;
         };
-        match self.api {
-            LlmApi::Anthropic => match v.get("type").and_then(Value::as_str) {
+        match self.format {
+            Format::Messages | Format::CountTokens => match v.get("type").and_then(Value::as_str) {
                 Some("message_start") => {
                     if let Some(u) = v.get("message").and_then(|m| m.get("usage")) {
                         self.anthropic(u);
@@ -144,7 +149,16 @@ impl Meter {
                 }
                 _ => {}
             },
-            LlmApi::Openai => self.body(&v),
+            Format::ChatCompletions => self.body(&v),
+            Format::Responses => {
+                if matches!(
+                    v.get("type").and_then(Value::as_str),
+                    Some("response.completed" | "response.incomplete" | "response.failed")
+                ) && let Some(r) = v.get("response")
+                {
+                    self.body(r);
+                }
+            }
         }
     }
 
@@ -153,11 +167,15 @@ impl Meter {
             return;
         };
         self.complete = true;
-        match self.api {
-            LlmApi::Anthropic => self.anthropic(u),
-            LlmApi::Openai => {
+        match self.format {
+            Format::Messages | Format::CountTokens => self.anthropic(u),
+            Format::ChatCompletions => {
                 self.usage.input = self.usage.input.max(count(u, "prompt_tokens"));
                 self.usage.output = self.usage.output.max(count(u, "completion_tokens"));
+            }
+            Format::Responses => {
+                self.usage.input = self.usage.input.max(count(u, "input_tokens"));
+                self.usage.output = self.usage.output.max(count(u, "output_tokens"));
             }
         }
     }
@@ -187,7 +205,7 @@ mod tests {
         "data: {\"type\":\"message_stop\"}\n\n",
     );
 
-    fn fed_in_pieces(api: LlmApi, stream: bool, text: &str, piece: usize) -> Usage {
+    fn fed_in_pieces(api: Format, stream: bool, text: &str, piece: usize) -> Usage {
         let mut m = Meter::new(api, stream);
         for c in text.as_bytes().chunks(piece) {
             m.feed(c);
@@ -199,7 +217,7 @@ mod tests {
     fn anthropic_stream_usage_whatever_the_chunking() {
         for piece in [1, 2, 3, 7, 64, 4096] {
             assert_eq!(
-                fed_in_pieces(LlmApi::Anthropic, true, ANTHROPIC_STREAM, piece),
+                fed_in_pieces(Format::Messages, true, ANTHROPIC_STREAM, piece),
                 Usage {
                     input: 30,
                     output: 15
@@ -213,7 +231,7 @@ mod tests {
     fn a_stream_cut_short_reports_what_it_saw() {
         let cut = &ANTHROPIC_STREAM[..ANTHROPIC_STREAM.find("event: message_delta").unwrap()];
         assert_eq!(
-            fed_in_pieces(LlmApi::Anthropic, true, cut, 5),
+            fed_in_pieces(Format::Messages, true, cut, 5),
             Usage {
                 input: 30,
                 output: 1
@@ -225,7 +243,7 @@ mod tests {
     fn plain_bodies() {
         let a = r#"{"id":"m","content":[],"usage":{"input_tokens":12,"output_tokens":34}}"#;
         assert_eq!(
-            fed_in_pieces(LlmApi::Anthropic, false, a, 5),
+            fed_in_pieces(Format::Messages, false, a, 5),
             Usage {
                 input: 12,
                 output: 34
@@ -234,14 +252,14 @@ mod tests {
         let o =
             r#"{"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16}}"#;
         assert_eq!(
-            fed_in_pieces(LlmApi::Openai, false, o, 3),
+            fed_in_pieces(Format::ChatCompletions, false, o, 3),
             Usage {
                 input: 7,
                 output: 9
             }
         );
         assert_eq!(
-            fed_in_pieces(LlmApi::Openai, false, "not json", 3),
+            fed_in_pieces(Format::ChatCompletions, false, "not json", 3),
             Usage::default()
         );
     }
@@ -254,7 +272,7 @@ mod tests {
             "data: [DONE]\n\n",
         );
         assert_eq!(
-            fed_in_pieces(LlmApi::Openai, true, s, 4),
+            fed_in_pieces(Format::ChatCompletions, true, s, 4),
             Usage {
                 input: 3,
                 output: 2
@@ -264,7 +282,7 @@ mod tests {
 
     #[test]
     fn an_endless_line_is_skipped_without_growing() {
-        let mut m = Meter::new(LlmApi::Anthropic, true);
+        let mut m = Meter::new(Format::Messages, true);
         let junk = vec![b'x'; 1 << 20];
         for _ in 0..20 {
             m.feed(&junk);
@@ -273,5 +291,45 @@ mod tests {
         m.feed(b"\n");
         m.feed(ANTHROPIC_STREAM.as_bytes());
         assert_eq!(m.finish().total(), 45);
+    }
+
+    #[test]
+    fn responses_usage_from_the_body_or_the_final_event() {
+        let body = r#"{"id":"resp_1","output":[],"usage":{"input_tokens":11,"input_tokens_details":{"cached_tokens":4},"output_tokens":6,"total_tokens":17}}"#;
+        assert_eq!(
+            fed_in_pieces(Format::Responses, false, body, 3),
+            Usage {
+                input: 11,
+                output: 6
+            }
+        );
+        let s = concat!(
+            "event: response.created\n",
+            "data: {\"type\":\"response.created\",\"response\":{\"id\":\"r\",\"usage\":null}}\n\n",
+            "event: response.output_text.delta\n",
+            "data: {\"type\":\"response.output_text.delta\",\"delta\":\"the usage word\"}\n\n",
+            "event: response.completed\n",
+            "data: {\"type\":\"response.completed\",\"response\":{\"id\":\"r\",\"usage\":{\"input_tokens\":30,\"output_tokens\":9}}}\n\n",
+        );
+        for piece in [1, 5, 4096] {
+            let mut m = Meter::new(Format::Responses, true);
+            for c in s.as_bytes().chunks(piece) {
+                m.feed(c);
+            }
+            assert_eq!(
+                m.finish(),
+                Usage {
+                    input: 30,
+                    output: 9
+                }
+            );
+            assert!(m.complete(), "the final event reports the call's usage");
+        }
+        // Cut before the final event: nothing final was reported.
+        let cut = &s[..s.find("event: response.completed").unwrap()];
+        let mut m = Meter::new(Format::Responses, true);
+        m.feed(cut.as_bytes());
+        assert_eq!(m.finish(), Usage::default());
+        assert!(!m.complete());
     }
 }

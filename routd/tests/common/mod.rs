@@ -754,3 +754,148 @@ pub async fn nth_request(rig: &Rig, chat: &str, n: usize) -> String {
         .await;
     requests(&h)[n - 1].clone()
 }
+
+pub fn folder_dir(
+    rig: &Rig,
+    folder: &str,
+    dir: hako_shared::layout::FolderDir,
+) -> std::path::PathBuf {
+    hako_shared::layout::DataLayout::new(rig.data())
+        .dir(&hako_shared::GroupFolder::new(folder).unwrap(), dir)
+}
+
+/// Every file under `dir` holding `needle`.
+pub fn files_containing(dir: &std::path::Path, needle: &str) -> Vec<String> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            let Ok(ft) = e.file_type() else { continue };
+            if ft.is_dir() {
+                stack.push(e.path());
+            } else if ft.is_file()
+                && std::fs::read(e.path())
+                    .is_ok_and(|b| b.windows(needle.len()).any(|w| w == needle.as_bytes()))
+            {
+                hits.push(e.path().display().to_string());
+            }
+        }
+    }
+    hits
+}
+
+/// The containers (running or not) carrying every one of `labels`.
+pub async fn labelled(
+    docker: &bollard::Docker,
+    labels: Vec<String>,
+) -> Vec<bollard::models::ContainerSummary> {
+    let filters = std::collections::HashMap::from([("label".to_owned(), labels)]);
+    docker
+        .list_containers(Some(
+            bollard::query_parameters::ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build(),
+        ))
+        .await
+        .unwrap()
+}
+
+/// The containers of this rig's install that are warm boxes (started before their turn).
+pub async fn warm_boxes(docker: &bollard::Docker, rig: &Rig) -> Vec<String> {
+    let labels = vec![
+        format!("io.hako.install={}", rig.install),
+        "io.hako.warm-box=1".to_owned(),
+    ];
+    labelled(docker, labels)
+        .await
+        .into_iter()
+        .filter_map(|c| c.id)
+        .collect()
+}
+
+/// Every process on the host: (pid, parent pid, arguments), from `/proc` (the tests run as
+/// root).
+pub fn host_processes() -> Vec<(u32, u32, Vec<String>)> {
+    let mut all = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let (Ok(stat), Ok(cmdline)) = (
+            std::fs::read_to_string(format!("/proc/{pid}/stat")),
+            std::fs::read(format!("/proc/{pid}/cmdline")),
+        ) else {
+            continue;
+        };
+        // `pid (comm) state ppid …`: the comm may hold spaces, so split after its ')'.
+        let Some(ppid) = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let args = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        all.push((pid, ppid, args));
+    }
+    all
+}
+
+/// What runed recorded of each run (its state and the agent's log), for a failure message.
+pub fn run_logs(rig: &Rig) -> String {
+    let db = rusqlite::Connection::open(rig.data().join("runed.db")).unwrap();
+    let mut q = db
+        .prepare(
+            "SELECT s.run_id, s.state, COALESCE(l.log, '') FROM spawns s \
+             LEFT JOIN spawn_logs l ON l.run_id = s.run_id ORDER BY s.rowid",
+        )
+        .unwrap();
+    q.query_map([], |r| {
+        Ok(format!(
+            "\n{} {}:\n{}",
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?
+        ))
+    })
+    .unwrap()
+    .map(Result::unwrap)
+    .collect()
+}
+
+/// The process in container `id` (a descendant of its init) whose arguments `matches`, as the
+/// host sees it: its host pid, its arguments and its environment.
+pub async fn process_in(
+    docker: &bollard::Docker,
+    id: &str,
+    matches: impl Fn(&[String]) -> bool,
+) -> Option<(u32, Vec<String>, String)> {
+    let info = docker.inspect_container(id, None).await.ok()?;
+    // A box not started yet has pid 0, whose descendants would be every process on the host.
+    let init = u32::try_from(info.state?.pid?).ok().filter(|p| *p > 0)?;
+    let all = host_processes();
+    let mut inside = vec![init];
+    let mut i = 0;
+    while i < inside.len() {
+        let parent = inside[i];
+        inside.extend(all.iter().filter(|p| p.1 == parent).map(|p| p.0));
+        i += 1;
+    }
+    let (pid, _, args) = all
+        .into_iter()
+        .find(|p| inside.contains(&p.0) && matches(&p.2))?;
+    let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+    Some((pid, args, String::from_utf8_lossy(&env).replace('\0', "\n")))
+}

@@ -1,25 +1,18 @@
-//! The model relay and the MCP bridge: how Claude Code, which speaks TCP and stdio, reaches
-//! the turn's unix sockets from a box with loopback only.
+//! The model relay: how an agent program, which speaks HTTP over TCP, reaches the gateway's
+//! unix socket from a box with loopback only, without ever holding the token.
 //!
-//! - **The relay** is an HTTP/1.1 proxy on `127.0.0.1` in front of the gateway's `api.sock`.
-//!   It puts the run's spawn token on every request itself (`x-api-key`; whatever key the
-//!   child sent is dropped), so Claude Code never holds the token: it runs with a
-//!   placeholder key, no process it starts can read the token from its environment, and it
-//!   can be started before the turn, when there is no token yet. A request that arrives
-//!   before [`Relay::authorize`] waits for it.
-//! - **The bridge** (`hako-agent mcp-bridge`) copies a stdio MCP server's stdin and stdout to
-//!   and from a unix socket. With `--after MARK` it first waits until the file `MARK` exists:
-//!   a Claude Code started before its turn asks for the turn's tools before the turn exists,
-//!   and the socket's path may still hold the previous turn's socket until routd removes it.
-//!   The agent creates the mark when its input line arrives; routd binds a turn's sockets
-//!   before the run is asked for, so from then on the path is this turn's. The child's MCP
-//!   handshake simply completes when the turn begins.
+//! An HTTP/1.1 proxy on `127.0.0.1` in front of the gateway's `api.sock`. It puts the run's
+//! spawn token on every request itself (`x-api-key`, which the gateway reads in every wire
+//! format; whatever key or `Authorization` the child sent is dropped), so the program never
+//! holds the token: it runs with a placeholder key, no process it starts can read the token
+//! from its environment, and it can be started before the turn, when there is no token yet.
+//! A request that arrives before [`Relay::authorize`] waits for it. Its own failures answer
+//! in a shape both the Anthropic and the OpenAI clients read (`error.message`).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{Either, Full};
@@ -35,11 +28,8 @@ use crate::output::log;
 
 /// Connections relayed at once (the gateway allows a turn a few calls in flight).
 const MAX_CONNECTIONS: usize = 16;
-/// The key Claude Code is given: any non-empty value; the relay replaces it.
+/// The key an agent program is given: any non-empty value; the relay replaces it.
 pub const PLACEHOLDER_KEY: &str = "hako-relay-adds-the-key";
-/// How often a waiting bridge looks for the turn's mark (a `stat` on the box's tmpfs): a
-/// few milliseconds of this are the whole cost a warm turn pays for starting its tools early.
-const MARK_POLL: Duration = Duration::from_millis(5);
 
 type Body = Either<Incoming, Full<Bytes>>;
 
@@ -73,7 +63,7 @@ impl Relay {
                     let svc = hyper::service::service_fn(move |req| {
                         forward(req, socket.clone(), keys.clone())
                     });
-                    // A connection that breaks mid-way is Claude Code's to retry.
+                    // A connection that breaks mid-way is the program's to retry.
                     let _ = hyper::server::conn::http1::Builder::new()
                         .serve_connection(TokioIo::new(tcp), svc)
                         .await;
@@ -155,7 +145,8 @@ async fn forward(
     })
 }
 
-/// An error in the Messages API's shape, which Claude Code reports as such.
+/// An error in the Messages API's shape (`{"type": "error", "error": {"type", "message"}}`),
+/// which OpenAI's clients read too (`error.message`).
 fn failure(status: StatusCode, message: &str) -> Response<Body> {
     let body = serde_json::json!({
         "type": "error",
@@ -170,41 +161,11 @@ fn failure(status: StatusCode, message: &str) -> Response<Body> {
     resp
 }
 
-/// `hako-agent mcp-bridge --socket PATH [--after MARK]`: this process's stdin and stdout,
-/// copied to and from a unix socket: a stdio MCP server for agents that only speak stdio
-/// (Claude Code), reaching the turn's `mcp.sock` or a sidecar's. Ends when either side
-/// closes. With `after`, nothing is connected before the file `MARK` exists (the turn began).
-pub async fn bridge(socket: PathBuf, after: Option<PathBuf>) -> std::io::Result<()> {
-    if let Some(mark) = after {
-        while !tokio::fs::try_exists(&mark).await? {
-            tokio::time::sleep(MARK_POLL).await;
-        }
-    }
-    let unix = UnixStream::connect(&socket).await?;
-    let (mut from_socket, mut to_socket) = unix.into_split();
-    let up = async {
-        let mut stdin = tokio::io::stdin();
-        let r = tokio::io::copy(&mut stdin, &mut to_socket).await;
-        let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_socket).await;
-        r
-    };
-    let down = async {
-        let mut stdout = tokio::io::stdout();
-        let r = tokio::io::copy(&mut from_socket, &mut stdout).await;
-        let _ = tokio::io::AsyncWriteExt::flush(&mut stdout).await;
-        r
-    };
-    // Either direction ending ends the bridge: the client hung up, or the socket closed.
-    tokio::select! {
-        r = up => r.map(drop),
-        r = down => r.map(drop),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+    use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A one-request HTTP server on a unix socket that answers with the headers it got.

@@ -1,0 +1,148 @@
+//! The approval mapping: an agent program's "may I?" asked of the group's grants.
+//!
+//! The turn's `agent_tool` (routd, `specs/routd.md`, "The turn's tools") decides with the
+//! program's tool as the target: `*` allows, `!agent_tool:Bash` denies, `?agent_tool:Bash`
+//! holds the call until a person answers in the chat, the CLI or the web page. Claude Code
+//! calls `agent_tool` itself (its permission prompt tool); a program that asks its client
+//! instead (Codex's approval requests) is answered through [`Approver`], which asks the same
+//! tool over the turn's MCP socket. Either way the answer is the tool's: `{"behavior":
+//! "allow", …}` or `{"behavior": "deny", "message": …}`.
+
+use std::cell::RefCell;
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use serde_json::{Map, Value, json};
+
+use crate::mcp::Client;
+use crate::output::log;
+
+/// The name of the turn's tool that decides.
+pub const TOOL: &str = "agent_tool";
+
+/// What the grants said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Run it.
+    Allow,
+    /// Do not; why (the model reads it).
+    Deny(String),
+}
+
+/// Reads `agent_tool`'s answer; anything but an allow is a denial (fail closed).
+pub fn verdict(text: &str, is_error: bool) -> Verdict {
+    if is_error {
+        return Verdict::Deny(text.to_owned());
+    }
+    let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+    match v["behavior"].as_str() {
+        Some("allow") => Verdict::Allow,
+        _ => Verdict::Deny(
+            v["message"]
+                .as_str()
+                .map_or_else(|| text.to_owned(), str::to_owned),
+        ),
+    }
+}
+
+/// Asks the turn's `agent_tool` over its MCP socket, connecting at the first question (in a
+/// warm box the socket is the turn's only once the turn began) and once more if the
+/// connection broke (a routd restart).
+pub struct Approver {
+    socket: PathBuf,
+    client: RefCell<Option<Rc<Client>>>,
+}
+
+impl Approver {
+    /// An approver for the turn's socket.
+    pub fn new(socket: PathBuf) -> Rc<Approver> {
+        Rc::new(Approver {
+            socket,
+            client: RefCell::new(None),
+        })
+    }
+
+    /// Whether the program's tool `tool` may run with `input` (`id`: the program's id of the
+    /// call). Waits as long as a person takes, if the grants say to ask one.
+    pub async fn ask(self: Rc<Self>, tool: &str, input: Value, id: Option<&str>) -> Verdict {
+        let mut args = Map::new();
+        args.insert("tool_name".into(), json!(tool));
+        args.insert("input".into(), input);
+        if let Some(id) = id {
+            args.insert("tool_use_id".into(), json!(id));
+        }
+        let mut last = String::new();
+        for attempt in 0..2 {
+            let client = match self.client().await {
+                Ok(c) => c,
+                Err(e) => {
+                    last = e;
+                    continue;
+                }
+            };
+            match client.call(TOOL, args.clone()).await {
+                Ok(r) => {
+                    let v = verdict(&r.text, r.is_error);
+                    log(format_args!(
+                        "{tool}: {}",
+                        if v == Verdict::Allow {
+                            "allowed"
+                        } else {
+                            "denied"
+                        }
+                    ));
+                    return v;
+                }
+                Err(e) => {
+                    last = e.to_string();
+                    if attempt == 0 {
+                        self.client.borrow_mut().take();
+                    }
+                }
+            }
+        }
+        log(format_args!(
+            "{tool}: cannot ask the grants ({last}): denied"
+        ));
+        Verdict::Deny(format!("hako could not ask whether {tool} may run: {last}"))
+    }
+
+    async fn client(&self) -> Result<Rc<Client>, String> {
+        if let Some(c) = self.client.borrow().as_ref() {
+            return Ok(c.clone());
+        }
+        let c = Rc::new(
+            Client::connect(&self.socket)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+        *self.client.borrow_mut() = Some(c.clone());
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_allow_allows() {
+        assert_eq!(
+            verdict(r#"{"behavior": "allow", "updatedInput": {}}"#, false),
+            Verdict::Allow
+        );
+        assert_eq!(
+            verdict(
+                r#"{"behavior": "deny", "message": "a person denied it"}"#,
+                false
+            ),
+            Verdict::Deny("a person denied it".into())
+        );
+        assert_eq!(
+            verdict(r#"{"behavior": "allow"}"#, true),
+            Verdict::Deny(r#"{"behavior": "allow"}"#.into()),
+            "a tool error never allows"
+        );
+        assert!(matches!(verdict("garbage", false), Verdict::Deny(_)));
+    }
+}
