@@ -951,6 +951,7 @@ async fn forged_tokens_are_rejected_by_authd_and_the_verifier() {
         turn_id: None,
         parent_jti: None,
         egress: vec![],
+        secrets: vec![],
     };
     let good = claims(now + 300, now);
     let payload = b64j(&serde_json::to_value(&good).expect("claims"));

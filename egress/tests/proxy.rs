@@ -335,6 +335,7 @@ async fn every_refusal_is_counted_under_its_reason_and_names_the_host() {
             turn_id: Some("t".into()),
             parent_jti: None,
             egress: vec![web.to_string()],
+            secrets: vec![],
         };
         c.egress.push("evil.test".into());
         Signer::generate().unwrap().sign(&c).unwrap()

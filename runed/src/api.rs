@@ -178,14 +178,14 @@ async fn create_run(
     req.group.validate()?;
     let elevated = req.group.beyond(&sh.cfg.runner.limits);
     // A folder-bound caller may only tighten; an unbound one may set the rest, except the
-    // network (and what an allowlist reaches), which only a service token chooses (routd,
-    // from the group's config).
+    // network (and what an allowlist reaches, and the brokered secrets it may use), which
+    // only a service token chooses (routd, from the group's config).
     let elevated: Vec<&'static str> = if is_service(&who) {
         Vec::new()
     } else if who.is_unbound() {
         elevated
             .into_iter()
-            .filter(|f| matches!(*f, "network" | "egress_allowlist"))
+            .filter(|f| matches!(*f, "network" | "egress_allowlist" | "secrets"))
             .collect()
     } else {
         elevated

@@ -193,6 +193,7 @@ async fn run_one(
             } else {
                 &[]
             },
+            &[],
             ceiling + sh.cfg.token_margin,
         )
         .await
