@@ -34,11 +34,17 @@ pub enum Denial {
     TooManyConnections,
     /// Not a proxy request (origin-form, no port on CONNECT, a scheme other than http).
     BadRequest,
+    /// The run's secrets are bound to this host, but this proxy has no broker (no CA, no
+    /// store): refused rather than tunnelled with its placeholders.
+    BrokerUnavailable,
+    /// A secret bound to this host is not set (or its file cannot be used): the request is
+    /// refused, not sent with its placeholder.
+    SecretUnavailable,
 }
 
 impl Denial {
     /// Every reason, for metrics created at zero.
-    pub const ALL: [Denial; 10] = [
+    pub const ALL: [Denial; 12] = [
         Denial::NoToken,
         Denial::BadToken,
         Denial::Expired,
@@ -49,6 +55,8 @@ impl Denial {
         Denial::PrivateAddress,
         Denial::TooManyConnections,
         Denial::BadRequest,
+        Denial::BrokerUnavailable,
+        Denial::SecretUnavailable,
     ];
 
     /// The metric label and the `x-hako-egress-denied` header.
@@ -64,6 +72,8 @@ impl Denial {
             Denial::PrivateAddress => "private_address",
             Denial::TooManyConnections => "too_many_connections",
             Denial::BadRequest => "bad_request",
+            Denial::BrokerUnavailable => "broker_unavailable",
+            Denial::SecretUnavailable => "secret_unavailable",
         }
     }
 
@@ -75,7 +85,9 @@ impl Denial {
             Denial::NoToken | Denial::BadToken | Denial::Expired | Denial::Revoked => {
                 StatusCode::PROXY_AUTHENTICATION_REQUIRED
             }
-            Denial::VerifierUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Denial::VerifierUnavailable | Denial::BrokerUnavailable | Denial::SecretUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Denial::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
             Denial::BadRequest => StatusCode::BAD_REQUEST,
             Denial::NotForEgress | Denial::HostNotAllowed | Denial::PrivateAddress => {
@@ -105,6 +117,12 @@ impl Denial {
             Denial::BadRequest => {
                 "not a proxy request: use CONNECT host:port, or an absolute http:// URL"
             }
+            Denial::BrokerUnavailable => {
+                "the run's secrets are bound to this host, but this proxy brokers no secrets (EGRESS_SECRETS_DIR, EGRESS_CA_DIR)"
+            }
+            Denial::SecretUnavailable => {
+                "a secret bound to this host is not set or cannot be read (hako secrets list)"
+            }
         }
     }
 }
@@ -118,11 +136,18 @@ pub enum Failure {
     Connect,
     /// The target's answer did not come, or broke.
     Upstream,
+    /// TLS toward the target failed (its certificate is not trusted, or not for its name).
+    Tls,
 }
 
 impl Failure {
     /// Every failure, for metrics created at zero.
-    pub const ALL: [Failure; 3] = [Failure::Resolve, Failure::Connect, Failure::Upstream];
+    pub const ALL: [Failure; 4] = [
+        Failure::Resolve,
+        Failure::Connect,
+        Failure::Upstream,
+        Failure::Tls,
+    ];
 
     /// The metric label.
     pub fn code(self) -> &'static str {
@@ -130,6 +155,7 @@ impl Failure {
             Failure::Resolve => "resolve",
             Failure::Connect => "connect",
             Failure::Upstream => "upstream",
+            Failure::Tls => "tls",
         }
     }
 

@@ -475,7 +475,9 @@ impl GroupSpec {
                     )
                     .is_some(),
                     format!("secrets[{i}].hosts[{j}]"),
-                    format!("{h} is not on egress_allowlist: a value goes only where the run may go"),
+                    format!(
+                        "{h} is not on egress_allowlist: a value goes only where the run may go"
+                    ),
                 )?;
             }
         }
@@ -1162,7 +1164,9 @@ mod tests {
                 "secrets[0].hosts",
             ),
             (
-                allow(json!([{"name": "A", "hosts": ["github.com"]}, {"name": "A", "hosts": ["github.com"]}])),
+                allow(
+                    json!([{"name": "A", "hosts": ["github.com"]}, {"name": "A", "hosts": ["github.com"]}]),
+                ),
                 "secrets[1].name",
             ),
             (

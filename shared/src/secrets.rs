@@ -397,7 +397,11 @@ mod tests {
     fn claims_are_made_canonical_within_the_egress_list() {
         let c = SecretClaim {
             name: SecretName::parse("GH_TOKEN").unwrap(),
-            hosts: vec!["GitHub.com".into(), "github.com".into(), "api.github.com".into()],
+            hosts: vec![
+                "GitHub.com".into(),
+                "github.com".into(),
+                "api.github.com".into(),
+            ],
             placeholder: Placeholder::random(),
         };
         let egress = vec!["github.com".to_owned(), "*.github.com".to_owned()];
@@ -421,6 +425,9 @@ mod tests {
         assert_eq!(check_value(b""), Err(ValueError::Empty));
         assert_eq!(check_value(b"a\r\nX: y"), Err(ValueError::NotPrintable(1)));
         assert_eq!(check_value(b"a b"), Err(ValueError::NotPrintable(1)));
-        assert_eq!(check_value(&[b'a'; MAX_VALUE + 1]), Err(ValueError::TooLong));
+        assert_eq!(
+            check_value(&[b'a'; MAX_VALUE + 1]),
+            Err(ValueError::TooLong)
+        );
     }
 }
