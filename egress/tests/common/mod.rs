@@ -2,6 +2,8 @@
 //! targets on loopback, and raw HTTP helpers (what a client sends, byte for byte).
 #![allow(dead_code)]
 
+pub mod brokered;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
