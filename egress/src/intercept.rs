@@ -215,6 +215,52 @@ impl Proxy {
     }
 }
 
+/// The connection to the target, acknowledging at once what it reads (`TCP_QUICKACK` after
+/// every read). The proxy sends a request the moment its TLS handshake is done, before the
+/// target's session tickets arrive; with a delayed acknowledgement for those, a target whose
+/// answer waits for it (Nagle's algorithm) answered 40 ms late. A tunnel never meets this: the
+/// box's request comes later and carries the acknowledgement.
+struct QuickAck(TcpStream);
+
+impl tokio::io::AsyncRead for QuickAck {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.0).poll_read(cx, buf);
+        if matches!(r, std::task::Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            let _ = rustix::net::sockopt::set_tcp_quickack(&self.0, true);
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for QuickAck {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
 impl Session {
     fn who(&self) -> Who {
         Who::of(&self.claims)
@@ -318,7 +364,7 @@ impl Session {
             };
             let broker = p.broker.as_ref().ok_or(Failure::Tls)?;
             let name = ServerName::try_from(self.host.clone()).map_err(|_| Failure::Tls)?;
-            let io = Active::with(tcp, Arc::clone(&self.last));
+            let io = Active::with(QuickAck(tcp), Arc::clone(&self.last));
             let tls = match tokio::time::timeout(
                 p.cfg.connect_timeout,
                 TlsConnector::from(broker.roots.client()).connect(name, io),

@@ -211,6 +211,8 @@ pub async fn connect(
     auth: &str,
 ) -> Result<TcpStream, (u16, String)> {
     let mut s = TcpStream::connect(proxy).await.unwrap();
+    // As curl, git and the SDKs do: no Nagle delay on small writes (a TLS handshake's).
+    s.set_nodelay(true).unwrap();
     s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{auth}\r\n").as_bytes())
         .await
         .unwrap();
