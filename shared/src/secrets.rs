@@ -300,6 +300,42 @@ impl SecretClaim {
     }
 }
 
+/// `PUT /v1/secrets/{name}` body (runed): the value, from the operator's stdin or file.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretValueRequest {
+    /// The value: 1 to 8192 bytes of printable ASCII without spaces. Never echoed back,
+    /// logged or stored anywhere but the proxy's store.
+    #[cfg_attr(feature = "openapi", schema(example = "<the value, from stdin>"))]
+    pub value: String,
+}
+
+impl fmt::Debug for SecretValueRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SecretValueRequest(..)")
+    }
+}
+
+/// One brokered secret as runed lists it: never its value.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretView {
+    /// The name.
+    #[cfg_attr(feature = "openapi", schema(value_type = String, example = "GH_TOKEN"))]
+    pub name: SecretName,
+    /// When it was last set (RFC 3339).
+    pub set_at: String,
+}
+
+/// `GET /v1/secrets` answer (runed), by name.
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretList {
+    /// The secrets.
+    pub secrets: Vec<SecretView>,
+}
+
 /// Why a value cannot be a secret (never echoing it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum ValueError {
