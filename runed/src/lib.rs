@@ -329,6 +329,9 @@ mod tests {
                 ("/v1/holds", "post"),
                 ("/v1/sessions", "get"),
                 ("/v1/audit", "get"),
+                ("/v1/secrets", "get"),
+                ("/v1/secrets/{name}", "put"),
+                ("/v1/secrets/{name}", "delete"),
                 ("/health", "get"),
                 ("/ready", "get"),
                 ("/metrics", "get"),
@@ -341,6 +344,8 @@ mod tests {
                 "OutputBlock",
                 "CreatedRun",
                 "ErrorBody",
+                "SecretList",
+                "SecretValueRequest",
             ],
             sources: &["src"],
         };
