@@ -12,6 +12,8 @@ COPY hako-testkit /usr/local/bin/hako-testkit
 RUN ["/bin/busybox", "--install", "-s", "/bin"]
 RUN ["/bin/ln", "-s", "python3.11", "/usr/bin/python3"]
 RUN ["/bin/ln", "-s", "git-remote-http", "/usr/lib/git-core/git-remote-https"]
+RUN ["/bin/ln", "-s", "git", "/usr/lib/git-core/git-upload-pack"]
+RUN ["/bin/ln", "-s", "git", "/usr/bin/git-upload-pack"]
 ENV PATH=/usr/local/bin:/usr/bin:/bin HOME=/home/agent LANG=C.UTF-8
 USER 1000:1000
 WORKDIR /workspace

@@ -73,8 +73,8 @@ pub struct ImageSpec {
     /// shared library `ldd` names for them and for the `.so` files under `trees` copied into
     /// `lib/` (the loader as `ld-linux-x86-64.so.2`); all hashed.
     pub programs: &'static [&'static str],
-    /// Host directories copied into the context at their own path, whole but for hidden
-    /// entries and `__pycache__`, `test` and `tests` directories; hashed.
+    /// Host directories (or single files) copied into the context at their own path, whole
+    /// but for hidden entries and `__pycache__`, `test` and `tests` directories; hashed.
     pub trees: &'static [&'static str],
 }
 
@@ -292,6 +292,7 @@ pub const TOOLBOX: ImageSpec = ImageSpec {
         "/usr/lib/python3/dist-packages/anyio",
         "/usr/lib/python3/dist-packages/sniffio",
         "/usr/lib/python3/dist-packages/rfc3986",
+        "/usr/lib/python3/dist-packages/six.py",
     ],
 };
 
@@ -850,7 +851,11 @@ fn host_tree(spec: &ImageSpec) -> Result<Vec<(PathBuf, String)>, DeployError> {
     }
     for t in spec.trees {
         let mut files = Vec::new();
-        collect_tree(Path::new(t), &mut files)?;
+        if Path::new(t).is_file() {
+            files.push(PathBuf::from(t));
+        } else {
+            collect_tree(Path::new(t), &mut files)?;
+        }
         for f in files {
             if f.extension().is_some_and(|e| e == "so") {
                 linked.extend(libraries(&f)?);

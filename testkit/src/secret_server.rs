@@ -216,18 +216,13 @@ fn make_repo() -> Result<(), String> {
             ))
         }
     };
-    std::fs::create_dir_all(GIT_ROOT).map_err(|e| e.to_string())?;
-    run(&["init", "-q", work])?;
+    std::fs::create_dir_all(work).map_err(|e| e.to_string())?;
     std::fs::write(format!("{work}/hello.txt"), HELLO).map_err(|e| e.to_string())?;
-    run(&["-C", work, "add", "hello.txt"])?;
-    run(&["-C", work, "commit", "-q", "-m", "hello"])?;
-    run(&[
-        "clone",
-        "-q",
-        "--bare",
-        work,
-        &format!("{GIT_ROOT}/repo.git"),
-    ])?;
+    let repo = format!("{GIT_ROOT}/repo.git");
+    run(&["init", "-q", "--bare", &repo])?;
+    let with_tree = ["--git-dir", repo.as_str(), "--work-tree", work];
+    run(&[&with_tree[..], &["add", "hello.txt"]].concat())?;
+    run(&[&with_tree[..], &["commit", "-q", "-m", "hello"]].concat())?;
     Ok(())
 }
 
