@@ -273,6 +273,9 @@ impl Session {
         if let Some(d) = p.denial_now(&self.claims, now_secs()) {
             return p.deny(d, &self.shown, &self.who(), None);
         }
+        if req.method() == hyper::Method::TRACE || req.method().as_str() == "TRACK" {
+            return p.deny(Denial::TraceRefused, &self.shown, &self.who(), None);
+        }
         let (mut parts, body) = req.into_parts();
         let path = parts
             .uri

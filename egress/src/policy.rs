@@ -40,11 +40,14 @@ pub enum Denial {
     /// A secret bound to this host is not set (or its file cannot be used): the request is
     /// refused, not sent with its placeholder.
     SecretUnavailable,
+    /// `TRACE` (or `TRACK`) toward a host the run's secrets are bound to: a server that
+    /// answers it echoes the request's headers, values included, back to the box.
+    TraceRefused,
 }
 
 impl Denial {
     /// Every reason, for metrics created at zero.
-    pub const ALL: [Denial; 12] = [
+    pub const ALL: [Denial; 13] = [
         Denial::NoToken,
         Denial::BadToken,
         Denial::Expired,
@@ -57,6 +60,7 @@ impl Denial {
         Denial::BadRequest,
         Denial::BrokerUnavailable,
         Denial::SecretUnavailable,
+        Denial::TraceRefused,
     ];
 
     /// The metric label and the `x-hako-egress-denied` header.
@@ -74,6 +78,7 @@ impl Denial {
             Denial::BadRequest => "bad_request",
             Denial::BrokerUnavailable => "broker_unavailable",
             Denial::SecretUnavailable => "secret_unavailable",
+            Denial::TraceRefused => "trace_refused",
         }
     }
 
@@ -90,6 +95,7 @@ impl Denial {
             }
             Denial::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
             Denial::BadRequest => StatusCode::BAD_REQUEST,
+            Denial::TraceRefused => StatusCode::METHOD_NOT_ALLOWED,
             Denial::NotForEgress | Denial::HostNotAllowed | Denial::PrivateAddress => {
                 StatusCode::FORBIDDEN
             }
@@ -122,6 +128,9 @@ impl Denial {
             }
             Denial::SecretUnavailable => {
                 "a secret bound to this host is not set or cannot be read (hako secrets list)"
+            }
+            Denial::TraceRefused => {
+                "TRACE toward a host the run's secrets are bound to would echo their values back"
             }
         }
     }

@@ -296,6 +296,23 @@ async fn a_hostile_box_gets_nothing_from_a_bound_host() {
     let mut buf = Vec::new();
     let _ = tokio::time::timeout(LIMIT, tls.read_to_end(&mut buf)).await;
     assert!(!String::from_utf8_lossy(&buf).contains("ok /"), "{buf:?}");
+    // TRACE would have the target echo the request, value and all: refused by the proxy.
+    let mut s = box_tls(p, &token, &ha, "localhost", &roots, &[b"http/1.1"])
+        .await
+        .unwrap();
+    let req = hyper::Request::builder()
+        .method("TRACE")
+        .uri("/")
+        .header("host", "localhost")
+        .header(
+            "authorization",
+            format!("Bearer {}", gh.placeholder.as_str()),
+        )
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = s.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 405);
+    assert_eq!(resp.headers()["x-hako-egress-denied"], "trace_refused");
     assert!(seen_a.lock().unwrap().is_empty(), "the target got nothing");
     assert!(metric(&proxy, "egress_closed_total{reason=\"tls_handshake\"}") >= 2);
     assert_eq!(
