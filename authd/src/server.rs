@@ -386,6 +386,17 @@ async fn mint_token(
     };
     let signer = read_keys(&app).active.clone();
     let token = signer.sign(&child).map_err(ApiError::internal)?;
+    // Every verifier refuses a longer token unread: minting one would hand out a dead token.
+    if token.len() > hako_shared::auth::jws::MAX_TOKEN_LEN {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            format!(
+                "the token would be {} bytes, over the {} every verifier reads: ask for fewer scopes, egress entries or secrets",
+                token.len(),
+                hako_shared::auth::jws::MAX_TOKEN_LEN
+            ),
+        ));
+    }
     let detail = mint_detail(&child);
     let rows = vec![
         Row::Issued(IssuedRow {

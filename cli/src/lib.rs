@@ -86,7 +86,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tasks(args) => ops::tasks(args).await.map(ok),
         Command::Approvals(args) => ops::approvals(args).await.map(ok),
         Command::Token(args) => ops::token(args).await.map(ok),
-        Command::Secrets(args) => secrets::secrets(args).await.map(ok),
+        Command::Secrets(args) => secrets::secrets(args).await,
         Command::Chat(args) => chat::chat(args).await,
         Command::Web(args) => web::web(args).await.map(ok),
     }

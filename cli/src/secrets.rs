@@ -4,6 +4,7 @@
 //! and which groups lend it to which hosts (routd's groups).
 
 use std::io::{IsTerminal as _, Read as _};
+use std::process::ExitCode;
 
 use anyhow::Context as _;
 use hako_shared::chat::GroupList;
@@ -87,14 +88,26 @@ fn read_value(file: Option<&std::path::Path>) -> anyhow::Result<String> {
     String::from_utf8(raw).context("the value is not text")
 }
 
-/// `hako secrets`.
-pub async fn secrets(args: SecretsArgs) -> anyhow::Result<bool> {
+/// A bad name or value: said on stderr, exit code 2 (bad arguments), nothing sent.
+fn bad(what: impl std::fmt::Display) -> ExitCode {
+    eprintln!("hako secrets: {what}");
+    ExitCode::from(2)
+}
+
+/// `hako secrets`: exit 0 done, 1 a daemon refused or did not answer, 2 a bad name or value.
+pub async fn secrets(args: SecretsArgs) -> anyhow::Result<ExitCode> {
     let d = args.ops.daemons()?;
     let json = args.ops.json;
     match args.command {
         SecretsCommand::Set { name, file } => {
-            let name = SecretName::parse(&name).map_err(|e| anyhow::anyhow!("{e}"))?;
-            let value = read_value(file.as_deref())?;
+            let name = match SecretName::parse(&name) {
+                Ok(n) => n,
+                Err(e) => return Ok(bad(e)),
+            };
+            let value = match read_value(file.as_deref()) {
+                Ok(v) => v,
+                Err(e) => return Ok(bad(format!("{e:#}"))),
+            };
             let token = d.operator_token().await?;
             let () = d
                 .send(
@@ -134,7 +147,7 @@ pub async fn secrets(args: SecretsArgs) -> anyhow::Result<bool> {
                 .collect();
             if json {
                 println!("{}", json!({"secrets": rows}));
-                return Ok(true);
+                return Ok(ExitCode::SUCCESS);
             }
             println!("{:<24} {:<26} used by (folder: hosts)", "name", "set at");
             for r in &rows {
@@ -172,7 +185,10 @@ pub async fn secrets(args: SecretsArgs) -> anyhow::Result<bool> {
             }
         }
         SecretsCommand::Rm { name } => {
-            let name = SecretName::parse(&name).map_err(|e| anyhow::anyhow!("{e}"))?;
+            let name = match SecretName::parse(&name) {
+                Ok(n) => n,
+                Err(e) => return Ok(bad(e)),
+            };
             let token = d.operator_token().await?;
             let () = d
                 .call(
@@ -191,7 +207,7 @@ pub async fn secrets(args: SecretsArgs) -> anyhow::Result<bool> {
             }
         }
     }
-    Ok(true)
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(test)]
