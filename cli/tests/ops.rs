@@ -458,6 +458,17 @@ async fn every_operator_command_against_real_daemons() {
 /// for which hosts; bad names and values are exit 2 and are never sent; `rm` takes it back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hako_secrets_keep_the_value_to_the_store() {
+    // runed and routd run in this process: everything they log, at every level.
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let sink = log.clone();
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || LogSink(sink.clone()))
+            .with_ansi(false)
+            .with_max_level(tracing::Level::TRACE)
+            .finish(),
+    )
+    .expect("one subscriber per test process");
     let d = Daemons::start().await;
     let value = format!("ghp_{}", {
         let mut b = [0u8; 12];
@@ -545,6 +556,23 @@ async fn hako_secrets_keep_the_value_to_the_store() {
     assert_eq!(code, 1);
     assert!(err.contains("404") && err.contains("not_found"), "{err}");
     assert!(!data.join("egress/secrets/GH_TOKEN").exists());
+    // Nor in runed's or routd's log (the name is).
+    let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+    assert!(text.contains("brokered secret set"), "runed logs the name");
+    assert!(!text.contains(&value), "a value in a daemon's log");
+}
+
+/// A writer into a shared buffer (the daemons' log in the tests above).
+struct LogSink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 async fn exchange(http: &reqwest::Client, routd: &str, token: &str) -> (u16, String, Value) {
