@@ -44,15 +44,7 @@ pub const CA_TARGET: &str = "/var/lib/hako-egress/ca";
 /// A label on the proxy container: a digest of what it was made with (image aside), so that a
 /// proxy made by another configuration (another runed, no store mounted) is made again.
 const LABEL_SPEC: &str = "io.hako.egress.spec";
-/// The variables the clients in a box with brokered secrets read their CA bundle from
-/// (OpenSSL and curl, Python's requests and httpx, Node, git, curl's own).
-pub const CA_BUNDLE_VARS: [&str; 5] = [
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO",
-    "CURL_CA_BUNDLE",
-];
+pub use hako_shared::secrets::CA_BUNDLE_VARS;
 
 /// runed's egress settings; `None` in [`super::RunnerConfig`] (no `RUNED_EGRESS_IMAGE`) means
 /// no proxy, and `allowlist` runs are refused.

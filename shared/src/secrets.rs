@@ -30,8 +30,19 @@ pub const PLACEHOLDER_HEX: usize = 32;
 /// A placeholder's length.
 pub const PLACEHOLDER_LEN: usize = PLACEHOLDER_PREFIX.len() + PLACEHOLDER_HEX;
 
+/// The variables a box with brokered secrets gets the CA bundle's path in: what OpenSSL and
+/// curl, Python's requests and httpx, node, git and curl's own read.
+pub const CA_BUNDLE_VARS: [&str; 5] = [
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "CURL_CA_BUNDLE",
+];
+
 /// Names a box's environment already uses (or that steer its tools): a secret cannot take
-/// them, or its placeholder would replace the proxy's address, the CA bundle or hako's own.
+/// them (nor [`CA_BUNDLE_VARS`]), or its placeholder would replace the proxy's address, the
+/// CA bundle or hako's own.
 const RESERVED: &[&str] = &[
     "HOME",
     "PATH",
@@ -42,12 +53,7 @@ const RESERVED: &[&str] = &[
     "HTTPS_PROXY",
     "NO_PROXY",
     "ALL_PROXY",
-    "SSL_CERT_FILE",
     "SSL_CERT_DIR",
-    "REQUESTS_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "GIT_SSL_CAINFO",
-    "CURL_CA_BUNDLE",
 ];
 /// Prefixes of the names hako and the loader own.
 const RESERVED_PREFIXES: &[&str] = &["HAKO_", "ARIZUKO_", "AUTHD_", "RUNED_", "LD_", "GIT_"];
@@ -74,7 +80,10 @@ impl SecretName {
                 "a secret's name is 1-{MAX_NAME} uppercase letters, digits and _, starting with a letter (an environment variable's name)"
             ));
         }
-        if RESERVED.contains(&raw) || RESERVED_PREFIXES.iter().any(|p| raw.starts_with(p)) {
+        if RESERVED.contains(&raw)
+            || CA_BUNDLE_VARS.contains(&raw)
+            || RESERVED_PREFIXES.iter().any(|p| raw.starts_with(p))
+        {
             return Err(format!(
                 "{raw} is a name the box's environment already uses (proxy, CA bundle, hako's own)"
             ));
