@@ -7,7 +7,8 @@
 //! parent's); its life ends no later than the parent's and lasts at most the global maximum;
 //! `sub` is the parent's and `parent_jti` names the parent. A spawn parent only mints spawn
 //! children of the same run and turn. Egress hosts are chosen by service tokens (runed) only;
-//! any other parent passes on at most the hosts it holds. A parent at or past
+//! any other parent passes on at most the hosts it holds; the same holds for brokered secrets
+//! (names, hosts within the child's egress list, placeholders). A parent at or past
 //! its `exp` cannot mint, even inside the verifier's clock-skew leeway.
 
 use axum::http::StatusCode;
@@ -83,6 +84,12 @@ pub enum MintError {
     /// An egress host a non-service parent does not have.
     #[error("egress host {0:?} is not in the parent token's egress list")]
     EgressExceedsParent(String),
+    /// A brokered secret's entry is malformed, or names a host outside the egress list.
+    #[error("{0}")]
+    InvalidSecrets(String),
+    /// A brokered secret a non-service parent does not hold (by name, hosts and placeholder).
+    #[error("secret {0} is not in the parent token's secrets as asked")]
+    SecretsExceedParent(String),
 }
 
 impl MintError {
@@ -102,6 +109,8 @@ impl MintError {
             MintError::RunOutsideParent => "run_outside_parent",
             MintError::InvalidEgress(_) => "invalid_egress",
             MintError::EgressExceedsParent(_) => "egress_exceeds_parent",
+            MintError::InvalidSecrets(_) => "invalid_secrets",
+            MintError::SecretsExceedParent(_) => "secrets_exceed_parent",
         }
     }
 
@@ -114,7 +123,8 @@ impl MintError {
             | MintError::InvalidFolder(_)
             | MintError::InvalidTtl
             | MintError::InvalidRequest(_)
-            | MintError::InvalidEgress(_) => StatusCode::BAD_REQUEST,
+            | MintError::InvalidEgress(_)
+            | MintError::InvalidSecrets(_) => StatusCode::BAD_REQUEST,
             _ => StatusCode::FORBIDDEN,
         }
     }
@@ -212,19 +222,23 @@ pub fn downscope(
     if parent.typ == TokenType::Spawn && typ != TokenType::Spawn {
         return Err(MintError::TypExceedsParent);
     }
-    let (run_id, turn_id, egress) = match typ {
+    let (run_id, turn_id, egress, secrets) = match typ {
         TokenType::Service => {
             return Err(MintError::InvalidRequest(
                 "service tokens come only from POST /v1/service-token".into(),
             ));
         }
         TokenType::User => {
-            if req.run_id.is_some() || req.turn_id.is_some() || !req.egress.is_empty() {
+            if req.run_id.is_some()
+                || req.turn_id.is_some()
+                || !req.egress.is_empty()
+                || !req.secrets.is_empty()
+            {
                 return Err(MintError::InvalidRequest(
-                    "run_id, turn_id and egress belong to spawn tokens".into(),
+                    "run_id, turn_id, egress and secrets belong to spawn tokens".into(),
                 ));
             }
-            (None, None, Vec::new())
+            (None, None, Vec::new(), Vec::new())
         }
         TokenType::Spawn => {
             let (Some(run), Some(turn)) = (&req.run_id, &req.turn_id) else {
@@ -261,7 +275,8 @@ pub fn downscope(
                     egress.push(host);
                 }
             }
-            (Some(run.clone()), Some(turn.clone()), egress)
+            let secrets = secrets_of(parent, req, &egress)?;
+            (Some(run.clone()), Some(turn.clone()), egress, secrets)
         }
     };
 
@@ -279,7 +294,42 @@ pub fn downscope(
         turn_id,
         parent_jti: Some(parent.jti.clone()),
         egress,
+        secrets,
     })
+}
+
+/// A spawn child's brokered secrets: canonical, each named once, each host within the child's
+/// `egress` (a value goes only where the run may go). Only a service token (runed) chooses
+/// them; any other parent hands on at most what it holds, entry for entry.
+fn secrets_of(
+    parent: &Claims,
+    req: &MintRequest,
+    egress: &[String],
+) -> Result<Vec<hako_shared::secrets::SecretClaim>, MintError> {
+    use hako_shared::secrets::MAX_SECRETS;
+    if req.secrets.len() > MAX_SECRETS {
+        return Err(MintError::InvalidSecrets(format!(
+            "at most {MAX_SECRETS} secrets"
+        )));
+    }
+    let mut out: Vec<hako_shared::secrets::SecretClaim> = Vec::with_capacity(req.secrets.len());
+    for s in &req.secrets {
+        let c = s.canonical(egress).map_err(MintError::InvalidSecrets)?;
+        if out
+            .iter()
+            .any(|o| o.name == c.name || o.placeholder == c.placeholder)
+        {
+            return Err(MintError::InvalidSecrets(format!(
+                "secret {} is named twice, or shares a placeholder",
+                c.name
+            )));
+        }
+        if parent.typ != TokenType::Service && !parent.secrets.contains(&c) {
+            return Err(MintError::SecretsExceedParent(c.name.to_string()));
+        }
+        out.push(c);
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -305,6 +355,7 @@ mod tests {
             turn_id: None,
             parent_jti: None,
             egress: vec![],
+            secrets: vec![],
         }
     }
 
@@ -535,6 +586,70 @@ mod tests {
         r.run_id = Some("a/b".into());
         assert_eq!(
             code(downscope(&runed, &r, NOW, "c".into(), LIMITS)),
+            "invalid_request"
+        );
+    }
+
+    #[test]
+    fn secrets_rules() {
+        use hako_shared::secrets::{Placeholder, SecretClaim, SecretName};
+        let runed = service(AGENT_SCOPES);
+        let claim = |name: &str, hosts: &[&str], ph: &Placeholder| SecretClaim {
+            name: SecretName::parse(name).unwrap(),
+            hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+            placeholder: ph.clone(),
+        };
+        let (p1, p2) = (Placeholder::random(), Placeholder::random());
+        let mut r = spawn_req();
+        r.egress = vec!["github.com".into(), "*.github.com".into()];
+        r.secrets = vec![
+            claim("GH_TOKEN", &["GitHub.com", "api.github.com"], &p1),
+            claim("NPM_TOKEN", &["npm.github.com"], &p2),
+        ];
+        let child = downscope(&runed, &r, NOW, "c".into(), LIMITS).unwrap();
+        assert_eq!(child.secrets[0].hosts, vec!["github.com", "api.github.com"]);
+        // Its own spawn children may keep or drop entries, never add or change one.
+        let mut narrow = r.clone();
+        narrow.secrets = vec![child.secrets[1].clone()];
+        assert!(downscope(&child, &narrow, NOW, "g".into(), LIMITS).is_ok());
+        let mut other = r.clone();
+        other.secrets = vec![claim("GH_TOKEN", &["github.com"], &p1)];
+        assert_eq!(
+            code(downscope(&child, &other, NOW, "g".into(), LIMITS)),
+            "secrets_exceed_parent",
+            "fewer hosts is another entry: only runed chooses"
+        );
+        other.secrets = vec![claim("GH_TOKEN", &["github.com", "api.github.com"], &p2)];
+        assert_eq!(
+            code(downscope(&child, &other, NOW, "g".into(), LIMITS)),
+            "secrets_exceed_parent"
+        );
+        // A host outside the egress list, a malformed host, a duplicate: refused.
+        for secrets in [
+            vec![claim("GH_TOKEN", &["gitlab.com"], &p1)],
+            vec![claim("GH_TOKEN", &["*.github.com"], &p1)],
+            vec![claim("GH_TOKEN", &[], &p1)],
+            vec![
+                claim("GH_TOKEN", &["github.com"], &p1),
+                claim("GH_TOKEN", &["github.com"], &p2),
+            ],
+            vec![
+                claim("GH_TOKEN", &["github.com"], &p1),
+                claim("NPM_TOKEN", &["github.com"], &p1),
+            ],
+        ] {
+            let mut bad = r.clone();
+            bad.secrets = secrets;
+            assert_eq!(
+                code(downscope(&runed, &bad, NOW, "c".into(), LIMITS)),
+                "invalid_secrets"
+            );
+        }
+        // User tokens hold none; a user parent cannot hand any on.
+        let mut u = req(AGENT_SCOPES);
+        u.secrets = r.secrets.clone();
+        assert_eq!(
+            code(downscope(&runed, &u, NOW, "u".into(), LIMITS)),
             "invalid_request"
         );
     }

@@ -125,6 +125,11 @@ fn mint_detail(child: &Claims) -> String {
     if let Some(r) = &child.run_id {
         let _ = write!(d, " run_id={r}");
     }
+    // Brokered secrets by name: never a placeholder (not secret, but of no use here) or value.
+    for (i, s) in child.secrets.iter().enumerate() {
+        d.push_str(if i == 0 { " secrets=" } else { "," });
+        d.push_str(s.name.as_str());
+    }
     d
 }
 
@@ -292,6 +297,7 @@ async fn service_token(
         turn_id: None,
         parent_jti: None,
         egress: Vec::new(),
+        secrets: Vec::new(),
     };
     let signer = read_keys(&app).active.clone();
     let token = signer.sign(&claims).map_err(ApiError::internal)?;
@@ -329,9 +335,9 @@ async fn service_token(
     request_body = MintRequest,
     responses(
         (status = 200, description = "The child token", body = MintResponse),
-        (status = 400, description = "`invalid_json`, `invalid_scope`, `invalid_folder`, `invalid_ttl`, `invalid_request`, `invalid_egress`", body = ErrorBody),
+        (status = 400, description = "`invalid_json`, `invalid_scope`, `invalid_folder`, `invalid_ttl`, `invalid_request`, `invalid_egress`, `invalid_secrets`", body = ErrorBody),
         (status = 401, description = "No valid parent token (`invalid_token`, `token_expired`, `token_revoked`, `parent_expired`)", body = ErrorBody),
-        (status = 403, description = "`scope_exceeds_parent`, `folder_outside_parent`, `ttl_exceeds_parent`, `ttl_exceeds_max`, `typ_exceeds_parent`, `run_outside_parent`, `egress_exceeds_parent`", body = ErrorBody),
+        (status = 403, description = "`scope_exceeds_parent`, `folder_outside_parent`, `ttl_exceeds_parent`, `ttl_exceeds_max`, `typ_exceeds_parent`, `run_outside_parent`, `egress_exceeds_parent`, `secrets_exceed_parent`", body = ErrorBody),
     ))]
 async fn mint_token(
     State(app): State<App>,
@@ -380,6 +386,17 @@ async fn mint_token(
     };
     let signer = read_keys(&app).active.clone();
     let token = signer.sign(&child).map_err(ApiError::internal)?;
+    // Every verifier refuses a longer token unread: minting one would hand out a dead token.
+    if token.len() > hako_shared::auth::jws::MAX_TOKEN_LEN {
+        return Err(ApiError::bad_request(
+            "invalid_request",
+            format!(
+                "the token would be {} bytes, over the {} every verifier reads: ask for fewer scopes, egress entries or secrets",
+                token.len(),
+                hako_shared::auth::jws::MAX_TOKEN_LEN
+            ),
+        ));
+    }
     let detail = mint_detail(&child);
     let rows = vec![
         Row::Issued(IssuedRow {

@@ -618,6 +618,59 @@ async fn chains_of_downscopes_and_revocation() {
     let runed = a.runed().await;
     let runed_c = v.verify(&runed).await.expect("runed");
 
+    // Brokered secrets: runed chooses them, its token carries them as asked (canonical), a
+    // spawn child keeps or drops entries, never changes one; a token over what verifiers
+    // read is not minted.
+    let gh = hako_shared::secrets::SecretClaim {
+        name: hako_shared::secrets::SecretName::parse("GH_TOKEN").unwrap(),
+        hosts: vec!["API.example.com".into()],
+        placeholder: hako_shared::secrets::Placeholder::random(),
+    };
+    let with_secret = a
+        .client
+        .mint(
+            &runed,
+            &MintRequest {
+                secrets: vec![gh.clone()],
+                ..spawn_req("acme/support", "run-s", &["api.example.com", "pypi.org"])
+            },
+        )
+        .await
+        .expect("a spawn token with a secret");
+    let c = v.verify(&with_secret.token).await.expect("it verifies");
+    assert_eq!(c.secrets.len(), 1);
+    assert_eq!(c.secrets[0].hosts, vec!["api.example.com"]);
+    assert_eq!(c.secrets[0].placeholder, gh.placeholder);
+    let changed = hako_shared::secrets::SecretClaim {
+        hosts: vec!["pypi.org".into()],
+        ..gh.clone()
+    };
+    let e = a
+        .client
+        .mint(
+            &with_secret.token,
+            &MintRequest {
+                secrets: vec![changed],
+                ..spawn_req("acme/support", "run-s", &["api.example.com", "pypi.org"])
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&e), (403, "secrets_exceed_parent"));
+    let huge: Vec<String> = (0..64)
+        .map(|i| {
+            let label = "h".repeat(60);
+            format!("{label}.{label}.{label}-{i}.example.com")
+        })
+        .collect();
+    let huge: Vec<&str> = huge.iter().map(String::as_str).collect();
+    let e = a
+        .client
+        .mint(&runed, &spawn_req("acme/support", "run-h", &huge))
+        .await
+        .unwrap_err();
+    assert_eq!(api_code(&e), (400, "invalid_request"));
+
     // runed → spawn token for one run → narrower token for the same run → narrower still.
     let spawn = a
         .client
@@ -951,6 +1004,7 @@ async fn forged_tokens_are_rejected_by_authd_and_the_verifier() {
         turn_id: None,
         parent_jti: None,
         egress: vec![],
+        secrets: vec![],
     };
     let good = claims(now + 300, now);
     let payload = b64j(&serde_json::to_value(&good).expect("claims"));

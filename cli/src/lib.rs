@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand};
 pub mod chat;
 pub mod daemons;
 pub mod ops;
+pub mod secrets;
 pub mod stack;
 pub mod web;
 
@@ -56,6 +57,9 @@ pub enum Command {
     Approvals(ops::ApprovalsArgs),
     /// Tokens from authd: service, mint, revoke.
     Token(ops::TokenArgs),
+    /// Brokered secrets (runed): set (from stdin or a file), list, rm. Boxes get placeholders;
+    /// the egress proxy puts the values on the wire to the hosts a group lends them for.
+    Secrets(secrets::SecretsArgs),
     /// Talk to a group's agent: one line of stdin is one turn in a fresh container.
     Chat(chat::ChatArgs),
     /// A one-time link that signs a browser in to hako's web page.
@@ -82,6 +86,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tasks(args) => ops::tasks(args).await.map(ok),
         Command::Approvals(args) => ops::approvals(args).await.map(ok),
         Command::Token(args) => ops::token(args).await.map(ok),
+        Command::Secrets(args) => secrets::secrets(args).await,
         Command::Chat(args) => chat::chat(args).await,
         Command::Web(args) => web::web(args).await.map(ok),
     }

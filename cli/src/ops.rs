@@ -220,8 +220,21 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     let mut turns = Vec::new();
     let mut turns_error = None;
     let mut approvals = Vec::new();
+    // Groups whose boxes still get values as they are (env_allowlist).
+    let mut values_in_box: Vec<Value> = Vec::new();
     match d.operator_token().await {
         Ok(token) => {
+            if let Ok(list) = d
+                .get::<GroupList>(Daemon::Routd, "/v1/groups", &token)
+                .await
+            {
+                values_in_box = list
+                    .groups
+                    .iter()
+                    .filter(|g| !g.values_in_box.is_empty())
+                    .map(|g| json!({"folder": g.folder, "names": g.values_in_box}))
+                    .collect();
+            }
             match d
                 .call::<ApprovalList>(
                     Daemon::Routd,
@@ -268,7 +281,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
             .collect();
         println!(
             "{}",
-            json!({"daemons": daemons, "runed": runed, "turns": turns, "turns_error": turns_error, "approvals": approvals})
+            json!({"daemons": daemons, "runed": runed, "turns": turns, "turns_error": turns_error, "approvals": approvals, "values_in_box": values_in_box})
         );
         return Ok(all_ready);
     }
@@ -316,6 +329,24 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
     }
     for a in &approvals {
         print_approval(a, now);
+    }
+    if !values_in_box.is_empty() {
+        println!(
+            "groups handing values to the box (env_allowlist; brokered secrets keep them out: hako secrets)"
+        );
+        for g in &values_in_box {
+            let names: Vec<&str> = g["names"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            println!(
+                "  {:<24} {}",
+                g["folder"].as_str().unwrap_or("?"),
+                names.join(", ")
+            );
+        }
     }
     Ok(all_ready)
 }
@@ -803,6 +834,13 @@ pub async fn groups(args: GroupsArgs) -> anyhow::Result<bool> {
                 .await?;
             emit(json, &g, |g| {
                 println!("{}", serde_json::to_string_pretty(g).unwrap_or_default());
+                if !g.values_in_box.is_empty() {
+                    println!(
+                        "note: env_allowlist hands these values to the box as they are: {}; \
+                         a secret among them is better lent as a brokered secret (hako secrets)",
+                        g.values_in_box.join(", ")
+                    );
+                }
             });
         }
         GroupsCommand::Set {

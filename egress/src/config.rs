@@ -1,6 +1,7 @@
 //! The proxy's configuration, read once from the environment (`specs/egress.md`).
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use hako_shared::auth::VerifierConfig;
@@ -99,7 +100,30 @@ pub struct Config {
     /// `EGRESS_RECHECK_INTERVAL` (1s): how often live connections' tokens are checked again
     /// (revoked or expired: the connection is cut).
     pub recheck: Duration,
+    /// Brokered secrets: on when `EGRESS_SECRETS_DIR` and `EGRESS_CA_DIR` are set (runed sets
+    /// both). Off, a run whose secrets are bound to a host is refused there
+    /// (`broker_unavailable`), never tunnelled with its placeholder.
+    pub broker: Option<BrokerConfig>,
 }
+
+/// Where brokered secrets and the TLS material come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerConfig {
+    /// `EGRESS_SECRETS_DIR`: the operator's store, read-only (one 0600 file per secret).
+    pub secrets_dir: PathBuf,
+    /// `EGRESS_CA_DIR`: the proxy's own directory, where its CA is made on the first start
+    /// and kept (the key, 0600, never leaves it).
+    pub ca_dir: PathBuf,
+    /// `EGRESS_SYSTEM_ROOTS` (`/etc/ssl/certs/ca-certificates.crt`, in the image): the roots
+    /// targets are verified against, and what boxes trust besides the CA.
+    pub system_roots: PathBuf,
+    /// `EGRESS_EXTRA_ROOTS`: PEM certificates trusted for targets besides the system's (a
+    /// test's CA; by explicit configuration only). Not handed to boxes.
+    pub extra_roots: Option<String>,
+}
+
+/// The system roots' default path (Debian's `ca-certificates`, copied into the image).
+pub const SYSTEM_ROOTS: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 impl Config {
     /// Defaults against the authd at `authd_url` (tests start here).
@@ -118,6 +142,7 @@ impl Config {
             dns_timeout: Duration::from_secs(5),
             dns_cache: Duration::from_secs(5),
             recheck: Duration::from_secs(1),
+            broker: None,
         }
     }
 
@@ -163,6 +188,26 @@ impl Config {
                 .collect::<Result<_, _>>()?;
         }
         c.dns_cache = env.duration_or("EGRESS_DNS_CACHE", c.dns_cache)?;
+        c.broker = match (env.path("EGRESS_SECRETS_DIR"), env.path("EGRESS_CA_DIR")) {
+            (None, None) => None,
+            (Some(secrets_dir), Some(ca_dir)) => Some(BrokerConfig {
+                secrets_dir,
+                ca_dir,
+                system_roots: env.path_or("EGRESS_SYSTEM_ROOTS", SYSTEM_ROOTS),
+                extra_roots: env.get("EGRESS_EXTRA_ROOTS").map(str::to_owned),
+            }),
+            (Some(_), None) | (None, Some(_)) => {
+                let (set, unset) = if env.get("EGRESS_CA_DIR").is_some() {
+                    ("EGRESS_CA_DIR", "EGRESS_SECRETS_DIR")
+                } else {
+                    ("EGRESS_SECRETS_DIR", "EGRESS_CA_DIR")
+                };
+                return Err(ConfigError::Required {
+                    var: unset.into(),
+                    hint: format!("{set} is set: brokered secrets need both"),
+                });
+            }
+        };
         c.max_connections = positive(env, "EGRESS_MAX_CONNECTIONS", c.max_connections)?;
         c.max_per_token = positive(env, "EGRESS_MAX_CONNECTIONS_PER_TOKEN", c.max_per_token)?;
         for (var, field) in [
@@ -233,6 +278,16 @@ mod tests {
         .unwrap();
         assert_eq!(c.private_targets.len(), 2);
         assert_eq!(c.listen.to_string(), "0.0.0.0:3128");
+        let b = Config::from_env(&Env::from_pairs([
+            ("AUTHD_URL", "http://127.0.0.1:1"),
+            ("EGRESS_SECRETS_DIR", "/run/secrets"),
+            ("EGRESS_CA_DIR", "/var/lib/ca"),
+        ]))
+        .unwrap()
+        .broker
+        .unwrap();
+        assert_eq!(b.system_roots, PathBuf::from(SYSTEM_ROOTS));
+        assert_eq!(b.extra_roots, None);
         let open = Config::from_env(&Env::from_pairs([("HAKO_OPEN_DEV", "1")]));
         assert!(open.unwrap_err().to_string().contains("no open mode"));
         assert!(Config::from_env(&Env::from_pairs::<&str, &str>([])).is_err());
@@ -241,6 +296,8 @@ mod tests {
             ("EGRESS_MAX_CONNECTIONS_PER_TOKEN", "0"),
             ("EGRESS_IDLE_TIMEOUT", "0s"),
             ("EGRESS_REVOCATION_MAX_AGE", "5s"),
+            ("EGRESS_SECRETS_DIR", "/s"),
+            ("EGRESS_CA_DIR", "/c"),
         ] {
             let e = Config::from_env(&Env::from_pairs([
                 ("AUTHD_URL", "http://127.0.0.1:1"),

@@ -1,7 +1,9 @@
 //! hako-egress: the egress proxy of `allowlist` groups (`specs/egress.md`).
 //!
-//! An HTTP/1.1 forward proxy: `CONNECT host:port` for TLS (relayed untouched, no
-//! interception) and absolute `http://` URLs for plain HTTP. The credentials are the run's
+//! An HTTP/1.1 forward proxy: `CONNECT host:port` for TLS (relayed untouched, except toward
+//! the hosts a run's brokered secrets are bound to, where the proxy answers the TLS itself with
+//! a certificate of the install's CA and puts the secrets' values in place of the run's
+//! placeholders: `intercept`) and absolute `http://` URLs for plain HTTP. The credentials are the run's
 //! spawn token (proxy basic auth or `Proxy-Authorization: Bearer`), checked with the shared
 //! offline verifier (EdDSA, expiry, authd's revocation list); the allowed targets are exactly
 //! the token's `egress` claim. Everything else is refused, counted and logged (folder, run and
@@ -14,11 +16,14 @@
 
 #![warn(missing_docs)]
 
+pub mod broker;
 pub mod config;
+pub mod intercept;
 pub mod metrics;
 pub mod policy;
 mod proxy;
 pub mod sessions;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -30,6 +35,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub use config::{Cidr, Config};
+use intercept::Broker;
 use metrics::ProxyMetrics;
 use proxy::Proxy;
 use sessions::Sessions;
@@ -55,6 +61,9 @@ pub enum StartError {
     /// The verifier could not be built (a bad `AUTHD_URL`).
     #[error("authd: {0}")]
     Auth(#[from] hako_shared::auth::ClientError),
+    /// The CA or the roots of brokered secrets could not be loaded or made.
+    #[error("brokered secrets: {0}")]
+    Tls(#[from] tls::TlsError),
 }
 
 /// A running proxy. [`Running::shutdown`] stops it; dropping it does too.
@@ -146,11 +155,15 @@ pub async fn start(
     let proxy_addr = addr_of(&proxy_listener, cfg.listen);
     let admin_addr = addr_of(&admin_listener, cfg.admin_listen);
     let verifier = Verifier::new(cfg.verifier.clone())?;
+    let broker = cfg.broker.as_ref().map(Broker::load).transpose()?;
+    let bundle: Option<Arc<str>> = broker.as_ref().map(|b| b.bundle.as_str().into());
     let proxy = Arc::new(Proxy {
         sessions: Sessions::new(cfg.max_per_token),
         metrics: ProxyMetrics::new(),
         dns: Default::default(),
         verifier,
+        broker,
+        known: Default::default(),
         cfg,
     });
     let (proxy_stop, proxy_stopped) = oneshot::channel::<()>();
@@ -177,8 +190,10 @@ pub async fn start(
             })
         }),
     };
-    let (router, _doc) =
-        hako_shared::http::daemon_router(hako_shared::http::api_router(INFO), ops, 64 << 10);
+    let api = hako_shared::http::api_router(INFO)
+        .routes(utoipa_axum::routes!(ca_bundle))
+        .layer(axum::Extension(CaBundle(bundle)));
+    let (router, _doc) = hako_shared::http::daemon_router(api, ops, 64 << 10);
     let admin = tokio::spawn(async move {
         let r = hako_shared::http::serve(admin_listener, router, async move {
             let _ = admin_stopped.await;
@@ -209,6 +224,38 @@ pub async fn start(
         stops: vec![proxy_stop, admin_stop],
         tasks: vec![serving, admin, sweeper],
     })
+}
+
+/// What boxes trust, when the proxy brokers secrets.
+#[derive(Clone)]
+struct CaBundle(Option<Arc<str>>);
+
+/// The system roots and the install's CA certificate (PEM): what a box whose run has brokered
+/// secrets trusts (runed fetches it and mounts it read-only). Public; 404 when this proxy
+/// brokers no secrets.
+#[utoipa::path(
+    get,
+    path = "/v1/ca-bundle.pem",
+    tag = "egress",
+    responses(
+        (status = 200, description = "PEM certificates", content_type = "application/x-pem-file", body = String),
+        (status = 404, description = "`not_found`: no brokered secrets here", body = hako_shared::http::ErrorBody),
+    )
+)]
+async fn ca_bundle(
+    axum::Extension(CaBundle(bundle)): axum::Extension<CaBundle>,
+) -> Result<axum::response::Response, hako_shared::http::ApiError> {
+    use axum::response::IntoResponse as _;
+    let Some(b) = bundle else {
+        return Err(hako_shared::http::ApiError::not_found(
+            "this egress proxy brokers no secrets (EGRESS_SECRETS_DIR, EGRESS_CA_DIR)",
+        ));
+    };
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-pem-file")],
+        b.to_string(),
+    )
+        .into_response())
 }
 
 /// Every `recheck`, cuts the live connections of tokens that were revoked, expired, or can

@@ -1,9 +1,11 @@
 //! The proxy's metrics: allowed and denied requests (denials by reason), targets that could
-//! not be reached, open tunnels and why connections closed. Labels are fixed sets: never a
+//! not be reached, open tunnels and why connections closed, brokered secrets put on the wire
+//! and placeholders left (by why). Labels are fixed sets: never a
 //! host, folder or token.
 
 use hako_shared::metrics::{Counter, Gauge, Metrics};
 
+use crate::broker::Misuse;
 use crate::policy::{Denial, Failure};
 
 /// Handles on the proxy's series. Cheap to clone.
@@ -22,7 +24,12 @@ const DENIED_HELP: &str = "Requests refused, by reason.";
 const FAILED: &str = "egress_upstream_failures_total";
 const FAILED_HELP: &str = "Allowed requests whose target could not be reached, by step.";
 const CLOSED: &str = "egress_closed_total";
-const CLOSED_HELP: &str = "Connections to targets that ended, by why (done, broken, idle, revoked, expired, verifier_unavailable).";
+const CLOSED_HELP: &str = "Connections to targets that ended, by why (done, broken, idle, revoked, expired, verifier_unavailable, tls_handshake, sni_mismatch).";
+const REPLACED: &str = "egress_secrets_replaced_total";
+const REPLACED_HELP: &str =
+    "Requests to a bound host whose headers got a brokered secret's value (one per secret).";
+const REFUSED: &str = "egress_placeholders_refused_total";
+const REFUSED_HELP: &str = "Placeholders left unreplaced, by why (unbound_host: toward a host the secret is not bound to; other_run: not the run's own; plain_http; in_url).";
 
 /// Keeps the open-tunnel gauge up while it lives.
 pub struct TunnelOpen(Gauge);
@@ -37,7 +44,7 @@ impl ProxyMetrics {
     /// Every series created at zero, so a scrape shows each reason before it happens.
     pub fn new() -> Self {
         let registry = Metrics::default();
-        for kind in ["connect", "http"] {
+        for kind in ["connect", "http", "intercept"] {
             registry.counter(ALLOWED, ALLOWED_HELP, &[("kind", kind)]);
         }
         for d in Denial::ALL {
@@ -46,6 +53,10 @@ impl ProxyMetrics {
         for f in Failure::ALL {
             registry.counter(FAILED, FAILED_HELP, &[("step", f.code())]);
         }
+        for m in Misuse::ALL {
+            registry.counter(REFUSED, REFUSED_HELP, &[("reason", m.code())]);
+        }
+        registry.counter(REPLACED, REPLACED_HELP, &[]);
         let tunnels = registry.gauge("egress_open_tunnels", "CONNECT tunnels open now.", &[]);
         Self { registry, tunnels }
     }
@@ -72,6 +83,17 @@ impl ProxyMetrics {
     pub fn closed(&self, why: &'static str) -> Counter {
         self.registry
             .counter(CLOSED, CLOSED_HELP, &[("reason", why)])
+    }
+
+    /// Values put in place of placeholders.
+    pub fn replaced(&self) -> Counter {
+        self.registry.counter(REPLACED, REPLACED_HELP, &[])
+    }
+
+    /// Placeholders left, for `m`.
+    pub fn refused(&self, m: Misuse) -> Counter {
+        self.registry
+            .counter(REFUSED, REFUSED_HELP, &[("reason", m.code())])
     }
 
     /// Counts a tunnel open until the guard drops.

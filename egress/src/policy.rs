@@ -34,11 +34,20 @@ pub enum Denial {
     TooManyConnections,
     /// Not a proxy request (origin-form, no port on CONNECT, a scheme other than http).
     BadRequest,
+    /// The run's secrets are bound to this host, but this proxy has no broker (no CA, no
+    /// store): refused rather than tunnelled with its placeholders.
+    BrokerUnavailable,
+    /// A secret bound to this host is not set (or its file cannot be used): the request is
+    /// refused, not sent with its placeholder.
+    SecretUnavailable,
+    /// `TRACE` (or `TRACK`) toward a host the run's secrets are bound to: a server that
+    /// answers it echoes the request's headers, values included, back to the box.
+    TraceRefused,
 }
 
 impl Denial {
     /// Every reason, for metrics created at zero.
-    pub const ALL: [Denial; 10] = [
+    pub const ALL: [Denial; 13] = [
         Denial::NoToken,
         Denial::BadToken,
         Denial::Expired,
@@ -49,6 +58,9 @@ impl Denial {
         Denial::PrivateAddress,
         Denial::TooManyConnections,
         Denial::BadRequest,
+        Denial::BrokerUnavailable,
+        Denial::SecretUnavailable,
+        Denial::TraceRefused,
     ];
 
     /// The metric label and the `x-hako-egress-denied` header.
@@ -64,6 +76,9 @@ impl Denial {
             Denial::PrivateAddress => "private_address",
             Denial::TooManyConnections => "too_many_connections",
             Denial::BadRequest => "bad_request",
+            Denial::BrokerUnavailable => "broker_unavailable",
+            Denial::SecretUnavailable => "secret_unavailable",
+            Denial::TraceRefused => "trace_refused",
         }
     }
 
@@ -75,9 +90,12 @@ impl Denial {
             Denial::NoToken | Denial::BadToken | Denial::Expired | Denial::Revoked => {
                 StatusCode::PROXY_AUTHENTICATION_REQUIRED
             }
-            Denial::VerifierUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Denial::VerifierUnavailable | Denial::BrokerUnavailable | Denial::SecretUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Denial::TooManyConnections => StatusCode::TOO_MANY_REQUESTS,
             Denial::BadRequest => StatusCode::BAD_REQUEST,
+            Denial::TraceRefused => StatusCode::METHOD_NOT_ALLOWED,
             Denial::NotForEgress | Denial::HostNotAllowed | Denial::PrivateAddress => {
                 StatusCode::FORBIDDEN
             }
@@ -105,6 +123,15 @@ impl Denial {
             Denial::BadRequest => {
                 "not a proxy request: use CONNECT host:port, or an absolute http:// URL"
             }
+            Denial::BrokerUnavailable => {
+                "the run's secrets are bound to this host, but this proxy brokers no secrets (EGRESS_SECRETS_DIR, EGRESS_CA_DIR)"
+            }
+            Denial::SecretUnavailable => {
+                "a secret bound to this host is not set or cannot be read (hako secrets list)"
+            }
+            Denial::TraceRefused => {
+                "TRACE toward a host the run's secrets are bound to would echo their values back"
+            }
         }
     }
 }
@@ -118,11 +145,18 @@ pub enum Failure {
     Connect,
     /// The target's answer did not come, or broke.
     Upstream,
+    /// TLS toward the target failed (its certificate is not trusted, or not for its name).
+    Tls,
 }
 
 impl Failure {
     /// Every failure, for metrics created at zero.
-    pub const ALL: [Failure; 3] = [Failure::Resolve, Failure::Connect, Failure::Upstream];
+    pub const ALL: [Failure; 4] = [
+        Failure::Resolve,
+        Failure::Connect,
+        Failure::Upstream,
+        Failure::Tls,
+    ];
 
     /// The metric label.
     pub fn code(self) -> &'static str {
@@ -130,6 +164,7 @@ impl Failure {
             Failure::Resolve => "resolve",
             Failure::Connect => "connect",
             Failure::Upstream => "upstream",
+            Failure::Tls => "tls",
         }
     }
 

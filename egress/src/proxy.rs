@@ -1,8 +1,9 @@
 //! The proxy itself: one hyper HTTP/1.1 connection per client, each request either a
-//! `CONNECT host:port` (answered 200, then the bytes are relayed both ways untouched: no TLS
-//! interception) or an absolute `http://` URL (forwarded on a fresh connection to the target,
-//! `Proxy-*` and hop-by-hop headers removed). Every request is authorised on its own (token,
-//! allowlist, addresses) before the proxy opens anything toward the target.
+//! `CONNECT host:port` (answered 200, then the bytes are relayed both ways untouched, unless
+//! the run's brokered secrets are bound to that host: then `intercept`) or an absolute
+//! `http://` URL (forwarded on a fresh connection to the target, `Proxy-*` and hop-by-hop
+//! headers removed, placeholders never replaced). Every request is authorised on its own
+//! (token, allowlist, addresses) before the proxy opens anything toward the target.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -24,7 +25,9 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
+use crate::broker::{Known, Toward};
 use crate::config::Config;
+use crate::intercept::Broker;
 use crate::metrics::ProxyMetrics;
 use crate::policy::{self, Denial, Failure};
 use crate::sessions::{Sessions, Slot};
@@ -39,6 +42,10 @@ pub struct Proxy {
     pub(crate) sessions: Sessions,
     pub(crate) metrics: ProxyMetrics,
     pub(crate) dns: DnsCache,
+    /// Brokered secrets (none: bound hosts are refused).
+    pub(crate) broker: Option<Broker>,
+    /// Placeholders seen in verified tokens.
+    pub(crate) known: Known,
 }
 
 /// Most names remembered (full: forgotten all at once, O(1) amortised).
@@ -72,20 +79,20 @@ impl DnsCache {
 
 /// A request's target.
 #[derive(Debug, Clone)]
-struct Target {
-    host: TargetHost,
-    port: u16,
+pub(crate) struct Target {
+    pub(crate) host: TargetHost,
+    pub(crate) port: u16,
 }
 
 /// Who asked: for the deny log (never the token).
 #[derive(Default)]
-struct Who {
-    folder: Option<String>,
-    run: Option<String>,
+pub(crate) struct Who {
+    pub(crate) folder: Option<String>,
+    pub(crate) run: Option<String>,
 }
 
 impl Who {
-    fn of(c: &Claims) -> Self {
+    pub(crate) fn of(c: &Claims) -> Self {
         Self {
             folder: c.folder.clone(),
             run: c.run_id.clone(),
@@ -94,10 +101,13 @@ impl Who {
 }
 
 /// A permitted request, ready to go.
-struct Grant {
-    claims: Arc<Claims>,
-    slot: Slot,
-    stream: TcpStream,
+pub(crate) struct Grant {
+    pub(crate) claims: Arc<Claims>,
+    pub(crate) slot: Slot,
+    pub(crate) stream: TcpStream,
+    /// The addresses checked for the target (a later connection goes to these, never to a
+    /// second lookup's).
+    pub(crate) addrs: Vec<SocketAddr>,
 }
 
 enum Refusal {
@@ -128,7 +138,23 @@ impl Proxy {
             Err(Refusal::Denied(d, who)) => return Ok(self.deny(d, &shown, &who, peer)),
             Err(Refusal::Failed(f, who)) => return Ok(self.fail(f, &shown, &who)),
         };
-        let kind = if connect { "connect" } else { "http" };
+        // A run whose secrets are bound to this host: the proxy answers its TLS and puts the
+        // values in; never a plain tunnel, which would carry the placeholders through unseen.
+        let bound = connect
+            && grant
+                .claims
+                .secrets
+                .iter()
+                .any(|s| s.bound_to(&target.host, target.port));
+        if bound && self.broker.is_none() {
+            let who = Who::of(&grant.claims);
+            return Ok(self.deny(Denial::BrokerUnavailable, &shown, &who, peer));
+        }
+        let kind = match (connect, bound) {
+            (true, true) => "intercept",
+            (true, false) => "connect",
+            (false, _) => "http",
+        };
         self.metrics.allowed(kind).inc();
         tracing::debug!(
             folder = grant.claims.folder.as_deref().unwrap_or("-"),
@@ -142,7 +168,11 @@ impl Proxy {
             let this = Arc::clone(&self);
             tokio::spawn(async move {
                 let _hold = hold;
-                this.tunnel(on_upgrade, grant, shown).await;
+                if bound {
+                    this.intercept(on_upgrade, grant, target, shown).await;
+                } else {
+                    this.tunnel(on_upgrade, grant, shown).await;
+                }
             });
             return Ok(Response::new(Either::Right(Full::new(Bytes::new()))));
         }
@@ -173,6 +203,7 @@ impl Proxy {
             }
         };
         drop(token);
+        self.learn(&claims);
         let who = Who::of(&claims);
         if claims.typ != TokenType::Spawn || !claims.has_scope(scopes::EGRESS_CONNECT) {
             return denied(Denial::NotForEgress, who);
@@ -207,6 +238,7 @@ impl Proxy {
             claims,
             slot,
             stream,
+            addrs: permitted,
         })
     }
 
@@ -218,13 +250,19 @@ impl Proxy {
 
     /// Why a live connection of `c` must be cut now, if it must.
     pub(crate) fn verdict(&self, c: &Claims, now: i64) -> Option<&'static str> {
+        self.denial_now(c, now).map(Denial::code)
+    }
+
+    /// Why a token that passed once is no good now (revoked, expired, or the proxy can no
+    /// longer tell), if it is not.
+    pub(crate) fn denial_now(&self, c: &Claims, now: i64) -> Option<Denial> {
         let leeway = i64::try_from(self.cfg.verifier.leeway.as_secs()).unwrap_or(0);
         if self.verifier.is_revoked(&c.jti) {
-            Some(Denial::Revoked.code())
+            Some(Denial::Revoked)
         } else if now >= c.exp.saturating_add(leeway) {
-            Some(Denial::Expired.code())
+            Some(Denial::Expired)
         } else if !self.revocations_fresh() {
-            Some(Denial::VerifierUnavailable.code())
+            Some(Denial::VerifierUnavailable)
         } else {
             None
         }
@@ -255,7 +293,7 @@ impl Proxy {
         }
     }
 
-    async fn connect(&self, addrs: &[SocketAddr]) -> Option<TcpStream> {
+    pub(crate) async fn connect(&self, addrs: &[SocketAddr]) -> Option<TcpStream> {
         let deadline = tokio::time::Instant::now() + self.cfg.connect_timeout;
         for a in addrs {
             match tokio::time::timeout_at(deadline, TcpStream::connect(a)).await {
@@ -275,6 +313,7 @@ impl Proxy {
             claims,
             slot,
             stream,
+            ..
         } = g;
         let upgraded = match tokio::time::timeout(self.cfg.header_timeout, on_upgrade).await {
             Ok(Ok(u)) => u,
@@ -305,7 +344,7 @@ impl Proxy {
 
     async fn forward(
         &self,
-        req: Request<Incoming>,
+        mut req: Request<Incoming>,
         g: Grant,
         target: &Target,
         shown: &str,
@@ -314,8 +353,23 @@ impl Proxy {
             claims,
             slot,
             stream,
+            ..
         } = g;
         let who = Who::of(&claims);
+        // Plain HTTP: values would cross the network unencrypted, so placeholders are never
+        // replaced here; any that turn up are recorded.
+        let path = req.uri().to_string();
+        let to = Toward {
+            host: &target.host,
+            port: target.port,
+            tls: false,
+        };
+        if let Ok(o) = self
+            .substituter(&claims)
+            .substitute(req.headers_mut(), &path, to)
+        {
+            self.record(&o.refused, &who, shown);
+        }
         let (io, last) = Active::new(stream);
         let handshake = hyper::client::conn::http1::Builder::new()
             .handshake::<_, Incoming>(TokioIo::new(io))
@@ -349,7 +403,7 @@ impl Proxy {
         }
     }
 
-    fn deny(
+    pub(crate) fn deny(
         &self,
         d: Denial,
         shown: &str,
@@ -385,7 +439,7 @@ impl Proxy {
         resp
     }
 
-    fn fail(&self, f: Failure, shown: &str, who: &Who) -> Response<Body> {
+    pub(crate) fn fail(&self, f: Failure, shown: &str, who: &Who) -> Response<Body> {
         self.metrics.failed(f).inc();
         tracing::info!(
             folder = who.folder.as_deref().unwrap_or("-"),
@@ -456,7 +510,7 @@ const HOP_BY_HOP: [&str; 9] = [
     "upgrade",
 ];
 
-fn strip_hop_by_hop(h: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(h: &mut HeaderMap) {
     let named: Vec<HeaderName> = h
         .get_all(header::CONNECTION)
         .iter()
@@ -498,13 +552,13 @@ fn origin_request(req: Request<Incoming>, target: &Target) -> Option<Request<Inc
 }
 
 /// Milliseconds on a clock of the process's own (for activity stamps).
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     START.get_or_init(Instant::now).elapsed().as_millis() as u64
 }
 
 /// Resolves once `last` (an activity stamp) is older than `limit`.
-async fn idle(last: Arc<AtomicU64>, limit: Duration) {
+pub(crate) async fn idle(last: Arc<AtomicU64>, limit: Duration) {
     let step = (limit / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
     let limit_ms = limit.as_millis() as u64;
     loop {
@@ -524,13 +578,12 @@ pub struct Active<S> {
 impl<S> Active<S> {
     fn new(inner: S) -> (Self, Arc<AtomicU64>) {
         let last = Arc::new(AtomicU64::new(now_ms()));
-        (
-            Self {
-                inner,
-                last: Arc::clone(&last),
-            },
-            last,
-        )
+        (Self::with(inner, Arc::clone(&last)), last)
+    }
+
+    /// `inner`, stamping `last` (shared with another stream of the same connection).
+    pub(crate) fn with(inner: S, last: Arc<AtomicU64>) -> Self {
+        Self { inner, last }
     }
 
     fn touch(&self) {

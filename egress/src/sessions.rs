@@ -140,6 +140,7 @@ mod tests {
             turn_id: Some("t".into()),
             parent_jti: None,
             egress: vec![],
+            secrets: vec![],
         })
     }
 

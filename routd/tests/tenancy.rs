@@ -222,6 +222,82 @@ async fn a_tenant_changes_only_its_groups_name_and_prompt() {
     rig.stop().await;
 }
 
+/// Brokered secrets are the operator's to lend: a tenant cannot name one in its group, add a
+/// host to one, or give one to a sub-group it makes; its rename leaves them as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_tenant_cannot_lend_itself_a_secret_or_a_host() {
+    let rig = Rig::new(&[], &[]).await;
+    let lent = json!({
+        "network": "allowlist",
+        "egress_allowlist": ["api.github.com", "github.com"],
+        "secrets": [{"name": "GH_TOKEN", "hosts": ["api.github.com"]}],
+    });
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            "/v1/groups/acme",
+            json!({"name": "acme", "group": lent}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    assert_eq!(v["group"]["secrets"], lent["secrets"], "{v}");
+    // The operator's own mistakes are named: a host not on the list.
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            "/v1/groups/acme",
+            json!({"name": "acme", "group": {"network": "allowlist", "egress_allowlist": ["github.com"],
+                   "secrets": [{"name": "GH_TOKEN", "hosts": ["gitlab.com"]}]}}),
+        )
+        .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("secrets[0].hosts[0]"),
+        "{v}"
+    );
+    let tenant = rig
+        .mint(&["groups:write", "groups:read"], Some("acme"), 600)
+        .await;
+    let wider_secret = json!({"network": "allowlist", "egress_allowlist": ["api.github.com", "github.com"],
+        "secrets": [{"name": "GH_TOKEN", "hosts": ["api.github.com"]},
+                    {"name": "NPM_TOKEN", "hosts": ["github.com"]}]});
+    let wider_host = json!({"network": "allowlist", "egress_allowlist": ["api.github.com", "github.com"],
+        "secrets": [{"name": "GH_TOKEN", "hosts": ["api.github.com", "github.com"]}]});
+    for (path, group) in [
+        ("/v1/groups/acme", wider_secret.clone()),
+        ("/v1/groups/acme", wider_host),
+        ("/v1/groups/acme", lent.clone()),
+        ("/v1/groups/acme%2Fbots", wider_secret),
+    ] {
+        let (s, v) = rig
+            .api()
+            .put(&tenant, path, json!({"name": "x", "group": group}))
+            .await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (403, Some("folder_forbidden")),
+            "{path}: {v}"
+        );
+    }
+    let (s, v) = rig
+        .api()
+        .put(&tenant, "/v1/groups/acme", json!({"name": "ACME"}))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let (_, g) = rig.api().get(&rig.operator, "/v1/groups/acme").await;
+    assert_eq!(g["group"]["secrets"], lent["secrets"], "{g}");
+    assert_eq!(
+        g["group"]["egress_allowlist"], lent["egress_allowlist"],
+        "{g}"
+    );
+    rig.stop().await;
+}
+
 /// One turn writing without end is stopped: a bounded number of messages and bytes per
 /// turn, status edits bounded too (each one was a webhook delivery), refused as
 /// `rate_limited` tool errors the agent reads; nothing beyond the bound is stored (6,151

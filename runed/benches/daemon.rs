@@ -75,6 +75,11 @@ impl Bench {
                 .expect("run status");
             match v["state"].as_str() {
                 Some("queued" | "starting" | "running") => continue,
+                // More runs wait than one caller may long-poll at once (16): ask again soon.
+                None if v["error"] == "too_many_streams" => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
                 Some("exited") if v["outcome"] == "ok" => return,
                 _ => panic!("run failed: {v}"),
             }

@@ -41,6 +41,7 @@ fn spec(i: usize) -> RunSpec {
         group: GroupSpec::default(),
         close: CloseWhen::Idle(Duration::ZERO),
         bind: None,
+        brokered: Vec::new(),
     }
 }
 

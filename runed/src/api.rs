@@ -60,6 +60,8 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(create_hold))
         .routes(routes!(sessions))
         .routes(routes!(audit))
+        .routes(routes!(list_secrets))
+        .routes(routes!(set_secret, remove_secret))
 }
 
 /// `GET /v1/audit` answer, newest first.
@@ -178,14 +180,14 @@ async fn create_run(
     req.group.validate()?;
     let elevated = req.group.beyond(&sh.cfg.runner.limits);
     // A folder-bound caller may only tighten; an unbound one may set the rest, except the
-    // network (and what an allowlist reaches), which only a service token chooses (routd,
-    // from the group's config).
+    // network (and what an allowlist reaches, and the brokered secrets it may use), which
+    // only a service token chooses (routd, from the group's config).
     let elevated: Vec<&'static str> = if is_service(&who) {
         Vec::new()
     } else if who.is_unbound() {
         elevated
             .into_iter()
-            .filter(|f| matches!(*f, "network" | "egress_allowlist"))
+            .filter(|f| matches!(*f, "network" | "egress_allowlist" | "secrets"))
             .collect()
     } else {
         elevated
@@ -933,6 +935,139 @@ async fn sessions(
         sessions: rows,
         next_before: next,
     }))
+}
+
+/// Only the operator (an unbound token holding `scope`) reaches brokered secrets.
+fn secrets_caller(who: &Principal, scope: &str) -> Result<(), ApiFailure> {
+    who.require(scope)?;
+    if !who.is_unbound() {
+        return Err(ApiFailure::SecretsNeedUnbound);
+    }
+    Ok(())
+}
+
+fn secret_name(raw: &str) -> Result<hako_shared::secrets::SecretName, ApiFailure> {
+    hako_shared::secrets::SecretName::parse(raw).map_err(ApiFailure::InvalidSecretName)
+}
+
+/// The store's calls run on a blocking thread (small files, but files).
+async fn on_store<T: Send + 'static>(
+    sh: &Shared,
+    f: impl FnOnce(
+        &hako_runner::secret_store::SecretStore,
+    ) -> Result<T, hako_runner::secret_store::StoreError>
+    + Send
+    + 'static,
+) -> Result<T, ApiFailure> {
+    let store = sh.secrets.clone();
+    tokio::task::spawn_blocking(move || f(&store))
+        .await
+        .map_err(ApiFailure::internal)?
+        .map_err(|e| match e {
+            hako_runner::secret_store::StoreError::Value(v) => ApiFailure::InvalidSecretValue(v),
+            other => ApiFailure::internal(other),
+        })
+}
+
+/// The operator's brokered secrets, by name: when each was set, never a value
+/// (`specs/egress.md`, Secrets).
+#[utoipa::path(get, path = "/v1/secrets", tag = "secrets", security(("bearer" = [])),
+    responses(
+        (status = 200, description = "The secrets, by name", body = hako_shared::secrets::SecretList),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`secrets:read`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
+    ))]
+async fn list_secrets(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+) -> Result<Json<hako_shared::secrets::SecretList>, ApiFailure> {
+    secrets_caller(&who, scopes::SECRETS_READ)?;
+    let stored = on_store(&sh, |s| s.list()).await?;
+    Ok(Json(hako_shared::secrets::SecretList {
+        secrets: stored
+            .into_iter()
+            .map(|s| hako_shared::secrets::SecretView {
+                name: s.name,
+                set_at: rfc3339(s.set_at),
+            })
+            .collect(),
+    }))
+}
+
+/// Sets a brokered secret (replacing its value at once). The value goes into the egress
+/// proxy's store (0600, the proxy's user) and nowhere else: never the database, a log, an
+/// audit row or an answer. Groups name the secrets they use in their `secrets`.
+#[utoipa::path(put, path = "/v1/secrets/{name}", tag = "secrets", security(("bearer" = [])),
+    params(("name" = String, Path, description = "The secret's name: uppercase letters, digits and _ (an environment variable's name)", example = "GH_TOKEN")),
+    request_body = hako_shared::secrets::SecretValueRequest,
+    responses(
+        (status = 204, description = "Set"),
+        (status = 400, description = "`invalid_secret_name`, `invalid_secret_value`, `invalid_json` (the value is never echoed)", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`secrets:write`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
+    ))]
+async fn set_secret(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<StatusCode, ApiFailure> {
+    secrets_caller(&who, scopes::SECRETS_WRITE)?;
+    let name = secret_name(&name)?;
+    // Parsed here, so that no extractor's message can quote the body.
+    let req: hako_shared::secrets::SecretValueRequest =
+        serde_json::from_slice(&body).map_err(|_| ApiFailure::InvalidSecretBody)?;
+    drop(body);
+    let n = name.clone();
+    on_store(&sh, move |s| s.set(&n, req.value.as_bytes())).await?;
+    audit_row(
+        &sh,
+        &who,
+        "secret.set",
+        None,
+        None,
+        "ok",
+        format!("name={name}"),
+    )
+    .await;
+    tracing::info!(secret = %name, "brokered secret set");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Removes a brokered secret: from the next request on, the proxy has no value for it and
+/// refuses requests that need it (`secret_unavailable`).
+#[utoipa::path(delete, path = "/v1/secrets/{name}", tag = "secrets", security(("bearer" = [])),
+    params(("name" = String, Path, description = "The secret's name", example = "GH_TOKEN")),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 400, description = "`invalid_secret_name`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`secrets:write`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
+        (status = 404, description = "`not_found`: no such secret", body = ErrorBody),
+    ))]
+async fn remove_secret(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiFailure> {
+    secrets_caller(&who, scopes::SECRETS_WRITE)?;
+    let name = secret_name(&name)?;
+    let n = name.clone();
+    if !on_store(&sh, move |s| s.remove(&n)).await? {
+        return Err(ApiFailure::NoSecret(name.to_string()));
+    }
+    audit_row(
+        &sh,
+        &who,
+        "secret.remove",
+        None,
+        None,
+        "ok",
+        format!("name={name}"),
+    )
+    .await;
+    tracing::info!(secret = %name, "brokered secret removed");
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// runed's audit log, newest first (unbound callers only).

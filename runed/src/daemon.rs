@@ -129,6 +129,37 @@ pub(crate) async fn hold(sh: Arc<Shared>, run_id: RunId, control: RunControl, tt
     end_without_container(&sh, &run_id, state, outcome, None).await;
 }
 
+/// An `allowlist` run's brokered secrets, as its token will carry them: each secret the group
+/// names, its hosts, and a fresh placeholder. A secret that is not set fails the run, naming
+/// it (its requests could only be refused).
+fn brokered_for(
+    sh: &Shared,
+    g: &hako_shared::runs::GroupSpec,
+) -> Result<Vec<hako_shared::secrets::SecretClaim>, String> {
+    if g.network != hako_shared::runs::Network::Allowlist {
+        return Ok(Vec::new());
+    }
+    g.secrets
+        .iter()
+        .map(|b| {
+            if !sh.secrets.contains(&b.name) {
+                return Err(format!(
+                    "secret {} is not set: the operator sets it with `hako secrets set {}`",
+                    b.name, b.name
+                ));
+            }
+            let hosts = b
+                .parsed_hosts()
+                .map_err(|(i, e)| format!("secrets: {} hosts[{i}]: {e}", b.name))?;
+            Ok(hako_shared::secrets::SecretClaim {
+                name: b.name.clone(),
+                hosts: hosts.iter().map(ToString::to_string).collect(),
+                placeholder: hako_shared::secrets::Placeholder::random(),
+            })
+        })
+        .collect()
+}
+
 /// One run, from the queue to its end.
 async fn run_one(
     sh: Arc<Shared>,
@@ -181,6 +212,13 @@ async fn run_one(
         }
     }
     let ceiling = sh.cfg.runner.ceiling(req.group.timeout.map(|t| t.0));
+    let brokered = match brokered_for(&sh, &req.group) {
+        Ok(b) => b,
+        Err(why) => {
+            end_without_container(&sh, &run_id, RunState::Error, Outcome::Error, Some(why)).await;
+            return;
+        }
+    };
     let token = match sh
         .broker
         .mint(
@@ -193,6 +231,7 @@ async fn run_one(
             } else {
                 &[]
             },
+            &brokered,
             ceiling + sh.cfg.token_margin,
         )
         .await
@@ -260,11 +299,14 @@ async fn run_one(
         group: req.group.clone(),
         close: sh.close_when(),
         bind: Some(bind_hook(sh.clone(), run_id.clone())),
+        brokered,
     };
-    // What the folder's next box is made from: the run without its input (token, secrets).
+    // What the folder's next box is made from: the run without its input (token, secrets)
+    // and without this run's placeholders.
     let next_box = RunSpec {
         input: ContainerInput::default(),
         bind: None,
+        brokered: Vec::new(),
         ..spec.clone()
     };
     let (tx, fwd) = forward(sh.clone(), run_id.clone());

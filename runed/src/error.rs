@@ -49,6 +49,21 @@ pub enum ApiFailure {
     /// The audit log is for unbound callers.
     #[error("the audit log spans every folder; a folder-bound token cannot read it")]
     AuditNeedsUnbound,
+    /// Brokered secrets are the install's, for unbound callers (the operator) only.
+    #[error("brokered secrets are the install's; a folder-bound token cannot see or set them")]
+    SecretsNeedUnbound,
+    /// Not a secret's name.
+    #[error("{0}")]
+    InvalidSecretName(String),
+    /// A body that is not `{"value": "…"}` (never echoed: it may hold the value).
+    #[error("the body must be a JSON object {{\"value\": \"…\"}} and nothing else")]
+    InvalidSecretBody,
+    /// Not a usable value (never echoed).
+    #[error("{0}")]
+    InvalidSecretValue(#[from] hako_shared::secrets::ValueError),
+    /// No such secret.
+    #[error("no secret {0}")]
+    NoSecret(String),
     /// What every daemon's request shares.
     #[error(transparent)]
     Common(Common),
@@ -60,14 +75,19 @@ impl ApiFailure {
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) => StatusCode::NOT_FOUND,
-            ApiFailure::InvalidWait(_)
+            ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) | ApiFailure::NoSecret(_) => {
+                StatusCode::NOT_FOUND
+            }
+            ApiFailure::InvalidSecretName(_)
+            | ApiFailure::InvalidSecretBody
+            | ApiFailure::InvalidSecretValue(_)
+            | ApiFailure::InvalidWait(_)
             | ApiFailure::SecretsTooLarge(_)
             | ApiFailure::EmptyMessages
             | ApiFailure::InvalidSteerId => StatusCode::BAD_REQUEST,
-            ApiFailure::ForbiddenGroupSetting(_) | ApiFailure::AuditNeedsUnbound => {
-                StatusCode::FORBIDDEN
-            }
+            ApiFailure::ForbiddenGroupSetting(_)
+            | ApiFailure::AuditNeedsUnbound
+            | ApiFailure::SecretsNeedUnbound => StatusCode::FORBIDDEN,
             ApiFailure::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiFailure::NotLive(_) => StatusCode::CONFLICT,
             ApiFailure::DockerUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -78,7 +98,10 @@ impl ApiFailure {
     /// The machine-readable code.
     pub fn code(&self) -> &str {
         match self {
-            ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) => "not_found",
+            ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) | ApiFailure::NoSecret(_) => "not_found",
+            ApiFailure::InvalidSecretName(_) => "invalid_secret_name",
+            ApiFailure::InvalidSecretBody => "invalid_json",
+            ApiFailure::InvalidSecretValue(_) => "invalid_secret_value",
             ApiFailure::InvalidWait(_) => "invalid_wait",
             ApiFailure::ForbiddenGroupSetting(_) => "forbidden_group_setting",
             ApiFailure::SecretsTooLarge(_) => "secrets_too_large",
@@ -86,7 +109,7 @@ impl ApiFailure {
             ApiFailure::QueueFull(_) => "queue_full",
             ApiFailure::NotLive(_) => "not_live",
             ApiFailure::EmptyMessages | ApiFailure::InvalidSteerId => "invalid_request",
-            ApiFailure::AuditNeedsUnbound => "folder_forbidden",
+            ApiFailure::AuditNeedsUnbound | ApiFailure::SecretsNeedUnbound => "folder_forbidden",
             ApiFailure::Common(c) => c.code(),
         }
     }
@@ -114,6 +137,14 @@ mod tests {
                 "queue_full",
             ),
             (ApiFailure::NotLive("r".into()), 409, "not_live"),
+            (ApiFailure::NoSecret("GH_TOKEN".into()), 404, "not_found"),
+            (ApiFailure::InvalidSecretBody, 400, "invalid_json"),
+            (
+                hako_shared::secrets::ValueError::NotPrintable(2).into(),
+                400,
+                "invalid_secret_value",
+            ),
+            (ApiFailure::SecretsNeedUnbound, 403, "folder_forbidden"),
             (DbError::Closed.into(), 503, "unavailable"),
             (ApiFailure::internal("boom"), 500, "internal"),
         ];

@@ -161,6 +161,12 @@ pub async fn start(
     let (events, _) = broadcast::channel(state::EVENT_RING);
     let watchers =
         hako_shared::watchers::Gate::new(config.max_streams, config.max_streams_per_caller);
+    let data_dir = std::path::absolute(&config.runner.layout.data_dir)
+        .unwrap_or_else(|_| config.runner.layout.data_dir.clone());
+    let secrets = hako_runner::secret_store::SecretStore::new(
+        data_dir,
+        hako_runner::secret_store::proxy_owner(),
+    );
     let shared = Arc::new(Shared {
         sched: std::sync::Mutex::new(Sched {
             queue: FairQueue::new(config.max_containers, config.max_per_tenant),
@@ -183,6 +189,7 @@ pub async fn start(
         stopping: CancellationToken::new(),
         watchers,
         adopted: AtomicBool::new(false),
+        secrets,
     });
     if let Err(why) = shared.probe_docker().await {
         tracing::warn!(%why, "docker is unavailable; runs stay queued until it answers");
@@ -327,6 +334,9 @@ mod tests {
                 ("/v1/holds", "post"),
                 ("/v1/sessions", "get"),
                 ("/v1/audit", "get"),
+                ("/v1/secrets", "get"),
+                ("/v1/secrets/{name}", "put"),
+                ("/v1/secrets/{name}", "delete"),
                 ("/health", "get"),
                 ("/ready", "get"),
                 ("/metrics", "get"),
@@ -339,6 +349,8 @@ mod tests {
                 "OutputBlock",
                 "CreatedRun",
                 "ErrorBody",
+                "SecretList",
+                "SecretValueRequest",
             ],
             sources: &["src"],
         };

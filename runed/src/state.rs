@@ -159,6 +159,8 @@ pub struct Shared {
     pub(crate) watchers: Arc<hako_shared::watchers::Gate>,
     /// Set once re-adoption has run.
     pub(crate) adopted: std::sync::atomic::AtomicBool,
+    /// The operator's brokered secrets (written here, read only by the egress proxy).
+    pub(crate) secrets: hako_runner::secret_store::SecretStore,
 }
 
 /// Locks `m`, taking the data of a poisoned lock (a panicked holder) as it is.

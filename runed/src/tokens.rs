@@ -1,6 +1,7 @@
 //! Per-spawn tokens. runed never signs: it asks authd, with its own service token (refreshed
 //! before it runs short), for a child token downscoped to one run's folder, turn and run,
-//! carrying the agent's scopes and the group's egress hosts, and revokes it when the run ends.
+//! carrying the agent's scopes, the group's egress hosts and its brokered secrets (names,
+//! hosts and the run's placeholders, never values), and revokes it when the run ends.
 //! Without authd (open local-dev mode) every run gets the same static token, and runed says
 //! so loudly.
 
@@ -9,6 +10,7 @@ use std::time::Duration;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{AGENT_SCOPES, AuthdClient, ClientError, ServiceTokenSource, now_secs};
 use hako_shared::ids::{RunId, TurnId};
+use hako_shared::secrets::SecretClaim;
 
 /// The static token of open mode (never valid anywhere authd is running).
 pub const OPEN_TOKEN: &str = "hako-open-dev-mode-token";
@@ -86,6 +88,7 @@ impl Broker {
         turn_id: &TurnId,
         run_id: &RunId,
         egress: &[String],
+        secrets: &[SecretClaim],
         ttl: Duration,
     ) -> Result<SpawnToken, BrokerError> {
         let src = match self {
@@ -106,6 +109,7 @@ impl Broker {
             run_id: Some(run_id.to_string()),
             turn_id: Some(turn_id.to_string()),
             egress: egress.to_vec(),
+            secrets: secrets.to_vec(),
         };
         // The parent must outlive the child: ask for a service token with the run's life left.
         let mut retried = false;

@@ -41,6 +41,7 @@ async fn an_allowlist_run_reaches_exactly_its_list() {
             turn_id: Some("t".into()),
             parent_jti: None,
             egress: vec!["web.test".into()],
+            secrets: vec![],
         };
         Signer::generate().unwrap().sign(&c).unwrap()
     };

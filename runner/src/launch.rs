@@ -54,7 +54,18 @@ impl Runner {
         // An allowlist run's network: internal, its only other member the egress proxy.
         let egress_net = match (&self.egress, spec.group.network) {
             (Some(e), Network::Allowlist) => {
-                Some(e.attach_run(&spec.run_id, spec.folder.as_str()).await?)
+                let net = e.attach_run(&spec.run_id, spec.folder.as_str()).await?;
+                if !spec.brokered.is_empty() && !e.has_bundle() {
+                    // The proxy has not handed out its CA yet: the box could not trust it.
+                    let _ = e.detach_run(&spec.run_id).await;
+                    return Err(RunError::Docker(EngineError::Api {
+                        status: Some(503),
+                        message:
+                            "the egress proxy's CA bundle is not there yet (is the proxy ready?)"
+                                .into(),
+                    }));
+                }
+                Some(net)
             }
             (None, Network::Allowlist) => {
                 return Err(RunError::Invalid(
@@ -274,6 +285,9 @@ impl Runner {
             // The proxy's address only: the token travels on stdin, and the agent puts it
             // into its tools' proxy variables itself (specs/egress.md).
             env.extend(super::proxy_container::Egress::agent_env());
+            // Brokered secrets: each placeholder under its secret's name, never a value, and
+            // the CA bundle where every common client looks for it.
+            env.extend(super::proxy_container::Egress::brokered_env(&spec.brokered));
         }
         let mut labels = self.base_labels(&spec.run_id, &spec.folder, "agent");
         labels.insert(labels::TURN.to_owned(), spec.turn_text());

@@ -33,6 +33,7 @@ mod prepare;
 pub mod proxy_container;
 pub mod runlog;
 pub mod safefs;
+pub mod secret_store;
 pub mod seed;
 pub mod sentinel;
 mod steer;
@@ -151,6 +152,10 @@ pub struct RunSpec {
     pub close: CloseWhen,
     /// Called when the run takes a warm box, before its input is written.
     pub bind: Option<BindHook>,
+    /// The brokered secrets of an `allowlist` run, as its spawn token carries them: the box's
+    /// environment gets each placeholder under the secret's name (never a value), and the CA
+    /// bundle the proxy hands out (`specs/egress.md`, Secrets).
+    pub brokered: Vec<hako_shared::secrets::SecretClaim>,
 }
 
 impl RunSpec {
@@ -388,6 +393,7 @@ impl Runner {
                 e,
                 cfg.install_id.clone(),
                 cfg.docker_timeout,
+                cfg.layout.clone(),
             ))
         });
         Ok(Runner {

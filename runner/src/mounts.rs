@@ -16,6 +16,7 @@
 //! | validated extra mounts | `/workspace/extra/<name>/` | ro unless allowed |
 //! | project dir (main only, when configured) | `/workspace/project/` | ro |
 //! | `global/` (others) | `/workspace/global/` | ro |
+//! | `egress/ca-bundle.pem` (runs with brokered secrets) | `/etc/ssl/certs/ca-certificates.crt` | ro |
 //!
 //! The agent runs as a non-root user whose `$HOME` is `/home/agent`, so the session directory
 //! (the seed's `/root/`) is mounted there: that is where its tools look for `.claude/`.
@@ -36,6 +37,9 @@ pub const WORKSPACE: &str = "/workspace";
 pub const SIDECAR_DIR: &str = "/var/run/pub/arizuko/sidecars";
 /// Received media, a directory of the workspace.
 pub const MEDIA: &str = "media";
+/// Where a box with brokered secrets finds the CA bundle: Debian's own path, which curl,
+/// OpenSSL, git and Python read even without the variables pointing at it.
+pub const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 
 /// One bind mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,6 +102,8 @@ pub struct MountPlan<'a> {
     pub web_dir: Option<&'a Path>,
     /// Validated extra mounts: `(resolved host path, name, readonly)`.
     pub extra: &'a [(PathBuf, String, bool)],
+    /// The CA bundle, for a run with brokered secrets.
+    pub ca_bundle: bool,
 }
 
 /// A directory the runner must create before the run, relative to the data root, and
@@ -220,6 +226,9 @@ impl MountPlan<'_> {
                 *readonly,
             ));
         }
+        if self.ca_bundle {
+            v.push(m(l.data_dir.join(layout::CA_BUNDLE), CA_BUNDLE, true));
+        }
         v
     }
 
@@ -259,6 +268,7 @@ mod tests {
             project_dir: Some(Path::new("/srv/project")),
             web_dir: Some(Path::new("/app/web")),
             extra: &[],
+            ca_bundle: false,
         }
     }
 

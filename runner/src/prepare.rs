@@ -47,6 +47,12 @@ impl Runner {
                 "network \"allowlist\" needs the egress proxy, which is not configured (RUNED_EGRESS_IMAGE); use \"none\" or \"open\"".into(),
             ));
         }
+        if !spec.brokered.is_empty() && g.network != Network::Allowlist {
+            // Placeholders only mean something where the proxy sees the traffic.
+            return Err(RunError::Invalid(
+                "brokered secrets need network \"allowlist\"".into(),
+            ));
+        }
         for s in &g.sidecars {
             mountsec::validate_name(&s.name)
                 .map_err(|r| RunError::Invalid(format!("sidecar {:?}: {r}", s.name)))?;
@@ -70,6 +76,7 @@ impl Runner {
             project_dir: cfg.project_dir.as_deref(),
             web_dir: cfg.web_dir.as_deref(),
             extra: &extra,
+            ca_bundle: !spec.brokered.is_empty(),
         };
         let replaced = self
             .prepare_dirs(spec, &plan, &vars)

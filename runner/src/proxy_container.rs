@@ -12,16 +12,20 @@ use std::time::Duration;
 
 use bollard::Docker;
 use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest, NetworkCreateRequest,
-    NetworkDisconnectRequest,
+    ContainerCreateBody, EndpointSettings, HostConfig, Mount, MountType, NetworkConnectRequest,
+    NetworkCreateRequest, NetworkDisconnectRequest,
 };
 use bollard::query_parameters::{CreateContainerOptionsBuilder, ListNetworksOptionsBuilder};
 
 use hako_shared::allowlist::{NO_PROXY_VARS, PROXY_VARS};
 use hako_shared::config::{ConfigError, Env};
 use hako_shared::ids::RunId;
+use hako_shared::secrets::SecretClaim;
+use sha2::{Digest, Sha256};
 
 use super::docker::{self, EngineError, labels};
+use super::mounts::{CA_BUNDLE, Layout};
+use super::secret_store::{SecretStore, proxy_owner};
 
 /// The name every run network gives the proxy.
 pub const PROXY_ALIAS: &str = "hako-egress";
@@ -33,6 +37,14 @@ pub const ADMIN_PORT: u16 = 3129;
 pub const ROLE_PROXY: &str = "egress";
 /// `io.hako.role` of a run's network.
 pub const ROLE_NETWORK: &str = "egress-net";
+/// Where the proxy finds the operator's secrets (read-only).
+pub const SECRETS_TARGET: &str = "/var/lib/hako-egress/secrets";
+/// Where the proxy keeps its CA (its own, read-write).
+pub const CA_TARGET: &str = "/var/lib/hako-egress/ca";
+/// A label on the proxy container: a digest of what it was made with (image aside), so that a
+/// proxy made by another configuration (another runed, no store mounted) is made again.
+const LABEL_SPEC: &str = "io.hako.egress.spec";
+pub use hako_shared::secrets::CA_BUNDLE_VARS;
 
 /// runed's egress settings; `None` in [`super::RunnerConfig`] (no `RUNED_EGRESS_IMAGE`) means
 /// no proxy, and `allowlist` runs are refused.
@@ -102,9 +114,18 @@ impl EgressConfig {
                         | "RUST_LOG"
                 )
         };
+        // The listeners and the broker's paths are the container's, set by runed; the extra
+        // roots (a test's CA) pass.
+        let own = [
+            "EGRESS_LISTEN",
+            "EGRESS_ADMIN_LISTEN",
+            "EGRESS_SECRETS_DIR",
+            "EGRESS_CA_DIR",
+            "EGRESS_SYSTEM_ROOTS",
+        ];
         let mut vars: Vec<(String, String)> = env
             .pairs()
-            .filter(|(k, _)| passed(k) && *k != "EGRESS_LISTEN" && *k != "EGRESS_ADMIN_LISTEN")
+            .filter(|(k, _)| passed(k) && !own.contains(k))
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
         vars.sort();
@@ -124,6 +145,9 @@ pub struct Egress {
     cfg: EgressConfig,
     install: String,
     timeout: Duration,
+    layout: Layout,
+    /// The operator's secrets and the proxy's CA directory (its bind sources).
+    store: SecretStore,
     /// One creation at a time.
     gate: tokio::sync::Mutex<()>,
     /// The last check's verdict, for `/ready`.
@@ -152,8 +176,14 @@ pub enum Checked {
 }
 
 impl Egress {
-    /// The proxy of `install`, as `cfg` describes it.
-    pub fn new(docker: Docker, cfg: EgressConfig, install: String, timeout: Duration) -> Self {
+    /// The proxy of `install`, as `cfg` describes it, its files under `layout`'s data root.
+    pub fn new(
+        docker: Docker,
+        cfg: EgressConfig,
+        install: String,
+        timeout: Duration,
+        layout: Layout,
+    ) -> Self {
         let http = reqwest::Client::builder()
             .no_proxy()
             .timeout(Duration::from_secs(2))
@@ -164,6 +194,8 @@ impl Egress {
             cfg,
             install,
             timeout,
+            store: SecretStore::new(&layout.data_dir, proxy_owner()),
+            layout,
             gate: tokio::sync::Mutex::new(()),
             status: Mutex::new(Err("the egress proxy has not been checked yet".into())),
             http,
@@ -198,6 +230,24 @@ impl Egress {
             .map(|k| format!("{k}={url}"))
             .chain(NO_PROXY_VARS.iter().map(|k| format!("{k}=")))
             .collect()
+    }
+
+    /// A box's environment for its brokered secrets: each placeholder under the secret's
+    /// name, and the CA bundle in every variable a common client reads.
+    pub fn brokered_env(brokered: &[SecretClaim]) -> Vec<String> {
+        if brokered.is_empty() {
+            return Vec::new();
+        }
+        brokered
+            .iter()
+            .map(|c| format!("{}={}", c.name.as_str(), c.placeholder.as_str()))
+            .chain(CA_BUNDLE_VARS.iter().map(|k| format!("{k}={CA_BUNDLE}")))
+            .collect()
+    }
+
+    /// Whether the CA bundle boxes trust has been written.
+    pub fn has_bundle(&self) -> bool {
+        self.store.has_bundle()
     }
 
     /// The last check's verdict (`/ready`).
@@ -251,18 +301,28 @@ impl Egress {
             .and_then(|i| i.config.as_ref())
             .and_then(|c| c.image.as_deref())
             .is_some_and(|img| img != self.cfg.image);
+        let (body, digest) = self.body()?;
+        let stale_spec = found
+            .as_ref()
+            .and_then(|i| i.config.as_ref())
+            .and_then(|c| c.labels.as_ref())
+            .is_some_and(|l| l.get(LABEL_SPEC) != Some(&digest));
+        let stale_image = stale_image || stale_spec;
         let mut recreated = false;
         if !running || stale_image {
             if found.is_some() {
                 tracing::warn!(container = %name, running, stale_image, "the egress proxy is gone or stopped: recreating it");
                 docker::remove(&self.docker, &name, t).await?;
             }
-            self.create().await?;
+            self.create(body).await?;
             recreated = true;
         }
         let ip = self.admin_ip().await?;
         let ready = match ip {
-            Some(ip) => self.ready(&ip).await,
+            Some(ip) => match self.ready(&ip).await {
+                Ok(()) => self.fetch_bundle(&ip).await,
+                Err(e) => Err(e),
+            },
             None => Err(format!(
                 "the egress proxy has no address on {}",
                 self.cfg.networks[0]
@@ -296,6 +356,37 @@ impl Egress {
         }
     }
 
+    /// Fetches the proxy's CA bundle (system roots and the install's CA, public) and writes it
+    /// where boxes with brokered secrets mount it from, if it changed.
+    async fn fetch_bundle(&self, ip: &str) -> Result<(), String> {
+        let url = format!("http://{ip}:{ADMIN_PORT}/v1/ca-bundle.pem");
+        let resp = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {}", e.without_url()))?;
+        if !resp.status().is_success() {
+            return Err(format!("{url} answered {}", resp.status()));
+        }
+        let pem = resp
+            .bytes()
+            .await
+            .map_err(|e| format!("{url}: {}", e.without_url()))?;
+        if pem.len() > 16 << 20 || !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+            return Err(format!("{url}: not a PEM bundle"));
+        }
+        let store = self.store.clone();
+        let changed = tokio::task::spawn_blocking(move || store.write_bundle(&pem))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("writing the CA bundle: {e}"))?;
+        if changed {
+            tracing::info!(path = %self.store.bundle_path().display(), "the egress proxy's CA bundle written");
+        }
+        Ok(())
+    }
+
     /// The proxy's address on the first egress network (where runed reaches `/ready`).
     async fn admin_ip(&self) -> Result<Option<String>, EngineError> {
         let name = self.container_name();
@@ -314,21 +405,52 @@ impl Egress {
             .filter(|ip| !ip.is_empty()))
     }
 
-    /// Creates and starts the proxy container, on the egress networks and every live run
-    /// network of this install.
-    async fn create(&self) -> Result<(), EngineError> {
-        let name = self.container_name();
-        let t = self.timeout;
+    /// What the proxy container is made of, and a digest of it (its label).
+    fn body(&self) -> Result<(ContainerCreateBody, String), EngineError> {
         let mut env = vec![format!("AUTHD_URL={}", self.cfg.authd_url)];
         env.extend(self.cfg.env.iter().map(|(k, v)| format!("{k}={v}")));
+        env.push(format!("EGRESS_SECRETS_DIR={SECRETS_TARGET}"));
+        env.push(format!("EGRESS_CA_DIR={CA_TARGET}"));
+        let owner = proxy_owner();
+        let user = format!("{}:{}", owner.uid, owner.gid);
+        let bind = |source: std::path::PathBuf, target: &str, read_only: bool| Mount {
+            source: Some(self.layout.host_path(&source).display().to_string()),
+            target: Some(target.to_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(read_only),
+            ..Default::default()
+        };
+        // The store is read-only to the proxy; its CA directory is its own.
+        let mounts = vec![
+            bind(self.store.secrets_dir(), SECRETS_TARGET, true),
+            bind(self.store.ca_dir(), CA_TARGET, false),
+        ];
+        let mut h = Sha256::new();
+        for part in env
+            .iter()
+            .chain([&user])
+            .chain(mounts.iter().filter_map(|m| m.source.as_ref()))
+        {
+            h.update(part.as_bytes());
+            h.update(b"\0");
+        }
+        let digest: String = h
+            .finalize()
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect();
         let body = ContainerCreateBody {
             image: Some(self.cfg.image.clone()),
             env: Some(env),
+            user: Some(user),
             labels: Some(HashMap::from([
                 (labels::INSTALL.to_owned(), self.install.clone()),
                 (labels::ROLE.to_owned(), ROLE_PROXY.to_owned()),
+                (LABEL_SPEC.to_owned(), digest.clone()),
             ])),
             host_config: Some(HostConfig {
+                mounts: Some(mounts),
                 cap_drop: Some(vec!["ALL".into()]),
                 security_opt: Some(vec!["no-new-privileges:true".into()]),
                 privileged: Some(false),
@@ -345,6 +467,25 @@ impl Egress {
             }),
             ..Default::default()
         };
+        Ok((body, digest))
+    }
+
+    /// Creates and starts the proxy container, on the egress networks and every live run
+    /// network of this install. Its directories are made first (owned by its user).
+    async fn create(&self, body: ContainerCreateBody) -> Result<(), EngineError> {
+        let name = self.container_name();
+        let t = self.timeout;
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || store.ensure())
+            .await
+            .map_err(|e| EngineError::Api {
+                status: None,
+                message: e.to_string(),
+            })?
+            .map_err(|e| EngineError::Api {
+                status: None,
+                message: format!("the egress proxy's directories: {e}"),
+            })?;
         let opts = CreateContainerOptionsBuilder::new().name(&name).build();
         let id = match docker::bounded(
             "create",
@@ -566,6 +707,7 @@ mod tests {
             ("RUNED_EGRESS_NETWORKS", "uplink, ll"),
             ("EGRESS_PRIVATE_TARGETS", "10.0.0.0/8"),
             ("EGRESS_LISTEN", "0.0.0.0:1"),
+            ("EGRESS_SECRETS_DIR", "/host/path"),
             ("AUTHD_REVOKED_POLL", "1s"),
             ("AUTHD_SERVICE_KEY", "secret-secret-secret"),
         ]);
@@ -597,6 +739,22 @@ mod tests {
             ("RUNED_EGRESS_NETWORKS", "host"),
         ]);
         assert!(EgressConfig::from_env(&bad).is_err());
+    }
+
+    #[test]
+    fn a_box_with_brokered_secrets_gets_placeholders_and_the_bundle() {
+        use hako_shared::secrets::{Placeholder, SecretName};
+        assert!(Egress::brokered_env(&[]).is_empty());
+        let c = SecretClaim {
+            name: SecretName::parse("GH_TOKEN").unwrap(),
+            hosts: vec!["github.com".into()],
+            placeholder: Placeholder::random(),
+        };
+        let env = Egress::brokered_env(std::slice::from_ref(&c));
+        assert!(env.contains(&format!("GH_TOKEN={}", c.placeholder.as_str())));
+        for v in CA_BUNDLE_VARS {
+            assert!(env.contains(&format!("{v}={CA_BUNDLE}")), "{v}");
+        }
     }
 
     #[test]

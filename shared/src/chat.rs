@@ -381,6 +381,11 @@ pub struct GroupView {
     pub sessions: Vec<ChatSession>,
     /// Unix ms.
     pub updated_at: i64,
+    /// The host variables whose values this group's boxes get as they are (its
+    /// `env_allowlist`): a secret among them is readable by the agent and every program it
+    /// runs. Lend it as a brokered secret instead (`hako secrets`, the group's `secrets`).
+    #[serde(default)]
+    pub values_in_box: Vec<String>,
 }
 
 /// The agent session of one chat of a group.

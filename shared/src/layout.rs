@@ -18,6 +18,10 @@
 //!     <world>/           agent   /workspace/share of every folder of the world
 //!   global/              host    /workspace/global of untrusted groups (read-only)
 //!   trash/               host-owned, never mounted: agent-made trees moved aside to be deleted
+//!   egress/              host-owned (0700), never mounted whole: the egress proxy's (runed makes it)
+//!     secrets/           proxy   the operator's brokered secrets, one 0600 file each (proxy, read-only)
+//!     ca/                proxy   the install's CA, made by the proxy (proxy, read-write)
+//!     ca-bundle.pem      host    system roots + the CA's certificate (boxes with brokered secrets, read-only)
 //! ```
 //!
 //! **The isolation invariant.** Every directory on the path from `DATA_DIR` to any bind
@@ -46,6 +50,14 @@ pub const SHARES: &str = "shares";
 pub const GLOBAL: &str = "global";
 /// Agent-made trees waiting to be deleted.
 pub const TRASH: &str = "trash";
+/// The egress proxy's directory (`specs/egress.md`, Secrets).
+pub const EGRESS: &str = "egress";
+/// The operator's brokered secrets, relative to the data root.
+pub const EGRESS_SECRETS: &str = "egress/secrets";
+/// The proxy's CA, relative to the data root.
+pub const EGRESS_CA: &str = "egress/ca";
+/// What a box with brokered secrets trusts, relative to the data root.
+pub const CA_BUNDLE: &str = "egress/ca-bundle.pem";
 /// Top-level directory names of the old (version 1) layout, which nested folders inside one
 /// another and is refused.
 pub const OLD_LAYOUT: &[&str] = &["groups", "sessions", "ipc", "env"];

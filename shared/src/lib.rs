@@ -31,6 +31,7 @@ pub mod metrics;
 #[cfg(feature = "openapi")]
 pub mod openapi;
 pub mod runs;
+pub mod secrets;
 pub mod sse;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;

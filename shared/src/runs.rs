@@ -161,6 +161,12 @@ pub struct GroupSpec {
     /// IPv4 address, each with an optional `:port` (default 443 and 80). See `specs/egress.md`.
     #[serde(default)]
     pub egress_allowlist: Vec<String>,
+    /// Brokered secrets (`network: allowlist` only): each names a secret the operator set
+    /// (`hako secrets set`) and the hosts (on `egress_allowlist`) its value may be sent to.
+    /// The box's environment gets a per-run placeholder under the secret's name; the egress
+    /// proxy puts the value in its place on the wire to those hosts (`specs/egress.md`).
+    #[serde(default)]
+    pub secrets: Vec<crate::secrets::SecretBinding>,
     /// Run ceiling (defaults to `RUNED_RUN_TIMEOUT`; never above it).
     #[serde(default)]
     pub timeout: Option<HumanDuration>,
@@ -418,12 +424,73 @@ impl GroupSpec {
                 });
             }
         }
+        self.validate_secrets()?;
         for (i, s) in self.sidecars.iter().enumerate() {
             if let Some(m) = s.memory {
                 check_memory(m, format!("sidecars[{i}].memory"))?;
             }
             if let Some(c) = s.cpus {
                 check_cpus(c, format!("sidecars[{i}].cpus"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A group's brokered secrets: at most [`crate::secrets::MAX_SECRETS`], each named once,
+    /// not also in `env_allowlist`, only with `network: allowlist`, each bound to 1 to
+    /// [`crate::secrets::MAX_HOSTS`] exact host names that `egress_allowlist` allows.
+    fn validate_secrets(&self) -> Result<(), GroupSpecError> {
+        use crate::secrets::{MAX_HOSTS, MAX_SECRETS};
+        if self.secrets.is_empty() {
+            return Ok(());
+        }
+        check(
+            self.network == Network::Allowlist,
+            "secrets",
+            "need network: allowlist (the egress proxy puts their values on the wire)".into(),
+        )?;
+        check(
+            self.secrets.len() <= MAX_SECRETS,
+            "secrets",
+            format!("at most {MAX_SECRETS} secrets"),
+        )?;
+        for (i, s) in self.secrets.iter().enumerate() {
+            let name = s.name.as_str();
+            check(
+                !self.secrets[..i].iter().any(|o| o.name == s.name),
+                format!("secrets[{i}].name"),
+                format!("{name} is named twice"),
+            )?;
+            check(
+                !self.env_allowlist.iter().any(|e| e == name),
+                format!("secrets[{i}].name"),
+                format!(
+                    "{name} is also in env_allowlist, which would hand its value to the box: take it out of env_allowlist"
+                ),
+            )?;
+            check(
+                !s.hosts.is_empty() && s.hosts.len() <= MAX_HOSTS,
+                format!("secrets[{i}].hosts"),
+                format!("1 to {MAX_HOSTS} hosts"),
+            )?;
+            let hosts = s.parsed_hosts().map_err(|(j, reason)| GroupSpecError {
+                field: format!("secrets[{i}].hosts[{j}]"),
+                reason,
+            })?;
+            for (j, h) in hosts.iter().enumerate() {
+                let target = crate::allowlist::TargetHost::Name(h.name.clone());
+                check(
+                    crate::allowlist::allowing(
+                        self.egress_allowlist.iter().map(String::as_str),
+                        &target,
+                        h.port,
+                    )
+                    .is_some(),
+                    format!("secrets[{i}].hosts[{j}]"),
+                    format!(
+                        "{h} is not on egress_allowlist: a value goes only where the run may go"
+                    ),
+                )?;
             }
         }
         Ok(())
@@ -438,6 +505,7 @@ impl GroupSpec {
             trust,
             network,
             egress_allowlist,
+            secrets,
             timeout: _, // clamped to RUNED_RUN_TIMEOUT for every caller
             memory,
             cpus,
@@ -460,6 +528,8 @@ impl GroupSpec {
         flag(*trust != Trust::Untrusted, "trust");
         flag(*network != Network::None, "network");
         flag(!egress_allowlist.is_empty(), "egress_allowlist");
+        // The operator's secrets: only the operator lends them to a group.
+        flag(!secrets.is_empty(), "secrets");
         flag(
             memory.is_some_and(|m| m.0 > defaults.memory.max(0) as u64),
             "memory",
@@ -1015,6 +1085,11 @@ mod tests {
             ("trust", Some(json!("main")), None),
             ("network", Some(json!("open")), None),
             ("egress_allowlist", Some(json!(["x.example"])), None),
+            (
+                "secrets",
+                Some(json!([{"name": "GH_TOKEN", "hosts": ["x.example"]}])),
+                None,
+            ),
             ("timeout", None, Some(json!("5s"))),
             ("memory", Some(json!("2g")), Some(json!("512m"))),
             ("cpus", Some(json!(2.5)), Some(json!(0.5))),
@@ -1094,6 +1169,57 @@ mod tests {
             (
                 json!({"egress_allowlist": ["ok.example", "*.com"]}),
                 "egress_allowlist[1]",
+            ),
+        ] {
+            let g: GroupSpec = serde_json::from_value(body.clone()).unwrap();
+            let e = g.validate().unwrap_err();
+            assert_eq!(e.field, field, "{body}: {e}");
+        }
+    }
+
+    #[test]
+    fn secrets_go_only_where_the_run_may_go() {
+        let allow = |secrets: serde_json::Value| {
+            json!({"network": "allowlist", "egress_allowlist": ["github.com", "*.github.com", "plain.example:80"],
+                   "secrets": secrets})
+        };
+        let ok: GroupSpec = serde_json::from_value(allow(json!([
+            {"name": "GH_TOKEN", "hosts": ["github.com", "API.github.com"]},
+            {"name": "NPM_TOKEN", "hosts": ["npm.github.com"]}
+        ])))
+        .unwrap();
+        ok.validate().unwrap();
+        for (body, field) in [
+            (
+                json!({"network": "open", "secrets": [{"name": "GH_TOKEN", "hosts": ["github.com"]}]}),
+                "secrets",
+            ),
+            (
+                allow(json!([{"name": "GH_TOKEN", "hosts": ["gitlab.com"]}])),
+                "secrets[0].hosts[0]",
+            ),
+            (
+                allow(json!([{"name": "GH_TOKEN", "hosts": ["github.com", "*.github.com"]}])),
+                "secrets[0].hosts[1]",
+            ),
+            (
+                allow(json!([{"name": "GH_TOKEN", "hosts": ["plain.example"]}])),
+                "secrets[0].hosts[0]",
+            ),
+            (
+                allow(json!([{"name": "GH_TOKEN", "hosts": []}])),
+                "secrets[0].hosts",
+            ),
+            (
+                allow(
+                    json!([{"name": "A", "hosts": ["github.com"]}, {"name": "A", "hosts": ["github.com"]}]),
+                ),
+                "secrets[1].name",
+            ),
+            (
+                json!({"network": "allowlist", "egress_allowlist": ["github.com"], "env_allowlist": ["GH_TOKEN"],
+                       "secrets": [{"name": "GH_TOKEN", "hosts": ["github.com"]}]}),
+                "secrets[0].name",
             ),
         ] {
             let g: GroupSpec = serde_json::from_value(body.clone()).unwrap();

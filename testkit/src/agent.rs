@@ -14,6 +14,7 @@
 //! | `wait-file NAME MS` | waits for `/workspace/ipc/input/NAME`, then removes it |
 //! | `hold HOST:PORT MS` | a `CONNECT` tunnel with the token: a block when open, one when it ends |
 //! | `bench URL N C [connect]` | a child `hako-testkit bench URL --requests N --concurrency C [--via connect]`, with the token in its proxy variables |
+//! | `sh LINE` | `/bin/sh -c LINE` (in an image that has one: `hako-toolbox`), with the token in its proxy variables: `{"code", "stdout", "stderr"}` (the last 64 KiB of each) |
 
 use std::io::{BufRead as _, Read as _};
 use std::time::{Duration, Instant};
@@ -94,6 +95,7 @@ async fn command(line: &str, token: &str, out: &Out) -> Value {
             }
             child("bench", &args, token, false).await
         }
+        "sh" => shell(line.trim_start()[2..].trim_start(), token).await,
         "tcp" => tcp(arg(1), ms(2, 3000)).await,
         "tcp-gateway" => match gateway() {
             Some(gw) => tcp(&format!("{gw}:{}", arg(1)), ms(2, 3000)).await,
@@ -159,6 +161,28 @@ async fn child(what: &str, args: &[String], token: &str, bypass: bool) -> Value 
         }
         Ok(Err(e)) => json!({"error": format!("spawn: {e}")}),
         Err(_) => json!({"error": "the child did not finish"}),
+    }
+}
+
+/// Runs `line` in `/bin/sh` as an agent runs a tool: the run's token in its proxy variables.
+async fn shell(line: &str, token: &str) -> Value {
+    let tail = |b: &[u8]| {
+        let from = b.len().saturating_sub(64 << 10);
+        String::from_utf8_lossy(&b[from..]).into_owned()
+    };
+    let mut cmd = tokio::process::Command::new("/bin/sh");
+    cmd.arg("-c")
+        .arg(line)
+        .kill_on_drop(true)
+        .envs(child_proxy_env(std::env::vars(), token));
+    match tokio::time::timeout(Duration::from_secs(300), cmd.output()).await {
+        Ok(Ok(o)) => json!({
+            "code": o.status.code(),
+            "stdout": tail(&o.stdout),
+            "stderr": tail(&o.stderr),
+        }),
+        Ok(Err(e)) => json!({"error": format!("spawn: {e}")}),
+        Err(_) => json!({"error": "the command did not finish"}),
     }
 }
 

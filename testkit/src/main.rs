@@ -7,6 +7,7 @@
 //! hako-testkit bench URL --requests N --concurrency C [--ca B64] [--via connect]
 //! hako-testkit http-server --listen ADDR --name NAME
 //! hako-testkit tls-server --listen ADDR --name NAME --san NAME...
+//! hako-testkit secret-server --listen ADDR --san NAME... --expect-sha256 HEX
 //! ```
 //!
 //! `fetch` is an ordinary client: it goes through `HTTPS_PROXY`/`HTTP_PROXY` (or their
@@ -17,6 +18,7 @@
 
 mod agent;
 mod client;
+mod secret_server;
 mod servers;
 
 use std::process::ExitCode;
@@ -41,6 +43,7 @@ fn main() -> ExitCode {
             Some("bench") => client::bench_main(&args[1..]).await,
             Some("http-server") => servers::http_main(&args[1..]).await,
             Some("tls-server") => servers::tls_main(&args[1..]).await,
+            Some("secret-server") => secret_server::main(&args[1..]).await,
             Some(other) => Err(format!("unknown command {other:?}")),
         }
     });

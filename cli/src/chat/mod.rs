@@ -435,6 +435,8 @@ impl Chat {
         let run_id = RunId::random("cli-", 8);
         let spec = RunSpec {
             bind: None,
+            // `hako chat` runs no allowlist groups: no proxy, so no brokered secrets.
+            brokered: Vec::new(),
             run_id: run_id.clone(),
             turn_id: Some(TurnId::new(run_id.to_string()).expect("a run id is a turn id")),
             folder: self.place.folder.clone(),

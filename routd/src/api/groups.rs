@@ -21,6 +21,7 @@ pub(super) const VIEW_SESSIONS: usize = 20;
 pub(super) async fn group_view(sh: &Shared, g: GroupRow) -> Result<GroupView, ApiFailure> {
     let sessions = sh.store.sessions_of(&g.folder, VIEW_SESSIONS).await?;
     Ok(GroupView {
+        values_in_box: g.spec.env_allowlist.clone(),
         folder: GroupFolder::new(&g.folder).map_err(ApiFailure::internal)?,
         name: g.name,
         system_prompt: g.system_prompt,

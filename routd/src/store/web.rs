@@ -168,6 +168,7 @@ mod tests {
                 turn_id: None,
                 parent_jti: None,
                 egress: vec![],
+                secrets: vec![],
             },
             created_at: now,
             expires_at: now + 60_000,

@@ -103,6 +103,7 @@ impl Rig {
             group: GroupSpec::default(),
             close: CloseWhen::Idle(Duration::ZERO),
             bind: None,
+            brokered: Vec::new(),
         }
     }
 

@@ -61,6 +61,39 @@ pub struct Rig {
     pub runed_service: String,
     pub ca: String,
     pub testkit: String,
+    /// Brokered secrets (`Rig::with_secrets`): the toolbox image, and each secret-server's
+    /// container id by name.
+    pub toolbox: String,
+    pub forges: HashMap<String, String>,
+}
+
+/// The secret-servers of `Rig::with_secrets`: (container name, address .N on the uplink,
+/// its names, the SHA-256 it expects).
+pub struct Forge<'a> {
+    pub name: &'a str,
+    pub host: u8,
+    pub aliases: &'a [&'a str],
+    pub expect_sha256: String,
+}
+
+/// SHA-256 in hex (what a forge logs of a credential).
+pub fn sha256_hex(data: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(data)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A certificate in base64 DER as PEM.
+fn pem_of(b64_der: &str) -> String {
+    let mut s = String::from("-----BEGIN CERTIFICATE-----\n");
+    for chunk in b64_der.as_bytes().chunks(64) {
+        s.push_str(std::str::from_utf8(chunk).unwrap());
+        s.push('\n');
+    }
+    s.push_str("-----END CERTIFICATE-----\n");
+    s
 }
 
 /// Creates a bridge network on a free /24 among `candidates` (another process may hold one).
@@ -108,10 +141,29 @@ impl Rig {
 
     /// A rig whose runed has these settings too.
     pub async fn with_env(extra: &[(&str, &str)]) -> Rig {
-        let (egress_image, testkit) = tokio::join!(
+        Rig::build(extra, &[]).await
+    }
+
+    /// A rig with the test forges of brokered secrets (`secret-server`s on the uplink, in
+    /// the operator's range), whose CAs the proxy is told to trust (`EGRESS_EXTRA_ROOTS`:
+    /// the only way a test CA is trusted), and the toolbox image for boxes.
+    pub async fn with_secrets(forges: &[Forge<'_>]) -> Rig {
+        Rig::build(&[], forges).await
+    }
+
+    async fn build(extra: &[(&str, &str)], forges: &[Forge<'_>]) -> Rig {
+        let (egress_image, testkit, toolbox) = tokio::join!(
             hako_deploy::ensure_egress_image(),
-            hako_deploy::ensure_testkit_image()
+            hako_deploy::ensure_testkit_image(),
+            async {
+                if forges.is_empty() {
+                    Ok(String::new())
+                } else {
+                    hako_deploy::ensure_toolbox_image().await
+                }
+            }
         );
+        let toolbox = toolbox.expect("toolbox image");
         let (egress_image, testkit) = (
             egress_image.expect("egress image"),
             testkit.expect("testkit image"),
@@ -151,8 +203,24 @@ impl Rig {
             runed_service: String::new(),
             ca: String::new(),
             testkit,
+            toolbox,
+            forges: HashMap::new(),
         };
         rig.targets().await;
+        let mut roots = String::new();
+        for f in forges {
+            let mut cmd = vec!["secret-server", "--listen", "0.0.0.0:443"];
+            for a in f.aliases {
+                cmd.extend(["--san", a]);
+            }
+            cmd.extend(["--expect-sha256", f.expect_sha256.as_str()]);
+            let id = rig
+                .target_in(&rig.toolbox.clone(), f.name, f.host, f.aliases, &cmd)
+                .await;
+            let ca = rig.ca_of(&id).await;
+            roots.push_str(&pem_of(&ca));
+            rig.forges.insert(f.name.to_owned(), id);
+        }
         // authd on the host's address on the uplink: runed and the proxy container reach it.
         let l = tokio::net::TcpListener::bind(format!("{}.1:0", rig.uplink.prefix))
             .await
@@ -195,6 +263,9 @@ impl Rig {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
         );
+        if !roots.is_empty() {
+            pairs.push(("EGRESS_EXTRA_ROOTS".into(), roots));
+        }
         let env = Env::from_pairs(pairs);
         let cfg = hako_runed::Config::from_env(&env).expect("runed config");
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -232,9 +303,38 @@ impl Rig {
         alias: &str,
         cmd: &[&str],
     ) -> String {
+        self.target_on(&self.testkit.clone(), name, net, host, &[alias], cmd)
+            .await
+    }
+
+    /// A target of `image` on the uplink at `.host`, under the names `aliases`.
+    pub async fn target_in(
+        &self,
+        image: &str,
+        name: &str,
+        host: u8,
+        aliases: &[&str],
+        cmd: &[&str],
+    ) -> String {
+        let up = Net {
+            name: self.uplink.name.clone(),
+            prefix: self.uplink.prefix.clone(),
+        };
+        self.target_on(image, name, &up, host, aliases, cmd).await
+    }
+
+    async fn target_on(
+        &self,
+        image: &str,
+        name: &str,
+        net: &Net,
+        host: u8,
+        aliases: &[&str],
+        cmd: &[&str],
+    ) -> String {
         let ip = format!("{}.{host}", net.prefix);
         let body = ContainerCreateBody {
-            image: Some(self.testkit.clone()),
+            image: Some(image.to_owned()),
             cmd: Some(cmd.iter().map(|s| (*s).to_owned()).collect()),
             user: Some("0:0".into()),
             labels: Some(HashMap::from([(TEST_LABEL.to_owned(), self.tag.clone())])),
@@ -252,7 +352,7 @@ impl Rig {
                             ipv4_address: Some(ip.clone()),
                             ..Default::default()
                         }),
-                        aliases: Some(vec![alias.to_owned()]),
+                        aliases: Some(aliases.iter().map(|a| (*a).to_owned()).collect()),
                         ..Default::default()
                     },
                 )])),
@@ -326,23 +426,29 @@ impl Rig {
             ],
         )
         .await;
-        // The TLS target's CA, from its first line of output.
-        let deadline = Instant::now() + Duration::from_secs(20);
+        self.ca = self.ca_of(&tls).await;
+    }
+
+    /// What a container printed on stdout so far.
+    pub async fn logs_of(&self, id: &str) -> String {
+        let opts = LogsOptionsBuilder::new().stdout(true).stderr(true).build();
+        let mut logs = self.docker.logs(id, Some(opts));
+        let mut text = String::new();
+        while let Some(Ok(chunk)) = logs.next().await {
+            text.push_str(&chunk.to_string());
+        }
+        text
+    }
+
+    /// A TLS target's CA (base64 DER), from its first line of output.
+    pub async fn ca_of(&self, id: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            let opts = LogsOptionsBuilder::new().stdout(true).build();
-            let mut logs = self.docker.logs(&tls, Some(opts));
-            let mut text = String::new();
-            while let Some(Ok(chunk)) = logs.next().await {
-                text.push_str(&chunk.to_string());
-            }
+            let text = self.logs_of(id).await;
             if let Some(ca) = text.lines().find_map(|l| l.strip_prefix("CA ")) {
-                self.ca = ca.trim().to_owned();
-                return;
+                return ca.trim().to_owned();
             }
-            assert!(
-                Instant::now() < deadline,
-                "no CA from the TLS target: {text}"
-            );
+            assert!(Instant::now() < deadline, "no CA from {id}: {text}");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

@@ -70,6 +70,10 @@ pub struct Claims {
     /// (`host`, `*.suffix`, IPv4, each with an optional `:port`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress: Vec<String>,
+    /// Spawn tokens: the brokered secrets the egress proxy may put on the wire for this run,
+    /// each with its hosts and the run's placeholder (never a value; `specs/egress.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::secrets::SecretClaim>,
 }
 
 impl Claims {
@@ -123,6 +127,7 @@ mod tests {
             turn_id: None,
             parent_jti: None,
             egress: vec![],
+            secrets: vec![],
         }
     }
 

@@ -289,6 +289,7 @@ mod tests {
             turn_id: None,
             parent_jti: None,
             egress: vec![],
+            secrets: vec![],
         };
         let ok = format!("Bearer {}", s.sign(&c).unwrap());
         assert_eq!(call(app(v.clone()), Some(&ok)).await.0, StatusCode::OK);

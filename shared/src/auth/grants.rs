@@ -44,6 +44,10 @@ pub mod scopes {
     pub const APPROVALS_READ: &str = "approvals:read";
     /// routd: approve or deny a held tool call.
     pub const APPROVALS_WRITE: &str = "approvals:write";
+    /// runed: list the operator's brokered secrets (names and times, never values).
+    pub const SECRETS_READ: &str = "secrets:read";
+    /// runed: set and remove brokered secrets.
+    pub const SECRETS_WRITE: &str = "secrets:write";
 }
 
 /// The scopes a per-spawn token carries: what an agent container may do, and nothing more.
@@ -57,7 +61,7 @@ pub const AGENT_SCOPES: &[&str] = &[scopes::TURNS_ACT, scopes::LLM_CALL, scopes:
 /// - `channel` is a chat adapter (a web chat, a messenger bridge): it posts inbound messages
 ///   and reads its chats.
 /// - `operator` is the human's CLI: key rotation, audit, revocation, all runs, groups, chats,
-///   turns and webhooks.
+///   turns, webhooks and brokered secrets.
 pub const SERVICE_GRANTS: &[(&str, &[&str])] = &[
     ("runed", AGENT_SCOPES),
     (
@@ -84,6 +88,7 @@ pub const SERVICE_GRANTS: &[(&str, &[&str])] = &[
             scopes::TURNS_READ,
             "webhooks:*",
             "approvals:*",
+            "secrets:*",
         ],
     ),
 ];
@@ -136,5 +141,10 @@ mod tests {
         assert!(scope::any_covers(op, scopes::GROUPS_WRITE));
         assert!(scope::any_covers(op, scopes::RUNS_KILL));
         assert!(!scope::any_covers(op, scopes::LLM_CALL));
+        assert!(scope::any_covers(op, scopes::SECRETS_WRITE));
+        // Only the operator lends secrets: no daemon holds the scope.
+        for (name, grants) in SERVICE_GRANTS.iter().filter(|(n, _)| *n != "operator") {
+            assert!(!scope::any_covers(grants, scopes::SECRETS_READ), "{name}");
+        }
     }
 }

@@ -695,6 +695,7 @@ mod tests {
             turn_id: None,
             parent_jti: None,
             egress: vec![],
+            secrets: vec![],
         }
     }
 

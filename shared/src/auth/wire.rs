@@ -53,6 +53,10 @@ pub struct MintRequest {
     /// Spawn tokens: hosts the egress proxy may reach.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub egress: Vec<String>,
+    /// Spawn tokens: brokered secrets (names, hosts within `egress`, the run's placeholders).
+    /// Only a service token chooses them; any other parent passes on at most its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::secrets::SecretClaim>,
 }
 
 /// `POST /v1/tokens` answer.
