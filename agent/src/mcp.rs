@@ -36,6 +36,11 @@ pub const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 /// bounds that wait by the group's setting and the turn's end; the run's deadline bounds
 /// everything), so this only guards against a server that never answers.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Client: how long a call whose connection broke keeps trying to reach the turn's socket
+/// again (routd restarting binds it anew within seconds); past it the call fails.
+pub const RECONNECT_WAIT: Duration = Duration::from_secs(120);
+/// Client: how often it tries while the socket is away.
+const RECONNECT_POLL: Duration = Duration::from_millis(250);
 /// Server: a connection with no request for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 /// Server: connections served at once.
@@ -58,6 +63,14 @@ pub enum McpError {
     /// The handshake failed.
     #[error("initialize failed: {0}")]
     Initialize(String),
+    /// The connection broke before the answer (routd restarting, the socket closed).
+    #[error("{what}: the connection broke ({message})")]
+    Broken {
+        /// The request.
+        what: &'static str,
+        /// How.
+        message: String,
+    },
     /// The peer answered a request with an error, or broke the protocol.
     #[error("{what} failed: {message}")]
     Service {
@@ -129,19 +142,37 @@ impl Client {
             .collect())
     }
 
-    /// Calls one tool.
+    /// Calls one tool; `key` names the call (`_meta.hako/call`): asked again with the same
+    /// key after a broken connection, it is the same call to routd (the same held request,
+    /// the same message).
     pub async fn call(
         &self,
         tool: &str,
         arguments: Map<String, Value>,
+        key: Option<&str>,
     ) -> Result<ToolResult, McpError> {
-        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let mut params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        if let Some(k) = key {
+            let mut meta = serde_json::Map::new();
+            meta.insert(CALL_KEY_META.into(), Value::from(k));
+            params.meta = Some(rmcp::model::RequestMetaObject(rmcp::model::MetaObject(
+                meta,
+            )));
+        }
         let r = timeout(CALL_TIMEOUT, self.service.call_tool(params))
             .await
             .map_err(|_| McpError::Timeout("tools/call"))?
-            .map_err(|e| McpError::Service {
-                what: "tools/call",
-                message: e.to_string(),
+            .map_err(|e| match e {
+                rmcp::ServiceError::TransportClosed
+                | rmcp::ServiceError::TransportSend(_)
+                | rmcp::ServiceError::Cancelled { .. } => McpError::Broken {
+                    what: "tools/call",
+                    message: e.to_string(),
+                },
+                e => McpError::Service {
+                    what: "tools/call",
+                    message: e.to_string(),
+                },
             })?;
         let text = r
             .content
@@ -168,7 +199,17 @@ impl Client {
     }
 }
 
-/// Calls one tool over the MCP socket on a connection of its own.
+/// The `_meta` key naming a call (as routd reads it: `hako_mcp::CALL_KEY_META`).
+pub const CALL_KEY_META: &str = "hako/call";
+
+/// A fresh name for one call: unique across boxes and runs (96 random bits).
+pub fn new_call_key() -> String {
+    hako_shared::ids::random_id("c", 12)
+}
+
+/// Calls one tool over the MCP socket on a connection of its own. A connection that breaks
+/// (routd restarting while a person decides) is made again, for up to [`RECONNECT_WAIT`],
+/// and the call asked again under the same name: routd attaches it to what it started.
 pub async fn call_tool(
     socket: &Path,
     tool: &str,
@@ -180,10 +221,37 @@ pub async fn call_tool(
             message: "arguments must be a JSON object".into(),
         });
     };
-    let client = Client::connect(socket).await?;
-    let r = client.call(tool, arguments).await;
-    client.close().await;
-    r
+    let key = new_call_key();
+    // A socket that is not there at all fails at once; one that broke mid-call (routd
+    // restarting) is waited for, and the call asked again under its name.
+    let mut broke: Option<tokio::time::Instant> = None;
+    loop {
+        let r = match Client::connect(socket).await {
+            Ok(client) => {
+                let r = client.call(tool, arguments.clone(), Some(&key)).await;
+                client.close().await;
+                r
+            }
+            Err(e) => Err(e),
+        };
+        match (r, broke) {
+            (Err(e @ McpError::Broken { .. }), at)
+                if at.is_none_or(|t| t.elapsed() < RECONNECT_WAIT) =>
+            {
+                log(format_args!(
+                    "tool {tool}: {e}; asking again when the socket is back"
+                ));
+                broke.get_or_insert_with(tokio::time::Instant::now);
+            }
+            (Err(e @ (McpError::Connect { .. } | McpError::Initialize(_))), Some(at))
+                if at.elapsed() < RECONNECT_WAIT =>
+            {
+                log(format_args!("tool {tool}: {e}; trying again"));
+                tokio::time::sleep(RECONNECT_POLL).await;
+            }
+            (r, _) => return r,
+        }
+    }
 }
 
 /// Reads one line (without its newline) of at most `max` bytes; `None` at EOF.

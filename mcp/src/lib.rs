@@ -12,4 +12,6 @@ pub mod server;
 pub mod tools;
 
 pub use server::{ServeOptions, bind_socket, serve};
-pub use tools::{Backend, Call, Scope, ToolCode, ToolDef, ToolError, dispatch};
+pub use tools::{
+    Backend, CALL_KEY_META, Call, CallKey, Scope, ToolCode, ToolDef, ToolError, dispatch,
+};

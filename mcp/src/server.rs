@@ -99,7 +99,7 @@ impl<B: Backend> ServerHandler for TurnServer<B> {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let Some(tool) = Tool::from_name(&request.name) else {
             return Err(McpError::invalid_params(
@@ -110,8 +110,17 @@ impl<B: Backend> ServerHandler for TurnServer<B> {
         let outcome = if self.ended.is_cancelled() {
             Err(ToolError::turn_ended(&self.scope.turn_id))
         } else {
+            // A call key that is not one is no key: the call is a new one. (rmcp moves the
+            // request's `_meta` into the context.)
+            let key = context
+                .meta
+                .0
+                .0
+                .get(crate::tools::CALL_KEY_META)
+                .and_then(|v| v.as_str())
+                .and_then(crate::tools::CallKey::parse);
             let args = request.arguments.unwrap_or_default();
-            dispatch(self.backend.as_ref(), &self.scope, tool, args).await
+            dispatch(self.backend.as_ref(), &self.scope, tool, args, key.as_ref()).await
         };
         if let Err(e) = &outcome {
             tracing::info!(turn = %self.scope.turn_id, tool = tool.name(), code = e.code.as_str(), "tool call refused");

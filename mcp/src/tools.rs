@@ -413,6 +413,39 @@ impl Call {
     }
 }
 
+/// The `_meta` key under which a client names a call (`tools/call` params): the same call
+/// asked again (its connection broke, routd restarted while a person was deciding) carries
+/// the same name, and the backend attaches it to what the first asking started (the request
+/// waiting for a verdict, the message it sent), instead of starting anew.
+pub const CALL_KEY_META: &str = "hako/call";
+
+/// A client's name for one call: 1-128 of `[A-Za-z0-9._:-]`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CallKey(String);
+
+impl CallKey {
+    /// The key, if `raw` is one.
+    pub fn parse(raw: &str) -> Option<CallKey> {
+        let ok = !raw.is_empty()
+            && raw.len() <= 128
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'));
+        ok.then(|| CallKey(raw.to_owned()))
+    }
+
+    /// The key as sent.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for CallKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Carries calls out. routd's backend acts on its store; the CLI's answers the tools it
 /// cannot offer with `not_available`.
 pub trait Backend: Send + Sync + 'static {
@@ -428,11 +461,14 @@ pub trait Backend: Send + Sync + 'static {
     /// `denied` error otherwise (denied, no verdict in time, the turn ended). A backend with
     /// no one to ask denies (the default).
     /// `args` are the call's arguments as the agent sent them (for the person who decides).
+    /// `key` is the client's name for the call, when it gave one: the same key asked again
+    /// is the same request.
     fn ask(
         &self,
         _scope: &Scope,
         call: &Call,
         _args: &Map<String, Value>,
+        _key: Option<&CallKey>,
     ) -> impl Future<Output = Result<(), ToolError>> + Send {
         let tool = call.tool().name();
         async move {
@@ -447,20 +483,30 @@ pub trait Backend: Send + Sync + 'static {
 
 /// Parses, checks the grants, checks the turn is live, holds a call an ask rule matched for
 /// its verdict, and calls the backend: the one path of every tool call, over MCP or HTTP.
+///
+/// `key`, the client's name for the call ([`CALL_KEY_META`]), makes asking again safe: the
+/// same held request is waited on, and a `send_message` without a key of its own sends under
+/// this one (a second asking sends nothing).
 pub async fn dispatch<B: Backend>(
     backend: &B,
     scope: &Scope,
     tool: Tool,
     args: Map<String, Value>,
+    key: Option<&CallKey>,
 ) -> Result<Value, ToolError> {
     let outcome = async {
-        let call = Call::parse(tool, args.clone())?;
+        let mut call = Call::parse(tool, args.clone())?;
+        if let (Call::SendMessage(c), Some(k)) = (&mut call, key)
+            && c.idempotency_key.is_none()
+        {
+            c.idempotency_key = Some(format!("call.{k}"));
+        }
         if let Call::AgentTool(c) = &call {
             // The agent program asks, and reads a decision: a refusal is a `deny` it acts
             // on, never an error it might take for "no prompt tool".
             // Claude Code reads one text block holding the decision's JSON (structured
             // content beside it is refused), so the answer is that text.
-            return match gate_of(backend, scope, &call, &args).await {
+            return match gate_of(backend, scope, &call, &args, key).await {
                 Ok(()) => Ok(Value::String(c.allow().to_string())),
                 Err(e)
                     if matches!(
@@ -473,7 +519,7 @@ pub async fn dispatch<B: Backend>(
                 Err(e) => Err(e),
             };
         }
-        gate_of(backend, scope, &call, &args).await?;
+        gate_of(backend, scope, &call, &args, key).await?;
         backend.call(scope, call).await
     }
     .await;
@@ -491,6 +537,7 @@ async fn gate_of<B: Backend>(
     scope: &Scope,
     call: &Call,
     args: &Map<String, Value>,
+    key: Option<&CallKey>,
 ) -> Result<(), ToolError> {
     let tool = call.tool();
     let gate = match call.other_chat(scope) {
@@ -502,7 +549,7 @@ async fn gate_of<B: Backend>(
         return Err(ToolError::turn_ended(&scope.turn_id));
     }
     if gate == Gate::Ask {
-        backend.ask(scope, call, args).await?;
+        backend.ask(scope, call, args, key).await?;
         // The wait may have outlived the turn.
         if !backend.is_live(scope).await {
             return Err(ToolError::turn_ended(&scope.turn_id));

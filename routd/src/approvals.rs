@@ -3,9 +3,11 @@
 //! the call waits for the first verdict, from the chat (`/approve ID`, `/deny ID`) or the API
 //! (`POST /v1/approvals/{id}`, `hako approvals`). A request leaves `pending` once, by one
 //! conditional update in `routd.db` ([`conclude`]): the first verdict wins, a later one is
-//! told who was first. No verdict within the group's wait, the turn ending, or routd
-//! restarting denies it (fail closed). The database is the truth; the waiters here are only
-//! woken by it.
+//! told who was first. No verdict within the group's wait or the turn ending denies it
+//! (fail closed). A request outlives routd: a restart keeps a live turn's requests pending,
+//! and the agent's side asking again with the same call's name ([`attach`]) waits on the
+//! same request; one no one asks for again is denied. The database is the truth; the
+//! waiters here are only woken by it.
 
 use hako_shared::ids::TurnId;
 use std::collections::HashMap;
@@ -31,23 +33,56 @@ pub(crate) const MAX_HELD_ARGS: usize = hako_mcp::tools::MAX_TEXT + (4 << 10);
 pub(crate) const MAX_HELD_PER_TURN: usize = 4;
 
 /// The held calls waiting in this process, by request id: woken when their row changes.
+/// A request may have several waiters (the same call asked again while its first asking
+/// still waits), and none for a while (its agent's connection broke, or routd restarted):
+/// then it is an orphan since a time, and the sweeper denies it if no one comes back.
 #[derive(Debug, Default)]
-pub(crate) struct Waiters(Mutex<HashMap<String, Arc<Notify>>>);
+pub(crate) struct Waiters(Mutex<WaitersInner>);
+
+#[derive(Debug, Default)]
+struct WaitersInner {
+    /// The request's bell and how many wait on it.
+    waiting: HashMap<String, (Arc<Notify>, usize)>,
+    /// Requests nobody here waits on, since when.
+    orphans: HashMap<String, tokio::time::Instant>,
+}
 
 impl Waiters {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WaitersInner> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn wake(&self, id: &str) {
-        if let Some(n) = self.lock().get(id) {
-            // A stored permit: a waiter between its check and its wait still wakes.
-            n.notify_one();
+        if let Some((n, _)) = self.lock().waiting.get(id) {
+            n.notify_waiters();
         }
+    }
+
+    /// Marks a pending request nobody waits on yet (routd started with it pending).
+    fn orphan(&self, id: &str) {
+        let mut w = self.lock();
+        if !w.waiting.contains_key(id) {
+            w.orphans
+                .entry(id.to_owned())
+                .or_insert_with(tokio::time::Instant::now);
+        }
+    }
+
+    /// Whether nobody has waited on `id` for at least `grace`.
+    fn orphaned_for(&self, id: &str, grace: std::time::Duration) -> bool {
+        self.lock()
+            .orphans
+            .get(id)
+            .is_some_and(|since| since.elapsed() >= grace)
+    }
+
+    fn forget(&self, id: &str) {
+        self.lock().orphans.remove(id);
     }
 }
 
-/// A waiter's place in [`Waiters`], removed with it however the wait ends.
+/// A waiter's place in [`Waiters`], given back however the wait ends (an asking whose
+/// connection broke leaves its request an orphan until it is asked again).
 struct Waiting<'a> {
     waiters: &'a Waiters,
     id: String,
@@ -56,8 +91,15 @@ struct Waiting<'a> {
 
 impl<'a> Waiting<'a> {
     fn new(waiters: &'a Waiters, id: &str) -> Self {
-        let notify = Arc::new(Notify::new());
-        waiters.lock().insert(id.to_owned(), notify.clone());
+        let mut w = waiters.lock();
+        w.orphans.remove(id);
+        let (notify, n) = w
+            .waiting
+            .entry(id.to_owned())
+            .or_insert_with(|| (Arc::new(Notify::new()), 0));
+        *n += 1;
+        let notify = notify.clone();
+        drop(w);
         Waiting {
             waiters,
             id: id.to_owned(),
@@ -68,7 +110,19 @@ impl<'a> Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.waiters.lock().remove(&self.id);
+        let mut w = self.waiters.lock();
+        let last = match w.waiting.get_mut(&self.id) {
+            Some((_, n)) => {
+                *n -= 1;
+                *n == 0
+            }
+            None => false,
+        };
+        if last {
+            w.waiting.remove(&self.id);
+            w.orphans
+                .insert(self.id.clone(), tokio::time::Instant::now());
+        }
     }
 }
 
@@ -180,6 +234,7 @@ pub(crate) async fn hold(
     scope: &Scope,
     call: &Call,
     args: &Map<String, Value>,
+    key: Option<&hako_mcp::CallKey>,
 ) -> Result<(), ToolError> {
     let tool = call.tool().name();
     let Some(policy) = policy(sh, scope.folder.as_str()).await? else {
@@ -204,6 +259,7 @@ pub(crate) async fn hold(
         requested_at: now,
         expires_at: now.saturating_add(wait),
         decided_at: None,
+        call_key: key.map(|k| k.as_str().to_owned()),
     };
     let id = row.id.clone();
     // Registered before the request can be seen: no verdict can come before its waiter.
@@ -214,6 +270,18 @@ pub(crate) async fn hold(
         .await
         .map_err(internal)?
     {
+        drop(waiting);
+        sh.approval_waiters.forget(&id);
+        // The same call asked twice at once: the other asking made the request.
+        if let Some(k) = key
+            && let Some(first) = sh
+                .store
+                .approval_of_call(&scope.turn_id, k.as_str())
+                .await
+                .map_err(internal)?
+        {
+            return attach(sh, scope, first).await;
+        }
         return Err(ToolError::rate_limited(format!(
             "this turn already has {MAX_HELD_PER_TURN} calls waiting for a person: wait for \
              their verdicts before asking for more"
@@ -254,10 +322,42 @@ pub(crate) async fn hold(
     )
     .await;
 
+    verdict(sh, scope, &row, waiting).await
+}
+
+/// The same call asked again (its connection broke, routd restarted): it waits on the
+/// request its first asking made, or reads the verdict given meanwhile. Nothing is asked,
+/// counted or written again.
+pub(crate) async fn attach(
+    sh: &Arc<Shared>,
+    scope: &Scope,
+    row: ApprovalRow,
+) -> Result<(), ToolError> {
+    tracing::info!(approval = %row.id, turn = %scope.turn_id, "a held call asked again: waiting on its request");
+    let waiting = Waiting::new(&sh.approval_waiters, &row.id);
+    verdict(sh, scope, &row, waiting).await
+}
+
+/// Waits for request `row`'s verdict (the one transition is [`conclude`]'s): `Ok` when
+/// approved; its wait running out or its turn ending denies it.
+async fn verdict(
+    sh: &Arc<Shared>,
+    scope: &Scope,
+    row: &ApprovalRow,
+    waiting: Waiting<'_>,
+) -> Result<(), ToolError> {
+    let (id, tool) = (row.id.as_str(), row.tool.as_str());
+    let wait = row.expires_at - row.requested_at;
     let ended = sh.live.get(&scope.turn_id).map(|l| l.ended());
-    let expires = tokio::time::Instant::now() + std::time::Duration::from_millis(wait as u64);
+    let left = (row.expires_at - now_ms()).max(0) as u64;
+    let expires = tokio::time::Instant::now() + std::time::Duration::from_millis(left);
     let state = loop {
-        match sh.store.approval(&id).await.map_err(internal)? {
+        // Enabled before the state is read: a verdict between the read and the wait still
+        // wakes it.
+        let rung = waiting.notify.notified();
+        tokio::pin!(rung);
+        rung.as_mut().enable();
+        match sh.store.approval(id).await.map_err(internal)? {
             Some(r) if r.state != ApprovalState::Pending => break r.state,
             Some(_) => {}
             None => return Err(internal("the approval request vanished")),
@@ -268,32 +368,30 @@ pub(crate) async fn hold(
                 None => std::future::pending().await,
             }
         };
-        let stopping = || {
-            // routd denies what is left pending when it starts again (`abandoned`, told in
-            // the chat and audited), as after a SIGKILL.
-            Err(ToolError {
-                code: hako_mcp::ToolCode::Unavailable,
-                message: "routd is stopping; the call was not run".into(),
-            })
-        };
+        // routd stopping answers nothing: the request stays pending, the connection closes
+        // with routd, and the agent's side asks again under the call's name when the
+        // restarted routd binds the turn's socket (an answer, even an error, would end the
+        // call for good, and the agent would move on without it).
+        let stopping = std::future::pending::<Result<(), ToolError>>;
         // Stopping first: at shutdown the driver lets its turn go too, and that is routd
         // stopping, not the turn ending.
         let denial = tokio::select! {
             biased;
-            () = sh.stopping.cancelled() => return stopping(),
-            () = waiting.notify.notified() => continue,
+            () = sh.stopping.cancelled() => return stopping().await,
+            () = &mut rung => continue,
             () = tokio::time::sleep_until(expires) => ApprovalState::TimedOut,
             () = end => ApprovalState::TurnEnded,
         };
         if sh.stopping.is_cancelled() {
-            return stopping();
+            return stopping().await;
         }
-        match conclude(sh, &id, denial, None).await.map_err(internal)? {
+        match conclude(sh, id, denial, None).await.map_err(internal)? {
             Some((r, _)) => break r.state,
             None => return Err(internal("the approval request vanished")),
         }
     };
     drop(waiting);
+    sh.approval_waiters.forget(id);
     match state {
         ApprovalState::Approved => Ok(()),
         ApprovalState::Denied => Err(ToolError::denied(format!(
@@ -338,7 +436,8 @@ pub(crate) async fn conclude(
                     format!("{id} denied: the turn ended. {} does not run.", row.tool)
                 }
                 ApprovalState::Abandoned | ApprovalState::Pending => format!(
-                    "{id} denied: routd restarted while it waited. {} does not run.",
+                    "{id} denied: its call was cut off (routd restarted, or the agent's \
+                     connection broke) and the agent did not ask for it again. {} does not run.",
                     row.tool
                 ),
             };
@@ -485,14 +584,69 @@ pub(crate) async fn end_of_turn(
     Ok(())
 }
 
-/// At start: requests left pending by an earlier routd are denied. Their calls were cut when
-/// that routd's sockets closed (an agent that calls again asks again).
-pub(crate) async fn abandon_all(sh: &Shared) -> Result<usize, hako_shared::db::DbError> {
-    let left = sh.store.pending_approvals(None).await?;
-    for r in &left {
-        conclude(sh, &r.id, ApprovalState::Abandoned, None).await?;
+/// At start: requests an earlier routd left pending. Those of a turn that is over are
+/// denied (`abandoned`, told); those of a live turn stay pending, orphans until the agent's
+/// side asks again with the same call's name ([`attach`]), which its bridge does when the
+/// turn's socket is back. Answers how many were denied.
+pub(crate) async fn adopt_pending(sh: &Shared) -> Result<usize, hako_shared::db::DbError> {
+    let mut denied = 0;
+    for r in sh.store.pending_approvals(None).await? {
+        let live = matches!(
+            sh.store.turn(&r.turn_id).await?.map(|t| t.state),
+            Some(s) if !s.is_over()
+        );
+        if live && r.call_key.is_some() {
+            sh.approval_waiters.orphan(&r.id);
+        } else {
+            conclude(sh, &r.id, ApprovalState::Abandoned, None).await?;
+            denied += 1;
+        }
     }
-    Ok(left.len())
+    Ok(denied)
+}
+
+/// Denies, every second, what no one waits for any more: a request past its wait
+/// (`timed_out`), of a turn that ended (`turn_ended`), or an orphan no one asked again for
+/// `ROUTD_APPROVAL_REATTACH` (`abandoned`): the agent's side asks again within seconds when
+/// it can, and one that does not come back in that time is not coming.
+pub(crate) async fn sweep(sh: Arc<Shared>) {
+    loop {
+        if let Err(e) = sweep_once(&sh).await {
+            tracing::warn!(error = %e, "sweeping approval requests failed");
+        }
+        tokio::select! {
+            () = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+            () = sh.stopping.cancelled() => return,
+        }
+    }
+}
+
+async fn sweep_once(sh: &Shared) -> Result<(), hako_shared::db::DbError> {
+    let now = now_ms();
+    for r in sh.store.pending_approvals(None).await? {
+        let over = sh
+            .store
+            .turn(&r.turn_id)
+            .await?
+            .is_none_or(|t| t.state.is_over());
+        let denial = if r.expires_at <= now {
+            Some(ApprovalState::TimedOut)
+        } else if over {
+            Some(ApprovalState::TurnEnded)
+        } else if sh
+            .approval_waiters
+            .orphaned_for(&r.id, sh.cfg.approval_reattach)
+        {
+            Some(ApprovalState::Abandoned)
+        } else {
+            None
+        };
+        if let Some(state) = denial {
+            conclude(sh, &r.id, state, None).await?;
+            sh.approval_waiters.forget(&r.id);
+        }
+    }
+    Ok(())
 }
 
 /// The pending gauges, now (the backlog watcher refreshes them too, as they age).

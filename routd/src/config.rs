@@ -68,6 +68,9 @@ pub struct Config {
     /// `ROUTD_GROUP_MAX_BYTES_PER_DAY`, default 64 MiB: what a group's turns may write into
     /// the log per UTC day, all its turns together.
     pub group_bytes_per_day: u64,
+    /// `ROUTD_APPROVAL_REATTACH`, default 60s: how long a held call's request may have no
+    /// one waiting on it (routd restarted, the agent's connection broke) before it is denied.
+    pub approval_reattach: std::time::Duration,
     /// `ROUTD_CHANNEL_CHATS`, default `*`: JID globs the `channel` identity (a chat adapter)
     /// may post to and read. `web:` chats are never a channel's unless a glob starting with
     /// `web:` names them: they belong to the callers of their folder.
@@ -289,6 +292,7 @@ impl Config {
                 status: 100,
             },
             group_bytes_per_day: 64 << 20,
+            approval_reattach: std::time::Duration::from_secs(60),
             channel_chats: vec!["*".into()],
             webhook_allow_private: false,
             llm: LlmConfig::default(),
@@ -356,6 +360,7 @@ impl Config {
         c.turn_writes.status = env.parse_or("ROUTD_TURN_MAX_STATUS", c.turn_writes.status)?;
         c.group_bytes_per_day =
             env.size_or("ROUTD_GROUP_MAX_BYTES_PER_DAY", c.group_bytes_per_day)?;
+        c.approval_reattach = env.duration_or("ROUTD_APPROVAL_REATTACH", c.approval_reattach)?;
         c.webhook_allow_private =
             env.bool_or("ROUTD_WEBHOOK_ALLOW_PRIVATE", c.webhook_allow_private)?;
         c.web.session_ttl = env.duration_or("ROUTD_WEB_SESSION_TTL", c.web.session_ttl)?;

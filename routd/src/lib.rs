@@ -333,12 +333,13 @@ pub async fn start(
             "messages left steering by an ended turn wait for the next turn"
         );
     }
-    // Held calls of an earlier routd were cut with its sockets: their requests are denied.
-    let abandoned = approvals::abandon_all(&shared).await?;
+    // Held calls of an earlier routd were cut with its sockets: a live turn's requests wait
+    // for its agent to ask again; the others are denied.
+    let abandoned = approvals::adopt_pending(&shared).await?;
     if abandoned > 0 {
         tracing::info!(
             requests = abandoned,
-            "approval requests left pending by an earlier routd are denied"
+            "approval requests an earlier routd left pending, of turns that are over, are denied"
         );
     }
     let tasks = [
@@ -347,6 +348,7 @@ pub async fn start(
         tokio::spawn(turns::watch_backlog(shared.clone())),
         tokio::spawn(tasks::run(shared.clone())),
         tokio::spawn(web::sweep_revoked(shared.clone())),
+        tokio::spawn(approvals::sweep(shared.clone())),
     ]
     .map(|t| t.abort_handle());
     turns::resume(&shared).await;

@@ -487,7 +487,20 @@ impl Backend for RoutdTools {
         scope: &Scope,
         call: &Call,
         args: &serde_json::Map<String, Value>,
+        key: Option<&hako_mcp::CallKey>,
     ) -> Result<(), ToolError> {
+        // The same call asked again (its connection broke, routd restarted) is the request
+        // it made the first time: nothing is counted or written again.
+        if let Some(k) = key
+            && let Some(row) = self
+                .sh
+                .store
+                .approval_of_call(&scope.turn_id, k.as_str())
+                .await
+                .map_err(internal)?
+        {
+            return crate::approvals::attach(&self.sh, scope, row).await;
+        }
         // A held call is written three times (its request, the chat's message, an audit
         // row): it counts as a message of the turn's and its bytes against the turn's and
         // the group's bounds, like any other write.
@@ -503,7 +516,7 @@ impl Backend for RoutdTools {
             },
         )
         .await?;
-        crate::approvals::hold(&self.sh, scope, call, args).await
+        crate::approvals::hold(&self.sh, scope, call, args, key).await
     }
 
     async fn call(&self, scope: &Scope, call: Call) -> Result<Value, ToolError> {

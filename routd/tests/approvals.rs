@@ -452,12 +452,14 @@ async fn stop_during_a_hold_denies_it() {
     rig.stop().await;
 }
 
-/// routd SIGKILLed while a call is held: the call was cut with routd's socket, so the
-/// restarted routd denies the request (`abandoned`) and tells the chat; a verdict after that
-/// is refused, and nothing was sent.
+/// routd SIGKILLed while a call is held: the request outlives it. The agent's call asks again
+/// under its name when the restarted routd binds the turn's socket, and waits on the same
+/// request: still pending, no second request asked in the chat; the person's Approve after
+/// the restart runs the call once. A held call whose agent never asks again (over HTTP, no
+/// retry) is denied after `ROUTD_APPROVAL_REATTACH`, told and audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn routd_killed_with_a_held_call_denies_it_on_start() {
-    let mut rig = Rig::new(LONG_RUNS, &[]).await;
+async fn a_held_call_outlives_a_routd_kill() {
+    let mut rig = Rig::new(LONG_RUNS, &[("ROUTD_APPROVAL_REATTACH", "3s")]).await;
     rig.spawn_routd_binary().await;
     let chat = "tg:ask-6";
     asking_group(&rig, "killing", chat, json!({"wait": "10m"})).await;
@@ -468,21 +470,69 @@ async fn routd_killed_with_a_held_call_denies_it_on_start() {
     child.kill().unwrap();
     child.wait().unwrap();
     rig.spawn_routd_binary().await;
-    assert_eq!(request(&rig, &id).await["state"], "abandoned");
+    // The agent comes back for it well within the grace: it stays pending past the grace.
+    let waited = std::time::Instant::now();
+    eventually("the grace to pass", LIMIT, || async {
+        if waited.elapsed() > std::time::Duration::from_secs(5) {
+            Ok(())
+        } else {
+            Err(())
+        }
+    })
+    .await;
+    assert_eq!(request(&rig, &id).await["state"], "pending");
     let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": true})).await;
-    assert_eq!(
-        (s, v["error"].as_str()),
-        (409, Some("already_decided")),
-        "{v}"
-    );
+    assert_eq!(s, 200, "{v}");
     let h = rig
-        .wait_for(chat, "the restart's notice", |h| {
-            notices(h)
-                .iter()
-                .any(|n| n.contains(&id) && n.contains("restarted"))
+        .wait_for(chat, "the approved call's effect", |h| {
+            sent(h, "half-done") == 1
         })
         .await;
-    assert_eq!(sent(&h, "half-done"), 0);
+    assert_eq!(requests(&h).len(), 1, "asked once in the chat");
+    rig.wait_idle("killing").await;
+    assert_eq!(sent(&rig.history(chat).await, "half-done"), 1, "sent once");
+
+    // Over HTTP nobody asks again: denied after the grace, and the chat is told.
+    rig.put_group(
+        "gone",
+        json!({"name": "gone", "grants": ["*", "?send_message"], "approvals": {"wait": "10m"}}),
+    )
+    .await;
+    let turn = rig.running_turn("gone").await;
+    let (turn_id, run_id) = (
+        turn["turn_id"].as_str().unwrap().to_owned(),
+        turn["run_id"].as_str().unwrap().to_owned(),
+    );
+    let token = rig
+        .spawn_token("gone", &format!("{turn_id}.1"), &run_id, 300)
+        .await
+        .token;
+    let api = rig.api();
+    let held = tokio::spawn({
+        let path = format!("/v1/turns/{turn_id}.1/tools/send_message");
+        async move { api.post(&token, &path, json!({"text": "never"})).await }
+    });
+    let gone = nth_request(&rig, "web:gone", 1).await;
+    let (mut child, _) = rig.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let _ = held.await;
+    rig.spawn_routd_binary().await;
+    eventually("the orphan denied", LIMIT, || async {
+        let r = request(&rig, &gone).await;
+        if r["state"] == "abandoned" {
+            Ok(())
+        } else {
+            Err(r)
+        }
+    })
+    .await;
+    rig.wait_for("web:gone", "the notice", |h| {
+        notices(h)
+            .iter()
+            .any(|n| n.contains(&gone) && n.contains("did not ask for it again"))
+    })
+    .await;
     rig.stop().await;
 }
 

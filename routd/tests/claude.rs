@@ -862,3 +862,66 @@ async fn settings_the_agent_writes_never_widen_claude_codes_grants() {
     );
     rig.stop().await;
 }
+
+/// A held Claude Code Bash call outlives routd: routd SIGKILLed while the person decides,
+/// restarted; hako-agent's MCP bridge connects again and asks again under the call's name,
+/// so the restarted routd waits on the same request (no second one asked in the chat), and
+/// the person's Approve after the restart runs the command once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_held_claude_code_call_outlives_a_routd_restart() {
+    let (_stub, url) = Stub::start().await;
+    let mut rig = rig(&url, &[]).await;
+    rig.spawn_routd_binary().await;
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            "/v1/groups/ccrestart",
+            json!({"name": "ccrestart", "grants": ["*", "?agent_tool:Bash"],
+                   "approvals": {"wait": "10m"},
+                   "group": {"agent": "claude", "llm": {"model": MODEL}}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    let chat = "web:ccrestart";
+    let proof = folder_dir(&rig, "ccrestart", FolderDir::Workspace).join("proof.txt");
+    rig.say(chat, "r-1", "please run the command").await;
+    let id = nth_request(&rig, chat, 1).await;
+    let (mut child, _) = rig.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    rig.spawn_routd_binary().await;
+    let (_, a) = rig
+        .api()
+        .get(&rig.operator, &format!("/v1/approvals/{id}"))
+        .await;
+    assert_eq!(a["state"], "pending", "{a}");
+    assert!(!proof.exists(), "held: the command has not run");
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            &format!("/v1/approvals/{id}"),
+            json!({"approve": true}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    rig.wait_for(chat, "the answer after the command", |h| {
+        replies(h)
+            .iter()
+            .any(|r| r.contains("Done, with the tool."))
+    })
+    .await;
+    rig.wait_idle("ccrestart").await;
+    assert_eq!(
+        std::fs::read_to_string(&proof).ok().as_deref(),
+        Some("from-bash\n"),
+        "the approved command ran once"
+    );
+    assert_eq!(
+        requests(&rig.history(chat).await).len(),
+        1,
+        "asked once in the chat"
+    );
+    rig.stop().await;
+}

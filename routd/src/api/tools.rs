@@ -53,12 +53,26 @@ pub(super) async fn act(
     turn_id: &str,
     tool: hako_shared::grants::Tool,
     args: serde_json::Map<String, serde_json::Value>,
+    key: Option<&hako_mcp::CallKey>,
 ) -> Result<Json<serde_json::Value>, ApiFailure> {
     let scope = acting_turn(sh, who, turn_id).await?;
     let backend = crate::tools::RoutdTools { sh: sh.clone() };
     Ok(Json(
-        hako_mcp::dispatch(&backend, &scope, tool, args).await?,
+        hako_mcp::dispatch(&backend, &scope, tool, args, key).await?,
     ))
+}
+
+/// The call's name over HTTP: its `Idempotency-Key` header (what `_meta.hako/call` is over
+/// MCP), 1-128 of `[A-Za-z0-9._:-]`.
+fn call_key(headers: &HeaderMap) -> Result<Option<hako_mcp::CallKey>, ApiFailure> {
+    let Some(k) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    k.to_str()
+        .ok()
+        .and_then(hako_mcp::CallKey::parse)
+        .map(Some)
+        .ok_or_else(|| ApiFailure::Invalid("Idempotency-Key: 1-128 of [A-Za-z0-9._:-]".into()))
 }
 
 /// One of the turn's tools over HTTP, with the run's spawn token: the same call, checks and
@@ -67,6 +81,7 @@ pub(super) async fn act(
     params(
         ("turn_id" = String, Path, description = "The turn (routd's id, or runed's `<turn>.<try>` from the agent's input)"),
         ("tool" = String, Path, description = "send_message, get_history, set_status, schedule_task, list_tasks, cancel_task, reset_session, register_group, spawn_group"),
+        ("Idempotency-Key" = Option<String>, Header, description = "The call's name (1-128 of [A-Za-z0-9._:-]): asked again, the same call waits on the same approval request, and a send_message sends nothing twice"),
     ),
     request_body(content = Object, description = "The tool's arguments, as its MCP input schema says"),
     responses(
@@ -81,11 +96,13 @@ pub(super) async fn turn_tool(
     State(AppState(sh)): State<AppState>,
     who: Principal,
     Path((turn_id, tool)): Path<(String, String)>,
+    headers: HeaderMap,
     ApiJson(args): ApiJson<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<serde_json::Value>, ApiFailure> {
     let tool = hako_shared::grants::Tool::from_name(&tool)
         .ok_or_else(|| ApiFailure::NotFound(format!("no tool {tool:?}")))?;
-    act(&sh, &who, &turn_id, tool, args).await
+    let key = call_key(&headers)?;
+    act(&sh, &who, &turn_id, tool, args, key.as_ref()).await
 }
 
 /// `send_message` by its contract name: an `Idempotency-Key` header makes a retry send
@@ -118,12 +135,15 @@ pub(super) async fn turn_send(
         args.entry("idempotency_key")
             .or_insert_with(|| serde_json::Value::from(k));
     }
+    // A key in the call-key grammar also names the call for a held request.
+    let key = call_key(&headers).ok().flatten();
     act(
         &sh,
         &who,
         &turn_id,
         hako_shared::grants::Tool::SendMessage,
         args,
+        key.as_ref(),
     )
     .await
 }

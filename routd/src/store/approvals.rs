@@ -35,6 +35,9 @@ pub struct ApprovalRow {
     pub expires_at: i64,
     /// Unix ms.
     pub decided_at: Option<i64>,
+    /// The client's name for the held call (`_meta.hako/call`, an `Idempotency-Key`): the
+    /// same call asked again is this request.
+    pub call_key: Option<String>,
 }
 
 impl From<ApprovalRow> for ApprovalView {
@@ -57,7 +60,7 @@ impl From<ApprovalRow> for ApprovalView {
 }
 
 const COLUMNS: &str = "id, turn_id, folder, chat_jid, tool, target, arguments, state, \
-                       decided_by, requested_at, expires_at, decided_at";
+                       decided_by, requested_at, expires_at, decided_at, call_key";
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRow> {
     let bad = |i: usize, what: String| {
@@ -80,6 +83,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRow> {
         requested_at: r.get("requested_at")?,
         expires_at: r.get("expires_at")?,
         decided_at: r.get("decided_at")?,
+        call_key: r.get("call_key")?,
     })
 }
 
@@ -101,11 +105,12 @@ impl Store {
     pub async fn add_approval(&self, a: ApprovalRow, max_pending: usize) -> Result<bool, DbError> {
         self.db
             .call(move |c| {
+                // OR IGNORE: the same call asked twice at once (its key) is one request.
                 let added = c.execute(
                     &format!(
-                        "INSERT INTO approvals ({COLUMNS}) SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, \
-                         ?8, ?9, ?10, ?11, ?12 WHERE (SELECT count(*) FROM approvals \
-                         WHERE turn_id = ?2 AND state = 'pending') < ?13"
+                        "INSERT OR IGNORE INTO approvals ({COLUMNS}) SELECT ?1, ?2, ?3, ?4, ?5, \
+                         ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?14 WHERE (SELECT count(*) FROM \
+                         approvals WHERE turn_id = ?2 AND state = 'pending') < ?13"
                     ),
                     params![
                         a.id,
@@ -120,10 +125,32 @@ impl Store {
                         a.requested_at,
                         a.expires_at,
                         a.decided_at,
-                        max_pending as i64
+                        max_pending as i64,
+                        a.call_key
                     ],
                 )?;
                 Ok(added == 1)
+            })
+            .await
+    }
+
+    /// The request a turn's call of this name made, if it made one.
+    pub async fn approval_of_call(
+        &self,
+        turn_id: &TurnId,
+        key: &str,
+    ) -> Result<Option<ApprovalRow>, DbError> {
+        let (turn, key) = (turn_id.clone(), key.to_owned());
+        self.db
+            .call(move |c| {
+                Ok(c.query_row(
+                    &format!(
+                        "SELECT {COLUMNS} FROM approvals WHERE turn_id = ?1 AND call_key = ?2"
+                    ),
+                    params![turn, key],
+                    row,
+                )
+                .optional()?)
             })
             .await
     }

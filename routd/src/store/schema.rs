@@ -298,4 +298,12 @@ ALTER TABLE groups ADD COLUMN set_by TEXT NOT NULL DEFAULT 'operator'
     CHECK (set_by IN ('operator', 'tenant', 'agent'));
 "#,
     },
+    Migration {
+        version: 11,
+        name: "approvals named by their call",
+        sql: r#"
+ALTER TABLE approvals ADD COLUMN call_key TEXT;
+CREATE UNIQUE INDEX approvals_call ON approvals (turn_id, call_key) WHERE call_key IS NOT NULL;
+"#,
+    },
 ];

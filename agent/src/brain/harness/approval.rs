@@ -71,16 +71,27 @@ impl Approver {
         if let Some(id) = id {
             args.insert("tool_use_id".into(), json!(id));
         }
+        // One name for the question however often it is asked: across a routd restart the
+        // same held request is waited on, never asked twice.
+        let key = crate::mcp::new_call_key();
+        // When the connection broke: from then on the socket is waited for (routd
+        // restarting); a socket not there at all is a denial at once.
+        let mut broke: Option<tokio::time::Instant> = None;
         let mut last = String::new();
-        for attempt in 0..2 {
+        while broke.is_none_or(|at| at.elapsed() < crate::mcp::RECONNECT_WAIT) {
             let client = match self.client().await {
                 Ok(c) => c,
-                Err(e) => {
+                Err(e) if broke.is_some() => {
                     last = e;
+                    tokio::time::sleep(std::time::Duration::from_millis(250)).await;
                     continue;
                 }
+                Err(e) => {
+                    last = e;
+                    break;
+                }
             };
-            match client.call(TOOL, args.clone()).await {
+            match client.call(TOOL, args.clone(), Some(&key)).await {
                 Ok(r) => {
                     let v = verdict(&r.text, r.is_error);
                     log(format_args!(
@@ -93,11 +104,14 @@ impl Approver {
                     ));
                     return v;
                 }
+                Err(e @ crate::mcp::McpError::Broken { .. }) => {
+                    last = e.to_string();
+                    broke.get_or_insert_with(tokio::time::Instant::now);
+                    self.client.borrow_mut().take();
+                }
                 Err(e) => {
                     last = e.to_string();
-                    if attempt == 0 {
-                        self.client.borrow_mut().take();
-                    }
+                    break;
                 }
             }
         }

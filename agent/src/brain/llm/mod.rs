@@ -148,19 +148,32 @@ impl LlmBrain {
         let Value::Object(args) = input else {
             return ("the arguments must be a JSON object".into(), true);
         };
-        for attempt in 0..2 {
+        // One name for the call however often it is asked: a connection routd closed (a
+        // restart, while a person decides) is made again and the call asked again, and routd
+        // attaches it to the request or message it started.
+        let key = mcp::new_call_key();
+        // When the connection broke; a socket not there at all fails at once.
+        let mut broke: Option<tokio::time::Instant> = None;
+        loop {
             if self.mcp.is_none() {
                 match mcp::Client::connect(&io.mcp_socket).await {
                     Ok(c) => self.mcp = Some(c),
+                    Err(e) if broke.is_some_and(|at| at.elapsed() < mcp::RECONNECT_WAIT) => {
+                        log(format_args!("tool {name}: {e}; trying again"));
+                        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+                        continue;
+                    }
                     Err(e) => return (format!("the tools are not reachable: {e}"), true),
                 }
             }
-            let Some(client) = &self.mcp else { break };
-            match client.call(name, args.clone()).await {
+            let Some(client) = &self.mcp else { continue };
+            match client.call(name, args.clone(), Some(&key)).await {
                 Ok(r) => return (r.text, r.is_error),
-                // A connection routd closed (a restart): connect again once.
-                Err(e) if attempt == 0 => {
+                Err(e @ mcp::McpError::Broken { .. })
+                    if broke.is_none_or(|at| at.elapsed() < mcp::RECONNECT_WAIT) =>
+                {
                     log(format_args!("tool {name}: {e}; reconnecting"));
+                    broke.get_or_insert_with(tokio::time::Instant::now);
                     if let Some(c) = self.mcp.take() {
                         c.close().await;
                     }
@@ -168,7 +181,6 @@ impl LlmBrain {
                 Err(e) => return (format!("the tool call failed: {e}"), true),
             }
         }
-        ("the tools are not reachable".into(), true)
     }
 
     /// One model step: the request, the streamed answer assembled. Text before a tool call is
