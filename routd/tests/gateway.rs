@@ -1251,3 +1251,59 @@ async fn socket_gone(sock: &std::path::Path) {
     )
     .await
 }
+
+/// A held `send_message` of the LLM brain outlives routd: SIGKILLed while the person decides,
+/// restarted; the brain's MCP client connects again and asks again under the call's name, so
+/// the restarted routd waits on the same request; the Approve after the restart sends the
+/// message once, and the turn goes on to its answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_held_call_of_the_llm_brain_outlives_a_routd_restart() {
+    let (_provider, mut rig) = with_provider().await;
+    rig.spawn_routd_binary().await;
+    let chat = "tg:llm-hold";
+    let (s, v) = rig
+        .api()
+        .put(
+            &rig.operator,
+            "/v1/groups/llmhold",
+            json!({"name": "llmhold", "grants": ["*", "?send_message"],
+                   "approvals": {"wait": "10m"},
+                   "group": {"llm": {"model": "claude-stub-1"}}}),
+        )
+        .await;
+    assert_eq!(s, 201, "{v}");
+    rig.route(chat, "llmhold").await;
+    rig.say(chat, "h-1", "please use your tools").await;
+    let id = nth_request(&rig, chat, 1).await;
+    let (mut child, _) = rig.child.take().unwrap();
+    child.kill().unwrap();
+    child.wait().unwrap();
+    rig.spawn_routd_binary().await;
+    let (_, a) = rig
+        .api()
+        .get(&rig.operator, &format!("/v1/approvals/{id}"))
+        .await;
+    assert_eq!(a["state"], "pending", "{a}");
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            &format!("/v1/approvals/{id}"),
+            json!({"approve": true}),
+        )
+        .await;
+    assert_eq!(s, 200, "{v}");
+    rig.wait_for(chat, "the answer after the tools", |h| {
+        replies(h).iter().any(|r| r == "Done, after two tools.")
+    })
+    .await;
+    rig.wait_idle("llmhold").await;
+    let h = rig.history(chat).await;
+    let notes = replies(&h)
+        .iter()
+        .filter(|r| r.starts_with("a side note"))
+        .count();
+    assert_eq!(notes, 1, "sent once: {:?}", replies(&h));
+    assert_eq!(requests(&h).len(), 1, "asked once in the chat");
+    rig.stop().await;
+}
