@@ -887,25 +887,11 @@ async fn a_held_claude_code_call_outlives_a_routd_restart() {
     let proof = folder_dir(&rig, "ccrestart", FolderDir::Workspace).join("proof.txt");
     rig.say(chat, "r-1", "please run the command").await;
     let id = nth_request(&rig, chat, 1).await;
-    let (mut child, _) = rig.child.take().unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
-    rig.spawn_routd_binary().await;
-    let (_, a) = rig
-        .api()
-        .get(&rig.operator, &format!("/v1/approvals/{id}"))
-        .await;
+    rig.kill_and_restart_routd().await;
+    let a = rig.approval(&id).await;
     assert_eq!(a["state"], "pending", "{a}");
     assert!(!proof.exists(), "held: the command has not run");
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": true}),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
+    rig.decide(&id, true).await;
     rig.wait_for(chat, "the answer after the command", |h| {
         replies(h)
             .iter()

@@ -1275,24 +1275,10 @@ async fn a_held_call_of_the_llm_brain_outlives_a_routd_restart() {
     rig.route(chat, "llmhold").await;
     rig.say(chat, "h-1", "please use your tools").await;
     let id = nth_request(&rig, chat, 1).await;
-    let (mut child, _) = rig.child.take().unwrap();
-    child.kill().unwrap();
-    child.wait().unwrap();
-    rig.spawn_routd_binary().await;
-    let (_, a) = rig
-        .api()
-        .get(&rig.operator, &format!("/v1/approvals/{id}"))
-        .await;
+    rig.kill_and_restart_routd().await;
+    let a = rig.approval(&id).await;
     assert_eq!(a["state"], "pending", "{a}");
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": true}),
-        )
-        .await;
-    assert_eq!(s, 200, "{v}");
+    rig.decide(&id, true).await;
     rig.wait_for(chat, "the answer after the tools", |h| {
         replies(h).iter().any(|r| r == "Done, after two tools.")
     })

@@ -250,6 +250,36 @@ impl Rig {
     }
 
     /// Runs routd from its binary instead (a test that kills it with SIGKILL).
+    /// SIGKILLs the routd binary this rig runs and starts it again.
+    pub async fn kill_and_restart_routd(&mut self) {
+        let (mut child, _) = self.child.take().expect("routd runs as a binary");
+        child.kill().unwrap();
+        child.wait().unwrap();
+        self.spawn_routd_binary().await;
+    }
+
+    /// The operator's verdict on approval request `id`; asserts it was taken.
+    pub async fn decide(&self, id: &str, approve: bool) -> Value {
+        let (s, v) = self
+            .api()
+            .post(
+                &self.operator,
+                &format!("/v1/approvals/{id}"),
+                json!({"approve": approve}),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        v
+    }
+
+    /// An approval request as the operator sees it.
+    pub async fn approval(&self, id: &str) -> Value {
+        self.api()
+            .get(&self.operator, &format!("/v1/approvals/{id}"))
+            .await
+            .1
+    }
+
     pub async fn spawn_routd_binary(&mut self) {
         if let Some(r) = self.routd.take() {
             r.shutdown().await;
