@@ -257,6 +257,7 @@ async fn idle_rss(image: &str, http: &reqwest::Client) -> u64 {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_runed"))
         .env_remove("AUTHD_URL")
         .env_remove("DOCKER_HOST")
+        .env("HAKO_OPEN_DEV", "1")
         .env("DATA_DIR", dir.path())
         .env("CONTAINER_IMAGE", image)
         .env("RUNED_LISTEN", format!("127.0.0.1:{port}"))
