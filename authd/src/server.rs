@@ -417,7 +417,7 @@ async fn mint_token(
         )),
     ];
     match app.store.write(rows).await? {
-        Committed::Ok => {}
+        Committed::Ok => hako_shared::failpoint::hit("authd.token.minted"),
         Committed::ParentRevoked => {
             // The parent was revoked while this child was being minted; the child was revoked
             // with it in the same transaction and is never handed out.
@@ -503,6 +503,7 @@ async fn revoke(
         format!("jti={jti}"),
     );
     let revoked = app.store.revoke_tree(jti.clone(), now, audit).await?;
+    hako_shared::failpoint::hit("authd.token.revoked");
     for e in &revoked {
         app.verifier.mark_revoked(&e.jti, e.exp);
     }

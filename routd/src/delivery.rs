@@ -120,6 +120,10 @@ async fn record(
         (false, Some(_)) => "failed",
         (false, None) => "undeliverable",
     };
+    if ok {
+        // Delivered, not yet recorded: a restart from here delivers it again, same key.
+        hako_shared::failpoint::hit("routd.webhook.delivered");
+    }
     sh.metrics.delivery(result);
     if !ok {
         tracing::info!(message = %m.id, attempt = n, status, %detail, result, "webhook delivery failed");

@@ -443,6 +443,7 @@ async fn advance(sh: &Shared, t: &TurnRow, step: Step) -> Result<Option<TurnRow>
     let next = match sh.store.advance(t, step, now_ms()).await? {
         Some(next) => {
             if next.state.is_over() {
+                hako_shared::failpoint::hit("routd.turn.settled");
                 sh.metrics.turn_ended(next.state.as_str());
                 tracing::info!(state = %next.state, "turn ended");
             } else if next.state == TurnState::Waiting {
@@ -522,7 +523,11 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<RunId, RunedError>
         secrets: Default::default(),
         group: group.spec,
     };
-    Ok(sh.runed.create_run(&req).await.map(|c| c.run_id))
+    let created = sh.runed.create_run(&req).await.map(|c| c.run_id);
+    if created.is_ok() {
+        hako_shared::failpoint::hit("routd.run.requested");
+    }
+    Ok(created)
 }
 
 /// Follows a run to its end: every block becomes what it means for the chat as it arrives.

@@ -246,6 +246,7 @@ async fn create_run(
     match sh.store.insert(row).await? {
         Inserted::Existing(r) => Ok(existing(*r)),
         Inserted::New => {
+            hako_shared::failpoint::hit("runed.run.queued");
             sh.enqueue(
                 &run_id,
                 &folder,

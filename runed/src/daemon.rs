@@ -278,6 +278,7 @@ async fn run_one(
         .await;
         return;
     }
+    hako_shared::failpoint::hit("runed.token.minted");
     let input = ContainerInput {
         session_id: req.session_id.clone(),
         messages: req.messages.clone(),
@@ -374,6 +375,9 @@ async fn run_one(
             }
             finalize(&sh, &folder, &req.turn_id, &req.session_id, &report).await;
             remove_containers(&sh, &report).await;
+            if report.container_id.is_some() {
+                hako_shared::failpoint::hit("runed.container.removed");
+            }
             // The folder's next box, made while this run still holds the folder's slot (it
             // prepares the folder's directories), once this one's container is gone.
             if report.container_id.is_some() && !sh.stopping.is_cancelled() {
@@ -395,10 +399,13 @@ fn bind_hook(sh: Arc<Shared>, run_id: RunId) -> BindHook {
                 .bind_warm(&run_id, &b.container_id, now, b.deadline_ms)
                 .await
             {
-                Ok(true) => sh.emit(Event::State {
-                    run_id,
-                    state: RunState::Running,
-                }),
+                Ok(true) => {
+                    hako_shared::failpoint::hit("runed.warm.taken");
+                    sh.emit(Event::State {
+                        run_id,
+                        state: RunState::Running,
+                    })
+                }
                 Ok(false) => {}
                 Err(e) => {
                     tracing::error!(run = %run_id, error = %e, "recording the warm box taken failed")
@@ -423,7 +430,7 @@ async fn warm_next(sh: &Shared, spec: &RunSpec) {
     }
     let Ok(runner) = sh.runner() else { return };
     match runner.prestart(spec).await {
-        Ok(()) => {}
+        Ok(()) => hako_shared::failpoint::hit("runed.warm.recorded"),
         Err(NotWarmed::Off) => {}
         Err(e @ (NotWarmed::PerRun | NotWarmed::Image(_) | NotWarmed::Full(_))) => {
             tracing::debug!(folder = %spec.folder, reason = %e, "no warm box")

@@ -33,10 +33,13 @@ pub(crate) fn forward(
                     sh.metrics.started(start);
                     let now = unix_millis(SystemTime::now());
                     match sh.store.mark_running(&run_id, &container_id, now).await {
-                        Ok(true) => sh.emit(Event::State {
-                            run_id: run_id.clone(),
-                            state: RunState::Running,
-                        }),
+                        Ok(true) => {
+                            hako_shared::failpoint::hit("runed.container.started");
+                            sh.emit(Event::State {
+                                run_id: run_id.clone(),
+                                state: RunState::Running,
+                            })
+                        }
                         Ok(false) => {}
                         Err(e) => {
                             tracing::error!(run = %run_id, error = %e, "recording a start failed")
@@ -44,8 +47,11 @@ pub(crate) fn forward(
                     }
                 }
                 RunEvent::Block { index, block } => {
-                    if let Err(e) = sh.store.add_output(&run_id, index, &block).await {
-                        tracing::error!(run = %run_id, error = %e, "storing output failed");
+                    match sh.store.add_output(&run_id, index, &block).await {
+                        Ok(()) => hako_shared::failpoint::hit("runed.output.recorded"),
+                        Err(e) => {
+                            tracing::error!(run = %run_id, error = %e, "storing output failed")
+                        }
                     }
                     let small = [&block.result, &block.error, &block.new_session_id]
                         .iter()
@@ -109,6 +115,7 @@ pub(crate) async fn finalize(
         .await
     {
         Ok(true) => {
+            hako_shared::failpoint::hit("runed.run.ended");
             sh.metrics.ended(r.outcome);
             sh.emit(Event::State {
                 run_id: run_id.to_owned(),

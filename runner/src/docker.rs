@@ -368,7 +368,10 @@ pub async fn create(
     )
     .await
     {
-        Ok(r) => Ok(r.id),
+        Ok(r) => {
+            hako_shared::failpoint::hit("runed.container.created");
+            Ok(r.id)
+        }
         Err(EngineError::NotFound(_)) => Err(EngineError::ImageMissing(spec.image.clone())),
         Err(e) => Err(e),
     }

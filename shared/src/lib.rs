@@ -18,6 +18,7 @@ pub mod contract;
 pub mod cron;
 #[cfg(feature = "db")]
 pub mod db;
+pub mod failpoint;
 pub mod folder;
 pub mod glob;
 pub mod grants;

@@ -129,6 +129,9 @@ impl Store {
                         a.call_key
                     ],
                 )?;
+                if added == 1 {
+                    hako_shared::failpoint::hit("routd.approval.requested");
+                }
                 Ok(added == 1)
             })
             .await
@@ -197,6 +200,9 @@ impl Store {
                     )
                     .optional()?;
                 tx.commit()?;
+                if changed == 1 {
+                    hako_shared::failpoint::hit("routd.approval.decided");
+                }
                 Ok(match (changed, now_row) {
                     (_, None) => Decided::Missing,
                     (1, Some(r)) => Decided::Now(r),

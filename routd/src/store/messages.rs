@@ -149,6 +149,7 @@ impl Store {
                     params![m.chat_jid, m.now, pending],
                 )?;
                 tx.commit()?;
+                hako_shared::failpoint::hit("routd.message.ingested");
                 Ok(Ingested::New(seq))
             })
             .await
@@ -179,6 +180,9 @@ impl Store {
                         o.webhook.then_some(o.now)
                     ],
                 )?;
+                if n == 1 {
+                    hako_shared::failpoint::hit("routd.block.appended");
+                }
                 Ok((n == 1).then(|| c.last_insert_rowid()))
             })
             .await
@@ -356,6 +360,9 @@ impl Store {
                     )?;
                 }
                 tx.commit()?;
+                if n > 0 {
+                    hako_shared::failpoint::hit("routd.followup.staged");
+                }
                 Ok(n)
             })
             .await
@@ -372,6 +379,7 @@ impl Store {
                      AND steering = 1",
                     params![t, s],
                 )?;
+                hako_shared::failpoint::hit("routd.followup.placed");
                 Ok(())
             })
             .await
@@ -434,6 +442,9 @@ impl Store {
                     [&t],
                 )?;
                 tx.commit()?;
+                if took + back > 0 {
+                    hako_shared::failpoint::hit("routd.followup.resolved");
+                }
                 Ok((took, back))
             })
             .await

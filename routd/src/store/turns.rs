@@ -195,6 +195,7 @@ impl Store {
                     }
                 }
                 tx.commit()?;
+                hako_shared::failpoint::hit("routd.turn.created");
                 Ok(true)
             })
             .await

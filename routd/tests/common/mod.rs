@@ -27,6 +27,8 @@ pub const LIMIT: Duration = Duration::from_secs(120);
 pub struct Rig {
     pub dir: tempfile::TempDir,
     pub authd: Option<TestAuthd>,
+    /// authd's base URL (kept when a test moves authd into a process of its own).
+    pub authd_url: String,
     pub runed: Option<hako_runed::Running>,
     pub runed_addr: Option<std::net::SocketAddr>,
     pub routd: Option<hako_routd::Running>,
@@ -116,9 +118,11 @@ impl Rig {
             .local_addr()
             .unwrap()
             .port();
+        let authd_url = authd.url();
         let mut rig = Rig {
             dir,
             authd: Some(authd),
+            authd_url,
             runed: None,
             runed_addr: None,
             routd: None,
@@ -142,12 +146,24 @@ impl Rig {
     }
 
     pub fn authd_url(&self) -> String {
-        self.authd.as_ref().unwrap().url()
+        self.authd_url.clone()
     }
 
     /// A service token of `identity` (`runed`, `routd`, `operator`, `channel`).
     pub async fn service_token(&self, identity: &str) -> String {
-        self.authd.as_ref().unwrap().token(identity).await
+        let key = match identity {
+            "runed" => RUNED_KEY,
+            "routd" => ROUTD_KEY,
+            "operator" => OPERATOR_KEY,
+            "channel" => CHANNEL_KEY,
+            other => panic!("the rig's authd has no key for {other}"),
+        };
+        AuthdClient::new(&self.authd_url)
+            .unwrap()
+            .service_token(identity, key)
+            .await
+            .unwrap_or_else(|e| panic!("{identity}'s service token: {e}"))
+            .token
     }
 
     pub fn runed_url(&self) -> String {
@@ -590,7 +606,7 @@ impl Rig {
 /// file using [`Rig::spawn_runed_process`] defines it as
 /// `#[test] #[ignore] fn runed_child_process() { common::run_runed_child() }`.
 pub const RUNED_CHILD: &str = "runed_child_process";
-const RUNED_CHILD_ENV: &str = "HAKO_TEST_RUNED_CHILD";
+pub const RUNED_CHILD_ENV: &str = "HAKO_TEST_RUNED_CHILD";
 
 /// runed's process: when this test binary was started by [`Rig::spawn_runed_process`], runs
 /// runed from the environment until killed. Run any other way (`--ignored` by hand), it
@@ -603,6 +619,8 @@ pub fn run_runed_child() {
         .enable_all()
         .build()
         .unwrap();
+    // Its log on the test's stderr (shown when the test fails), as the runed binary logs.
+    let _ = hako_shared::telemetry::init();
     rt.block_on(async {
         let cfg = hako_runed::Config::from_env(&Env::from_process()).unwrap();
         let l = tokio::net::TcpListener::bind(cfg.listen_addr)
