@@ -125,10 +125,18 @@ impl Daemons {
             }
             tokio::select! {
                 _ = child.wait() => {
+                    if self.stop.is_cancelled() {
+                        return;
+                    }
                     eprintln!("[sweep] {d:?} died; starting it again");
                     self.deaths.lock().unwrap().push(d);
                 }
                 () = self.stop.cancelled() => {
+                    // SIGTERM, as a real shutdown: runed removes its warm boxes.
+                    if let Some(pid) = child.id().and_then(|p| rustix::process::Pid::from_raw(p as i32)) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+                    }
+                    let _ = tokio::time::timeout(Duration::from_secs(60), child.wait()).await;
                     let _ = child.kill().await;
                     return;
                 }
@@ -569,10 +577,11 @@ async fn sweep(failpoint: &'static str) {
     );
     assert_eq!(daemons.deaths(), vec![target]);
 
-    drop(guard);
+    daemons.stop.cancel();
     for s in supervisors {
         let _ = s.await;
     }
+    drop(guard);
     rig.stop().await;
 }
 
