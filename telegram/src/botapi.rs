@@ -90,7 +90,9 @@ impl Bot {
         if (200..300).contains(&status) {
             return serde_json::from_slice::<MethodResponse<T>>(&body)
                 .map(|r| r.result)
-                .map_err(|e| BotError::Lost(format!("{method}: an answer that does not parse: {e}")));
+                .map_err(|e| {
+                    BotError::Lost(format!("{method}: an answer that does not parse: {e}"))
+                });
         }
         let err = serde_json::from_slice::<ErrorResponse>(&body).ok();
         let description = self.redact(
@@ -134,7 +136,10 @@ mod tests {
     fn the_token_is_redacted() {
         let t = "123456:ABC-def";
         assert_eq!(
-            redact("error sending request for url (https://x/bot123456:ABC-def/getMe)", t),
+            redact(
+                "error sending request for url (https://x/bot123456:ABC-def/getMe)",
+                t
+            ),
             "error sending request for url (https://x/bot<token>/getMe)"
         );
         assert_eq!(redact("x 123456%3AABC-def y", t), "x <token> y");

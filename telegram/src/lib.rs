@@ -123,8 +123,7 @@ pub async fn start(cfg: Config, listener: tokio::net::TcpListener) -> Result<Run
     let mut tasks = vec![tokio::spawn(async move {
         let shut = stop.clone();
         if let Err(e) =
-            hako_shared::http::serve(listener, router, async move { shut.cancelled().await })
-                .await
+            hako_shared::http::serve(listener, router, async move { shut.cancelled().await }).await
         {
             tracing::error!(error = %e, "the receiver stopped");
         }

@@ -61,7 +61,11 @@ async fn send(sh: &Shared, row: Row) {
     let result = match row.method.as_str() {
         VERDICT => verdict(sh, &row).await,
         REFUSAL => refusal(sh, &row).await,
-        m => sh.bot.call::<_, Value>(m, &row.params, Some(Duration::from_secs(30))).await,
+        m => {
+            sh.bot
+                .call::<_, Value>(m, &row.params, Some(Duration::from_secs(30)))
+                .await
+        }
     };
     let (state, next, error) = match result {
         Ok(answer) => {
@@ -90,7 +94,11 @@ async fn send(sh: &Shared, row: Row) {
         Err(e @ (BotError::Server { .. } | BotError::Connect(_))) => {
             let age = Duration::from_millis((now_ms() - row.created_at).max(0) as u64);
             if age >= sh.cfg.send_max_age {
-                (SendState::Failed, None, Some(format!("gave up after {age:?}: {e}")))
+                (
+                    SendState::Failed,
+                    None,
+                    Some(format!("gave up after {age:?}: {e}")),
+                )
             } else {
                 let exp = 2u32.saturating_pow(u32::try_from(row.attempts).unwrap_or(16).min(16));
                 let pause = sh
@@ -127,14 +135,21 @@ async fn send(sh: &Shared, row: Row) {
 /// routd's verdict on an approval: the approval message edited to say who decided (its
 /// buttons gone), every press waiting for it answered.
 async fn verdict(sh: &Shared, row: &Row) -> Result<Value, BotError> {
-    let approval = row.params["approval"].as_str().unwrap_or_default().to_owned();
+    let approval = row.params["approval"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     let notice = row.params["text"].as_str().unwrap_or_default().to_owned();
     let approved = notice.starts_with(&format!("{approval} approved"));
-    let presses = sh.store.take_presses(approval.clone()).await.unwrap_or_default();
+    let presses = sh
+        .store
+        .take_presses(approval.clone())
+        .await
+        .unwrap_or_default();
     // routd names the sender that decided (`… by chat:tg:-100:tg:42: …`).
-    let winner = presses
-        .iter()
-        .find(|p| notice.contains(&format!(":{}:", p.sender)) || notice.contains(&format!(":{} ", p.sender)));
+    let winner = presses.iter().find(|p| {
+        notice.contains(&format!(":{}:", p.sender)) || notice.contains(&format!(":{} ", p.sender))
+    });
     let line = match winner {
         Some(p) if approved => format!("✅ Approved by {}", p.name),
         Some(p) => format!("❌ Denied by {}", p.name),
@@ -182,7 +197,10 @@ async fn verdict(sh: &Shared, row: &Row) -> Result<Value, BotError> {
 /// routd refused a pressed button's verdict (not allowed, decided already): the presser sees
 /// why, as an alert.
 async fn refusal(sh: &Shared, row: &Row) -> Result<Value, BotError> {
-    let id = row.params["callback_query_id"].as_str().unwrap_or_default().to_owned();
+    let id = row.params["callback_query_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     let text = row.params["text"].as_str().unwrap_or_default();
     if !sh.store.take_press(id.clone()).await.unwrap_or(false) {
         return Ok(Value::Null);

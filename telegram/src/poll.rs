@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use frankenstein::methods::GetUpdatesParams;
-use frankenstein::types::{AllowedUpdate, CallbackQuery, ChatType, MaybeInaccessibleMessage, Message, User};
+use frankenstein::types::{
+    AllowedUpdate, CallbackQuery, ChatType, MaybeInaccessibleMessage, Message, User,
+};
 use frankenstein::updates::{Update, UpdateContent};
 use hako_shared::chat::PostMessage;
 use serde_json::json;
@@ -21,11 +23,7 @@ use crate::{Me, Shared, chat_jid, now_ms};
 pub(crate) async fn run(sh: Arc<Shared>) {
     let mut pause = sh.cfg.retry_base;
     let me = loop {
-        match sh
-            .bot
-            .call::<_, User>("getMe", &json!({}), None)
-            .await
-        {
+        match sh.bot.call::<_, User>("getMe", &json!({}), None).await {
             Ok(u) => {
                 break Me {
                     id: u.id,
@@ -168,7 +166,10 @@ async fn message(sh: &Shared, m: &Message) -> Result<(), PostError> {
         return Ok(());
     }
     let Some(text) = m.text.as_deref().or(m.caption.as_deref()) else {
-        tracing::info!(chat, "a message without text (media are not carried yet): ignored");
+        tracing::info!(
+            chat,
+            "a message without text (media are not carried yet): ignored"
+        );
         return Ok(());
     };
     let text = match m.chat.type_field {
@@ -310,7 +311,13 @@ async fn callback(sh: &Shared, q: &CallbackQuery) -> Result<(), PostError> {
     let Some((approve, approval)) = parsed.filter(|_| sh.cfg.chats.contains(&chat)) else {
         let _ = sh
             .store
-            .enqueue(None, vec![answer("This button is not hako's, or this chat is not allowed.")], now_ms())
+            .enqueue(
+                None,
+                vec![answer(
+                    "This button is not hako's, or this chat is not allowed.",
+                )],
+                now_ms(),
+            )
             .await;
         sh.send.notify_one();
         return Ok(());
@@ -318,7 +325,13 @@ async fn callback(sh: &Shared, q: &CallbackQuery) -> Result<(), PostError> {
     let sender = format!("tg:{}", q.from.id);
     match sh
         .store
-        .add_press(q.id.clone(), approval.clone(), chat, sender.clone(), display_name(&q.from))
+        .add_press(
+            q.id.clone(),
+            approval.clone(),
+            chat,
+            sender.clone(),
+            display_name(&q.from),
+        )
         .await
     {
         Ok(true) => {}
@@ -342,7 +355,11 @@ async fn callback(sh: &Shared, q: &CallbackQuery) -> Result<(), PostError> {
             let _ = sh.store.take_press(q.id.clone()).await;
             let _ = sh
                 .store
-                .enqueue(None, vec![answer("hako could not take this verdict.")], now_ms())
+                .enqueue(
+                    None,
+                    vec![answer("hako could not take this verdict.")],
+                    now_ms(),
+                )
                 .await;
             sh.send.notify_one();
             Ok(())
@@ -371,13 +388,22 @@ mod tests {
 
     #[test]
     fn mentions_and_commands() {
-        assert_eq!(strip_mention("@HakoBot hello", "hakobot").as_deref(), Some("hello"));
+        assert_eq!(
+            strip_mention("@HakoBot hello", "hakobot").as_deref(),
+            Some("hello")
+        );
         assert_eq!(strip_mention("hi @hakobot2", "hakobot"), None);
         assert_eq!(strip_mention("hello", "hakobot"), None);
         assert_eq!(normalize_command("/new@hakobot", "hakobot"), "/new");
-        assert_eq!(normalize_command("/approve@hakobot ap-1", "hakobot"), "/approve ap-1");
+        assert_eq!(
+            normalize_command("/approve@hakobot ap-1", "hakobot"),
+            "/approve ap-1"
+        );
         assert_eq!(normalize_command("/new", "hakobot"), "/new");
-        assert_eq!(parse_button("hako:approve:ap-0123"), Some((true, "ap-0123".into())));
+        assert_eq!(
+            parse_button("hako:approve:ap-0123"),
+            Some((true, "ap-0123".into()))
+        );
         assert_eq!(parse_button("hako:deny:ap-1"), Some((false, "ap-1".into())));
         assert_eq!(parse_button("hako:deny:x"), None);
     }

@@ -35,7 +35,11 @@ pub(crate) fn router(sh: Arc<Shared>) -> Router {
 }
 
 fn refuse(status: StatusCode, why: &str) -> Response {
-    (status, axum::Json(json!({"error": {"code": "refused", "message": why}}))).into_response()
+    (
+        status,
+        axum::Json(json!({"error": {"code": "refused", "message": why}})),
+    )
+        .into_response()
 }
 
 async fn delivery(State(sh): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -67,14 +71,21 @@ async fn delivery(State(sh): State<Arc<Shared>>, headers: HeaderMap, body: Bytes
         return refuse(StatusCode::UNPROCESSABLE_ENTITY, "not a tg: chat");
     };
     let calls = calls_for(key, chat, &m);
-    match sh.store.enqueue(Some(key.to_owned()), calls, now_ms()).await {
+    match sh
+        .store
+        .enqueue(Some(key.to_owned()), calls, now_ms())
+        .await
+    {
         Ok(_) => {
             sh.send.notify_one();
             StatusCode::OK.into_response()
         }
         Err(e) => {
             tracing::error!(error = %e, "recording a delivery failed");
-            refuse(StatusCode::SERVICE_UNAVAILABLE, "not recorded; deliver it again")
+            refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not recorded; deliver it again",
+            )
         }
     }
 }
@@ -165,7 +176,12 @@ fn signature(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
     ctx.update(timestamp.to_string().as_bytes());
     ctx.update(b".");
     ctx.update(body);
-    let hex: String = ctx.sign().as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    let hex: String = ctx
+        .sign()
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     format!("v1={hex}")
 }
 
@@ -202,9 +218,7 @@ async fn ready(State(sh): State<Arc<Shared>>) -> Response {
     let last = sh.poll.lock().unwrap().last_poll_ms;
     let fresh = 2 * sh.cfg.poll_timeout.as_millis() as i64 + 30_000;
     match last {
-        Some(t) if now_ms() - t <= fresh => {
-            axum::Json(json!({"status": "ready"})).into_response()
-        }
+        Some(t) if now_ms() - t <= fresh => axum::Json(json!({"status": "ready"})).into_response(),
         _ => refuse(StatusCode::SERVICE_UNAVAILABLE, "not polling Telegram"),
     }
 }
@@ -215,7 +229,10 @@ mod tests {
 
     #[test]
     fn approval_ids() {
-        assert_eq!(approval_of("t-ab.approval.ap-0123", None).as_deref(), Some("ap-0123"));
+        assert_eq!(
+            approval_of("t-ab.approval.ap-0123", None).as_deref(),
+            Some("ap-0123")
+        );
         assert_eq!(
             approval_of("t-ab.approval.ap-0123.verdict", Some("verdict")).as_deref(),
             Some("ap-0123")

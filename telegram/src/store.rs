@@ -188,7 +188,14 @@ impl Store {
                         "INSERT OR IGNORE INTO outbox
                            (key, chat_id, method, params, approval, state, next_at, created_at)
                          VALUES (?1, ?2, ?3, ?4, ?5, 'pending', ?6, ?6)",
-                        params![o.key, o.chat_id, o.method, o.params.to_string(), o.approval, now],
+                        params![
+                            o.key,
+                            o.chat_id,
+                            o.method,
+                            o.params.to_string(),
+                            o.approval,
+                            now
+                        ],
                     )?;
                 }
                 tx.commit()?;
@@ -263,7 +270,8 @@ impl Store {
             .call(|c| -> Result<Counts, DbError> {
                 let mut counts = Counts::default();
                 let mut st = c.prepare("SELECT state, count(*) FROM outbox GROUP BY state")?;
-                let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+                let rows =
+                    st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
                 for row in rows {
                     let (s, n) = row?;
                     match s.as_str() {
@@ -310,7 +318,10 @@ impl Store {
     }
 
     /// The Telegram message (chat, message id, text) that asks for approval `id`.
-    pub async fn approval_message(&self, id: String) -> Result<Option<(i64, i64, String)>, DbError> {
+    pub async fn approval_message(
+        &self,
+        id: String,
+    ) -> Result<Option<(i64, i64, String)>, DbError> {
         self.db
             .call(move |c| {
                 c.query_row(

@@ -53,7 +53,9 @@ mod tests {
 
     #[test]
     fn long_text_splits_on_lines_in_order() {
-        let lines: Vec<String> = (0..120).map(|i| format!("{i:04} {}", "x".repeat(95))).collect();
+        let lines: Vec<String> = (0..120)
+            .map(|i| format!("{i:04} {}", "x".repeat(95)))
+            .collect();
         let text = lines.join("\n");
         let parts = split(&text, LIMIT);
         assert_eq!(parts.len(), 3);

@@ -43,12 +43,17 @@ async fn messages_in_and_replies_out() {
     // first was handled (updates are handled in order).
     fake.message(GROUP, 7, "nobody asked the bot");
     fake.message(GROUP, 7, "@hakobot a question for the bot");
-    fake.wait_sent(GROUP, "the mentioned reply", |t| t == "a question for the bot")
-        .await;
+    fake.wait_sent(GROUP, "the mentioned reply", |t| {
+        t == "a question for the bot"
+    })
+    .await;
     let refusals = fake.sent(STRANGER);
     assert_eq!(refusals.len(), 1, "{refusals:?}");
     assert!(refusals[0].contains("allow"), "{refusals:?}");
-    assert!(stack.history("tg:999").await.is_empty(), "no turn for a stranger");
+    assert!(
+        stack.history("tg:999").await.is_empty(),
+        "no turn for a stranger"
+    );
     let group_log = stack.history("tg:-100200").await;
     assert!(
         !group_log
@@ -61,7 +66,8 @@ async fn messages_in_and_replies_out() {
     // Markup is sent as written, without a parse mode.
     let markup = "*bold* _it_ <b>x</b> [link](http://e.x) `code` ~s~ ||spoiler||";
     fake.message(ALICE, ALICE as u64, markup);
-    fake.wait_sent(ALICE, "the markup reply", |t| t == markup).await;
+    fake.wait_sent(ALICE, "the markup reply", |t| t == markup)
+        .await;
     let call = fake
         .ok_calls("sendMessage")
         .into_iter()
@@ -69,8 +75,11 @@ async fn messages_in_and_replies_out() {
         .unwrap();
     assert!(call.body.get("parse_mode").is_none(), "{:?}", call.body);
 
-    // 12,000 characters: three messages, in order, nothing lost.
-    let long: Vec<String> = (0..120).map(|i| format!("{i:04} {}", "y".repeat(95))).collect();
+    // 12,000 characters (120 lines of 99 and their breaks): three messages, in order,
+    // nothing lost.
+    let long: Vec<String> = (0..120)
+        .map(|i| format!("{i:04} {}", "y".repeat(94)))
+        .collect();
     let long = long.join("\n");
     assert_eq!(long.chars().count(), 120 * 100 - 1);
     let before = fake.sent(ALICE).len();
@@ -99,7 +108,9 @@ async fn messages_in_and_replies_out() {
         .expect("the 429 was answered");
     let sent: Vec<_> = calls
         .iter()
-        .filter(|c| c.method == "sendMessage" && c.status == 200 && c.body["text"] == "after the limit")
+        .filter(|c| {
+            c.method == "sendMessage" && c.status == 200 && c.body["text"] == "after the limit"
+        })
         .collect();
     assert_eq!(sent.len(), 1, "sent once");
     assert!(
@@ -111,25 +122,41 @@ async fn messages_in_and_replies_out() {
     // 5xx: retried with backoff, sent once.
     fake.fail_next("sendMessage", 502, None);
     fake.message(ALICE, ALICE as u64, "after a bad gateway");
-    fake.wait_sent(ALICE, "the reply after a 502", |t| t == "after a bad gateway")
-        .await;
+    fake.wait_sent(ALICE, "the reply after a 502", |t| {
+        t == "after a bad gateway"
+    })
+    .await;
     assert_eq!(
-        fake.sent(ALICE).iter().filter(|t| *t == "after a bad gateway").count(),
+        fake.sent(ALICE)
+            .iter()
+            .filter(|t| *t == "after a bad gateway")
+            .count(),
         1
     );
 
     // The health hako status reads: polling, nothing failed or waiting.
     let h = eventually("the outbox drains", LIMIT, || async {
         let h = adapter.health().await;
-        if h["backlog"] == 0 { Ok(h) } else { Err(h.to_string()) }
+        if h["backlog"] == 0 {
+            Ok(h)
+        } else {
+            Err(h.to_string())
+        }
     })
     .await;
     assert!(h["last_poll_ms"].as_i64().is_some(), "{h}");
-    assert_eq!((h["failed"].as_i64(), h["unconfirmed"].as_i64()), (Some(0), Some(0)), "{h}");
+    assert_eq!(
+        (h["failed"].as_i64(), h["unconfirmed"].as_i64()),
+        (Some(0), Some(0)),
+        "{h}"
+    );
     drop(adapter);
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.is_empty());
-    assert!(!text.contains(TOKEN), "the bot token is in the adapter's log");
+    assert!(
+        !text.contains(TOKEN),
+        "the bot token is in the adapter's log"
+    );
     assert!(!text.contains(TOKEN.split(':').nth(1).unwrap()));
     stack.stop().await;
 }
@@ -229,7 +256,12 @@ async fn approvals_are_buttons() {
     let buttons = &ask.body["reply_markup"]["inline_keyboard"][0];
     let approve = buttons[0]["callback_data"].as_str().unwrap().to_owned();
     assert!(approve.starts_with("hako:approve:ap-"), "{buttons}");
-    assert!(buttons[1]["callback_data"].as_str().unwrap().starts_with("hako:deny:ap-"));
+    assert!(
+        buttons[1]["callback_data"]
+            .as_str()
+            .unwrap()
+            .starts_with("hako:deny:ap-")
+    );
     // The message id the fake gave the approval message.
     let message = fake
         .calls()
@@ -257,21 +289,34 @@ async fn approvals_are_buttons() {
 
     // Alice presses Approve: the call runs once, the message says she decided.
     fake.press(GROUP, 1, ALICE as u64, &approve);
-    fake.wait_sent(GROUP, "the approved call's message", |t| t == "the deploy ran")
-        .await;
+    fake.wait_sent(GROUP, "the approved call's message", |t| {
+        t == "the deploy ran"
+    })
+    .await;
     let edit = eventually("the approval message edited", LIMIT, || async {
-        fake.ok_calls("editMessageText").into_iter().next().ok_or("not yet")
+        fake.ok_calls("editMessageText")
+            .into_iter()
+            .next()
+            .ok_or("not yet")
     })
     .await;
     assert!(
-        edit.body["text"].as_str().unwrap().contains("Approved by user111"),
+        edit.body["text"]
+            .as_str()
+            .unwrap()
+            .contains("Approved by user111"),
         "{:?}",
         edit.body
     );
-    fake.wait_sent(GROUP, "the agent's reply", |t| t.starts_with("mcp send_message:"))
-        .await;
+    fake.wait_sent(GROUP, "the agent's reply", |t| {
+        t.starts_with("mcp send_message:")
+    })
+    .await;
     assert_eq!(
-        fake.sent(GROUP).iter().filter(|t| *t == "the deploy ran").count(),
+        fake.sent(GROUP)
+            .iter()
+            .filter(|t| *t == "the deploy ran")
+            .count(),
         1,
         "the call ran once"
     );

@@ -197,7 +197,12 @@ async fn api(
         }
         return (status(code), axum::Json(err));
     }
-    let ok = |result: Value| (status(200), axum::Json(json!({"ok": true, "result": result})));
+    let ok = |result: Value| {
+        (
+            status(200),
+            axum::Json(json!({"ok": true, "result": result})),
+        )
+    };
     match method.as_str() {
         "getMe" => {
             record(200);
@@ -234,9 +239,11 @@ async fn api(
                 s.next_message_id += 1;
                 s.next_message_id
             };
-            ok(json!({"message_id": body["message_id"].as_i64().unwrap_or(mid), "date": 1_790_000_000,
+            ok(
+                json!({"message_id": body["message_id"].as_i64().unwrap_or(mid), "date": 1_790_000_000,
                       "chat": {"id": body["chat_id"], "type": "private"},
-                      "text": body["text"]}))
+                      "text": body["text"]}),
+            )
         }
         _ => {
             record(200);
@@ -268,7 +275,9 @@ fn free_port() -> u16 {
 
 impl Stack {
     pub async fn start() -> Stack {
-        let image = hako_deploy::ensure_agent_image().await.expect("agent image");
+        let image = hako_deploy::ensure_agent_image()
+            .await
+            .expect("agent image");
         let dir = tempfile::tempdir().unwrap();
         let authd = TestAuthd::start(&dir.path().join("authd")).await;
         let operator = authd.token("operator").await;
@@ -396,7 +405,10 @@ impl Stack {
             .env("TELEGRAM_TOKEN_FILE", &token)
             .env("TELEGRAM_API_URL", &fake.url)
             .env("TELEGRAM_CHATS", chats.join(","))
-            .env("TELEGRAM_LISTEN", format!("127.0.0.1:{}", self.adapter_port))
+            .env(
+                "TELEGRAM_LISTEN",
+                format!("127.0.0.1:{}", self.adapter_port),
+            )
             .env("TELEGRAM_DB", dir.join("telegram.db"))
             .env("TELEGRAM_WEBHOOK_SECRET_FILE", &secret)
             .env("TELEGRAM_POLL_TIMEOUT", "1s")
