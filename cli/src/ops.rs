@@ -215,7 +215,9 @@ async fn channel_health(args: &StatusArgs) -> Option<Value> {
     .await;
     Some(match got {
         Ok(h) => json!({"telegram": h}),
-        Err(e) => json!({"telegram": {"status": "unreachable", "error": e.to_string(), "url": url}}),
+        Err(e) => {
+            json!({"telegram": {"status": "unreachable", "error": e.to_string(), "url": url}})
+        }
     })
 }
 
@@ -351,9 +353,9 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
         let t = &c["telegram"];
         if t["status"] == "ok" {
             let now = hako_shared::time::unix_millis(std::time::SystemTime::now());
-            let poll = t["last_poll_ms"]
-                .as_i64()
-                .map_or("never".to_owned(), |p| format!("{}s ago", (now - p).max(0) / 1000));
+            let poll = t["last_poll_ms"].as_i64().map_or("never".to_owned(), |p| {
+                format!("{}s ago", (now - p).max(0) / 1000)
+            });
             let n = |k: &str| t[k].as_i64().unwrap_or(0);
             println!(
                 "  telegram  last poll {poll}   backlog {}   failed deliveries {}   unconfirmed {}",

@@ -440,8 +440,14 @@ pub async fn up_with(s: &StackArgs, t: &TelegramArgs) -> anyhow::Result<Endpoint
         ("HAKO_TELEGRAM", if on { "1" } else { "0" }.to_owned()),
         ("HAKO_TELEGRAM_IMAGE", telegram.unwrap_or_default()),
         ("HAKO_TELEGRAM_CHATS", chats.join(",")),
-        ("HAKO_CHANNEL_CHATS", if on { "tg:*" } else { "*" }.to_owned()),
-        ("HAKO_WEBHOOK_ALLOW_PRIVATE", if on { "1" } else { "0" }.to_owned()),
+        (
+            "HAKO_CHANNEL_CHATS",
+            if on { "tg:*" } else { "*" }.to_owned(),
+        ),
+        (
+            "HAKO_WEBHOOK_ALLOW_PRIVATE",
+            if on { "1" } else { "0" }.to_owned(),
+        ),
     ];
     let env = [
         (
