@@ -176,6 +176,49 @@ async fn message_state(
 pub struct StatusArgs {
     #[command(flatten)]
     pub ops: OpsArgs,
+    /// The Telegram adapter's URL (default: the stack's on loopback, when it has one).
+    #[arg(long, env = "HAKO_TELEGRAM_URL")]
+    pub telegram_url: Option<String>,
+}
+
+/// The channel adapters' health (`GET /health`, specs/channels.md): the Telegram adapter's
+/// when the stack has one (or a URL was given); `None` otherwise.
+async fn channel_health(args: &StatusArgs) -> Option<Value> {
+    let url = match &args.telegram_url {
+        Some(u) => u.trim_end_matches('/').to_owned(),
+        None => {
+            let home = args.ops.stack.home().ok()?;
+            let env = std::fs::read_to_string(home.join("compose.env")).ok()?;
+            if !env.lines().any(|l| l == "HAKO_TELEGRAM=1") {
+                return None;
+            }
+            let port = env
+                .lines()
+                .find_map(|l| l.strip_prefix("HAKO_TELEGRAM_PORT="))
+                .unwrap_or("8190")
+                .to_owned();
+            format!("http://127.0.0.1:{port}")
+        }
+    };
+    let got = async {
+        reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(5))
+            .build()?
+            .get(format!("{url}/health"))
+            .send()
+            .await?
+            .error_for_status()?
+            .json::<Value>()
+            .await
+    }
+    .await;
+    Some(match got {
+        Ok(h) => json!({"telegram": h}),
+        Err(e) => {
+            json!({"telegram": {"status": "unreachable", "error": e.to_string(), "url": url}})
+        }
+    })
 }
 
 /// A Prometheus sample's value (first series of `name`), from a text exposition.
@@ -266,6 +309,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
         }
         Err(e) => turns_error = Some(e.to_string()),
     }
+    let channels = channel_health(&args).await;
     if args.ops.json {
         let daemons: serde_json::Map<String, Value> = ready
             .iter()
@@ -281,7 +325,7 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
             .collect();
         println!(
             "{}",
-            json!({"daemons": daemons, "runed": runed, "turns": turns, "turns_error": turns_error, "approvals": approvals, "values_in_box": values_in_box})
+            json!({"daemons": daemons, "runed": runed, "turns": turns, "turns_error": turns_error, "approvals": approvals, "values_in_box": values_in_box, "channels": channels})
         );
         return Ok(all_ready);
     }
@@ -303,6 +347,35 @@ pub async fn status(args: StatusArgs) -> anyhow::Result<bool> {
         Some("default") => println!("  untrusted groups under Docker's default runtime (runc)"),
         Some(r) => println!("  untrusted groups under {r} (gVisor when runsc); main under runc"),
         None => {}
+    }
+    if let Some(c) = &channels {
+        println!("channels");
+        let t = &c["telegram"];
+        if t["status"] == "ok" {
+            let now = hako_shared::time::unix_millis(std::time::SystemTime::now());
+            let poll = t["last_poll_ms"].as_i64().map_or("never".to_owned(), |p| {
+                format!("{}s ago", (now - p).max(0) / 1000)
+            });
+            let n = |k: &str| t[k].as_i64().unwrap_or(0);
+            println!(
+                "  telegram  last poll {poll}   backlog {}   failed deliveries {}   unconfirmed {}",
+                n("backlog"),
+                n("failed"),
+                n("unconfirmed")
+            );
+            if let Some(e) = t["last_poll_error"].as_str() {
+                println!("    polling: {e}");
+            }
+            if let Some(e) = t["last_error"].as_str() {
+                println!("    last failed delivery: {e}");
+            }
+        } else {
+            println!(
+                "  telegram  NOT REACHABLE at {}: {}",
+                t["url"].as_str().unwrap_or("?"),
+                t["error"].as_str().unwrap_or("?")
+            );
+        }
     }
     println!("turns");
     if let Some(e) = &turns_error {

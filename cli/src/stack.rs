@@ -69,6 +69,20 @@ pub struct UpArgs {
     /// minute and 270 MB the first time.
     #[arg(long)]
     pub with_codex: bool,
+    #[command(flatten)]
+    pub telegram: TelegramArgs,
+}
+
+/// The Telegram channel adapter of `hako up` (specs/channels.md).
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct TelegramArgs {
+    /// Put hako on Telegram: a file holding the bot token from @BotFather (copied into the
+    /// stack's secrets, 0600; never printed).
+    #[arg(long, value_name = "FILE")]
+    pub telegram_token_file: Option<PathBuf>,
+    /// A Telegram chat id the bot answers (repeatable; others get one polite refusal).
+    #[arg(long = "telegram-chat", value_name = "ID", allow_hyphen_values = true)]
+    pub telegram_chats: Vec<i64>,
 }
 
 /// Arguments of `hako down`.
@@ -146,6 +160,12 @@ pub fn compose_command(s: &StackArgs) -> anyhow::Result<Vec<String>> {
         "-f".into(),
         file.display().to_string(),
     ]);
+    // The adapter's service is in a profile: `up`, `stop` and `down` name it when this stack
+    // has it.
+    let env = std::fs::read_to_string(home.join("compose.env")).unwrap_or_default();
+    if env.lines().any(|l| l == "HAKO_TELEGRAM=1") {
+        cmd.extend(["--profile".into(), "telegram".into()]);
+    }
     Ok(cmd)
 }
 
@@ -303,6 +323,73 @@ async fn untrusted_runtime() -> Option<String> {
 
 /// Prepares the home and brings the stack up; answers once every daemon is ready.
 pub async fn up(s: &StackArgs) -> anyhow::Result<Endpoints> {
+    up_with(s, &TelegramArgs::default()).await
+}
+
+/// The Telegram adapter's part of the home: the token copied (0600), the webhook's secret
+/// made once, its data directory; answers the adapter's image tag.
+async fn telegram_home(home: &Path, t: &TelegramArgs, token_file: &Path) -> anyhow::Result<String> {
+    let token = std::fs::read_to_string(token_file)
+        .with_context(|| format!("cannot read the bot token file {}", token_file.display()))?;
+    let token = token.trim();
+    if token.is_empty() || token.contains(char::is_whitespace) {
+        bail!("{} does not hold one bot token", token_file.display());
+    }
+    let secrets = home.join("secrets");
+    write_secret(&secrets.join("telegram-token"), token)?;
+    let secret = secrets.join("telegram-webhook.secret");
+    if !secret.exists() {
+        write_secret(&secret, &new_key()?)?;
+    }
+    mkdir(&home.join("telegram"), 0o700)?;
+    if t.telegram_chats.is_empty() {
+        eprintln!(
+            "  telegram: no --telegram-chat given: every chat gets a refusal naming its id; \
+             run `hako up` again with --telegram-chat ID"
+        );
+    }
+    let docker = hako_deploy::connect_docker()
+        .context("cannot reach the Docker daemon (is it running? is DOCKER_HOST right?)")?;
+    let progress = Progress::stderr();
+    let spec = hako_deploy::TELEGRAM;
+    Pipeline::new(docker)
+        .ensure_with(&spec, &|step| progress.report(spec.name, step))
+        .await
+        .with_context(|| format!("building {}", spec.name))
+}
+
+/// routd's webhook for `tg:` chats to the adapter, made once (the operator's step of the
+/// contract).
+async fn telegram_webhook(ep: &Endpoints, home: &Path) -> anyhow::Result<()> {
+    let d = Daemons::new(ep)?;
+    let token = d.operator_token().await?;
+    let list: serde_json::Value = d
+        .get(Daemon::Routd, "/v1/webhooks", &token)
+        .await
+        .context("listing routd's webhooks")?;
+    let exists = list["webhooks"]
+        .as_array()
+        .is_some_and(|w| w.iter().any(|h| h["prefix"] == "tg:"));
+    if exists {
+        return Ok(());
+    }
+    let secret = std::fs::read_to_string(home.join("secrets/telegram-webhook.secret"))?;
+    let _: serde_json::Value = d
+        .send(
+            Daemon::Routd,
+            reqwest::Method::POST,
+            "/v1/webhooks",
+            &token,
+            &json!({"prefix": "tg:", "url": "http://telegram:8190/v1/deliveries", "secret": secret.trim()}),
+        )
+        .await
+        .context("registering routd's webhook for tg: chats")?;
+    eprintln!("  telegram: routd delivers tg: chats to the adapter");
+    Ok(())
+}
+
+/// [`up`], with the Telegram adapter when `t` names a token file.
+pub async fn up_with(s: &StackArgs, t: &TelegramArgs) -> anyhow::Result<Endpoints> {
     let home = s.home()?;
     eprintln!("hako up: images (skipped when their content hash exists)");
     let [agent, authd, runed, routd, egress] = images().await?;
@@ -341,8 +428,27 @@ pub async fn up(s: &StackArgs) -> anyhow::Result<Endpoints> {
              Docker for a stronger box (README, \"A stronger box\")"
         ),
     }
+    let telegram = match &t.telegram_token_file {
+        Some(f) => Some(telegram_home(&home, t, f).await?),
+        None => None,
+    };
     let uid = rustix::process::getuid().as_raw();
     let gid = rustix::process::getgid().as_raw();
+    let chats: Vec<String> = t.telegram_chats.iter().map(i64::to_string).collect();
+    let on = telegram.is_some();
+    let telegram_env = [
+        ("HAKO_TELEGRAM", if on { "1" } else { "0" }.to_owned()),
+        ("HAKO_TELEGRAM_IMAGE", telegram.unwrap_or_default()),
+        ("HAKO_TELEGRAM_CHATS", chats.join(",")),
+        (
+            "HAKO_CHANNEL_CHATS",
+            if on { "tg:*" } else { "*" }.to_owned(),
+        ),
+        (
+            "HAKO_WEBHOOK_ALLOW_PRIVATE",
+            if on { "1" } else { "0" }.to_owned(),
+        ),
+    ];
     let env = [
         (
             "HAKO_UNTRUSTED_RUNTIME",
@@ -363,7 +469,11 @@ pub async fn up(s: &StackArgs) -> anyhow::Result<Endpoints> {
         ("HAKO_ROUTD_PORT", s.routd_port.to_string()),
         ("HAKO_BIND", s.bind.clone()),
     ];
-    let text: String = env.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    let text: String = env
+        .iter()
+        .chain(&telegram_env)
+        .map(|(k, v)| format!("{k}={v}\n"))
+        .collect();
     std::fs::write(home.join("compose.env"), text).context("cannot write compose.env")?;
 
     let cmd = compose_command(s)?;
@@ -394,6 +504,9 @@ pub async fn up(s: &StackArgs) -> anyhow::Result<Endpoints> {
             );
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    if on {
+        telegram_webhook(&ep, &home).await?;
     }
     Ok(ep)
 }
@@ -444,7 +557,7 @@ pub async fn up_command(args: UpArgs) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("building {}", spec.name))?;
     }
-    let ep = up(&args.stack).await?;
+    let ep = up_with(&args.stack, &args.telegram).await?;
     let cmd = compose_command(&args.stack)?;
     if !args.no_demo {
         let text = "hello, hako";

@@ -339,8 +339,23 @@ pub const CODEX: ImageSpec = ImageSpec {
     trees: &[],
 };
 
+/// The Telegram channel adapter (`specs/channels.md`), with the CA bundle it verifies
+/// api.telegram.org against. Built by `hako up --telegram-token-file`.
+pub const TELEGRAM: ImageSpec = ImageSpec {
+    name: "hako-telegram",
+    package: "hako-telegram",
+    bin: "hako-telegram",
+    dockerfile: "telegram.Dockerfile",
+    sources: &["shared", "telegram"],
+    files: &[(CA_BUNDLE, "ca-certificates.crt")],
+    inline: &[],
+    fetch: None,
+    programs: &[],
+    trees: &[],
+};
+
 /// Images built only when asked for (they are large, or not every install needs them).
-pub const OPTIONAL_IMAGES: &[ImageSpec] = &[CLAUDE, CODEX];
+pub const OPTIONAL_IMAGES: &[ImageSpec] = &[CLAUDE, CODEX, TELEGRAM];
 
 /// The images tests build besides [`IMAGES`]; the same checks hold for them.
 pub const TEST_IMAGES: &[ImageSpec] = &[TESTKIT, TOOLBOX, CLAUDE, CODEX];

@@ -18,6 +18,7 @@ const CONFIG_FILES: &[&str] = &[
     "runner/src/proxy_container.rs",
     "routd/src/config.rs",
     "egress/src/config.rs",
+    "telegram/src/config.rs",
 ];
 
 fn literals(code: &str) -> BTreeSet<String> {

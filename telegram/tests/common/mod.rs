@@ -1,0 +1,511 @@
+//! The Telegram adapter's test rig: a Bot API server of our own on loopback (it records
+//! every call, can answer 429 and 5xx, and can replay updates), real authd, runed and routd
+//! in-process with real agent containers, and the `hako-telegram` binary pointed at both.
+
+#![allow(dead_code)]
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::routing::post;
+use hako_authd::testing::{CHANNEL_KEY, ROUTD_KEY, RUNED_KEY, TestAuthd};
+use hako_shared::config::Env;
+use hako_shared::testing::ApiClient;
+pub use hako_shared::testing::eventually;
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+pub const LIMIT: Duration = Duration::from_secs(120);
+/// The bot token the fake server accepts; it must appear in no log.
+pub const TOKEN: &str = "4242424242:AAtest-SECRET_bot-token_0123456789";
+pub const BOT_ID: u64 = 4242424242;
+pub const BOT_NAME: &str = "hakobot";
+const SECRET: &str = "webhook-secret-0123456789abcdef";
+
+/// One call the adapter made to the fake Bot API.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub method: String,
+    pub body: Value,
+    pub status: u16,
+    pub at: Instant,
+}
+
+#[derive(Default)]
+struct FakeState {
+    updates: Vec<Value>,
+    calls: Vec<Call>,
+    /// Planned failures, per method, in order: (status, retry_after).
+    fail: HashMap<String, VecDeque<(u16, Option<u64>)>>,
+    /// Serve every update ever pushed, whatever the offset (a server that lost the
+    /// acknowledgement).
+    replay: bool,
+    next_message_id: i64,
+}
+
+/// The fake Bot API.
+#[derive(Clone)]
+pub struct FakeTelegram {
+    state: Arc<Mutex<FakeState>>,
+    pushed: Arc<Notify>,
+    pub url: String,
+}
+
+impl FakeTelegram {
+    pub async fn start() -> FakeTelegram {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let fake = FakeTelegram {
+            state: Arc::new(Mutex::new(FakeState {
+                next_message_id: 1000,
+                ..Default::default()
+            })),
+            pushed: Arc::new(Notify::new()),
+            url: format!("http://{}", l.local_addr().unwrap()),
+        };
+        let app = Router::new()
+            .route("/{bot}/{method}", post(api))
+            .with_state(fake.clone());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        fake
+    }
+
+    /// Adds an update (its `update_id` is given here).
+    pub fn push(&self, mut content: Value) -> i64 {
+        let mut s = self.state.lock().unwrap();
+        let id = s.updates.len() as i64 + 1;
+        content["update_id"] = json!(id);
+        s.updates.push(content);
+        drop(s);
+        self.pushed.notify_waiters();
+        id
+    }
+
+    /// A text message from `user` in `chat` (private when they are equal).
+    pub fn message(&self, chat: i64, user: u64, text: &str) -> i64 {
+        let mid = {
+            let mut s = self.state.lock().unwrap();
+            s.next_message_id += 1;
+            s.next_message_id
+        };
+        let kind = if chat > 0 { "private" } else { "supergroup" };
+        self.push(json!({"message": {
+            "message_id": mid, "date": 1_790_000_000,
+            "chat": {"id": chat, "type": kind},
+            "from": {"id": user, "is_bot": false, "first_name": format!("user{user}")},
+            "text": text,
+        }}))
+    }
+
+    /// A press of a button whose data is `data` on message `message` in `chat`.
+    pub fn press(&self, chat: i64, message: i64, user: u64, data: &str) -> i64 {
+        let n = self.state.lock().unwrap().updates.len();
+        self.push(json!({"callback_query": {
+            "id": format!("cq{n}"),
+            "from": {"id": user, "is_bot": false, "first_name": format!("user{user}")},
+            "message": {"message_id": message, "date": 1_790_000_000,
+                        "chat": {"id": chat, "type": if chat > 0 {"private"} else {"supergroup"}},
+                        "text": "approval"},
+            "chat_instance": "ci",
+            "data": data,
+        }}))
+    }
+
+    /// The next call of `method` answers `status` (with `retry_after` for a 429).
+    pub fn fail_next(&self, method: &str, status: u16, retry_after: Option<u64>) {
+        self.state
+            .lock()
+            .unwrap()
+            .fail
+            .entry(method.into())
+            .or_default()
+            .push_back((status, retry_after));
+    }
+
+    pub fn set_replay(&self, on: bool) {
+        self.state.lock().unwrap().replay = on;
+    }
+
+    pub fn calls(&self) -> Vec<Call> {
+        self.state.lock().unwrap().calls.clone()
+    }
+
+    /// The texts of the `sendMessage` calls that succeeded to `chat`, in order.
+    pub fn sent(&self, chat: i64) -> Vec<String> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.method == "sendMessage" && c.status == 200 && c.body["chat_id"] == chat)
+            .map(|c| c.body["text"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    /// The successful calls of `method`.
+    pub fn ok_calls(&self, method: &str) -> Vec<Call> {
+        self.calls()
+            .into_iter()
+            .filter(|c| c.method == method && c.status == 200)
+            .collect()
+    }
+
+    /// Waits until a successful `sendMessage` to `chat` satisfies `f`; answers it.
+    pub async fn wait_sent(&self, chat: i64, what: &str, f: impl Fn(&str) -> bool) -> String {
+        eventually(what, LIMIT, || async {
+            self.sent(chat)
+                .into_iter()
+                .find(|t| f(t))
+                .ok_or_else(|| format!("sent so far: {:?}", self.sent(chat)))
+        })
+        .await
+    }
+}
+
+async fn api(
+    State(fake): State<FakeTelegram>,
+    Path((bot, method)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> (axum::http::StatusCode, axum::Json<Value>) {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let status = |s: u16| axum::http::StatusCode::from_u16(s).unwrap();
+    if bot != format!("bot{TOKEN}") {
+        return (
+            status(401),
+            axum::Json(json!({"ok": false, "error_code": 401, "description": "Unauthorized"})),
+        );
+    }
+    let record = |code: u16| {
+        fake.state.lock().unwrap().calls.push(Call {
+            method: method.clone(),
+            body: body.clone(),
+            status: code,
+            at: Instant::now(),
+        });
+    };
+    let planned = fake
+        .state
+        .lock()
+        .unwrap()
+        .fail
+        .get_mut(&method)
+        .and_then(VecDeque::pop_front);
+    if let Some((code, after)) = planned {
+        record(code);
+        let mut err = json!({"ok": false, "error_code": code, "description": "planned failure"});
+        if let Some(a) = after {
+            err["parameters"] = json!({"retry_after": a});
+        }
+        return (status(code), axum::Json(err));
+    }
+    let ok = |result: Value| {
+        (
+            status(200),
+            axum::Json(json!({"ok": true, "result": result})),
+        )
+    };
+    match method.as_str() {
+        "getMe" => {
+            record(200);
+            ok(json!({"id": BOT_ID, "is_bot": true, "first_name": "hako", "username": BOT_NAME}))
+        }
+        "getUpdates" => {
+            let offset = body["offset"].as_i64().unwrap_or(0);
+            let timeout = Duration::from_secs(body["timeout"].as_u64().unwrap_or(0).min(5));
+            let deadline = tokio::time::Instant::now() + timeout;
+            loop {
+                let notified = fake.pushed.notified();
+                let found: Vec<Value> = {
+                    let s = fake.state.lock().unwrap();
+                    s.updates
+                        .iter()
+                        .filter(|u| s.replay || u["update_id"].as_i64().unwrap() >= offset)
+                        .cloned()
+                        .collect()
+                };
+                if !found.is_empty() || tokio::time::Instant::now() >= deadline {
+                    record(200);
+                    return ok(json!(found));
+                }
+                tokio::select! {
+                    () = notified => {}
+                    () = tokio::time::sleep_until(deadline) => {}
+                }
+            }
+        }
+        "sendMessage" | "editMessageText" => {
+            record(200);
+            let mid = {
+                let mut s = fake.state.lock().unwrap();
+                s.next_message_id += 1;
+                s.next_message_id
+            };
+            ok(
+                json!({"message_id": body["message_id"].as_i64().unwrap_or(mid), "date": 1_790_000_000,
+                      "chat": {"id": body["chat_id"], "type": "private"},
+                      "text": body["text"]}),
+            )
+        }
+        _ => {
+            record(200);
+            ok(json!(true))
+        }
+    }
+}
+
+/// authd, runed and routd in-process, sharing a data directory.
+pub struct Stack {
+    pub dir: tempfile::TempDir,
+    authd: Option<TestAuthd>,
+    runed: Option<hako_runed::Running>,
+    routd: Option<hako_routd::Running>,
+    pub routd_url: String,
+    pub authd_url: String,
+    pub operator: String,
+    install: String,
+    pub adapter_port: u16,
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Stack {
+    pub async fn start() -> Stack {
+        let image = hako_deploy::ensure_agent_image()
+            .await
+            .expect("agent image");
+        let dir = tempfile::tempdir().unwrap();
+        let authd = TestAuthd::start(&dir.path().join("authd")).await;
+        let operator = authd.token("operator").await;
+        let data = dir.path().join("data").display().to_string();
+        let install = {
+            let mut b = [0u8; 6];
+            getrandom::fill(&mut b).unwrap();
+            let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+            format!("tg-test-{hex}")
+        };
+        let runed_cfg = hako_runed::Config::from_env(&Env::from_pairs([
+            ("DATA_DIR", data.clone()),
+            ("AUTHD_URL", authd.url()),
+            ("AUTHD_SERVICE_KEY", RUNED_KEY.into()),
+            ("AUTHD_CLOCK_SKEW", "1s".into()),
+            ("MAX_CONTAINERS", "4".into()),
+            ("RUNED_RUN_TIMEOUT", "60s".into()),
+            ("RUNED_STOP_GRACE", "1s".into()),
+            ("CONTAINER_IMAGE", image),
+            ("HAKO_INSTALL_ID", install.clone()),
+        ]))
+        .unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let runed_url = format!("http://{}", l.local_addr().unwrap());
+        let runed = hako_runed::start(runed_cfg, l).await.unwrap();
+        let routd_cfg = hako_routd::Config::from_env(&Env::from_pairs([
+            ("DATA_DIR", data),
+            ("AUTHD_URL", authd.url()),
+            ("AUTHD_SERVICE_KEY", ROUTD_KEY.into()),
+            ("AUTHD_CLOCK_SKEW", "1s".into()),
+            ("RUNED_URL", runed_url),
+            ("ROUTD_RETRY_BASE", "200ms".into()),
+            ("ROUTD_WEBHOOK_RETRY_BASE", "100ms".into()),
+            ("ROUTD_WEBHOOK_ALLOW_PRIVATE", "1".into()),
+            ("ROUTD_CHANNEL_CHATS", "tg:*".into()),
+            ("ROUTD_LISTEN", "127.0.0.1:0".into()),
+        ]))
+        .unwrap();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let routd_url = format!("http://{}", l.local_addr().unwrap());
+        let routd = hako_routd::start(routd_cfg, l).await.unwrap();
+        let stack = Stack {
+            authd_url: authd.url(),
+            dir,
+            authd: Some(authd),
+            runed: Some(runed),
+            routd: Some(routd),
+            routd_url,
+            operator,
+            install,
+            adapter_port: free_port(),
+        };
+        // routd's deliveries for every tg: chat go to the adapter (the operator's one step).
+        let (s, v) = stack
+            .api()
+            .post(
+                &stack.operator,
+                "/v1/webhooks",
+                json!({"prefix": "tg:", "url": format!("http://127.0.0.1:{}/v1/deliveries", stack.adapter_port), "secret": SECRET}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+        stack
+    }
+
+    pub fn api(&self) -> ApiClient {
+        ApiClient::new(self.routd_url.clone())
+    }
+
+    /// A group `folder` with `extra` settings, and a route for `chat` to it.
+    pub async fn group(&self, folder: &str, chat: &str, extra: Value) {
+        let mut body = json!({"name": folder});
+        if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        let (s, v) = self
+            .api()
+            .put(&self.operator, &format!("/v1/groups/{folder}"), body)
+            .await;
+        assert!(s == 200 || s == 201, "{v}");
+        let (s, v) = self
+            .api()
+            .post(
+                &self.operator,
+                "/v1/routes",
+                json!({"pattern": chat, "folder": folder}),
+            )
+            .await;
+        assert_eq!(s, 201, "{v}");
+    }
+
+    /// The chat's log as the operator reads it.
+    pub async fn history(&self, chat: &str) -> Vec<Value> {
+        let (s, v) = self
+            .api()
+            .get(
+                &self.operator,
+                &format!("/v1/chats/{}/messages?limit=200", chat.replace(':', "%3A")),
+            )
+            .await;
+        assert_eq!(s, 200, "{v}");
+        v["messages"].as_array().cloned().unwrap_or_default()
+    }
+
+    /// Starts the adapter binary against `fake`, allowing `chats`; its stderr goes to
+    /// `log` (appended).
+    pub fn adapter(&self, fake: &FakeTelegram, chats: &[i64], log: &std::path::Path) -> Adapter {
+        let dir = self.dir.path();
+        let token = dir.join("bot-token");
+        std::fs::write(&token, format!("{TOKEN}\n")).unwrap();
+        let secret = dir.join("webhook-secret");
+        std::fs::write(&secret, SECRET).unwrap();
+        let key = dir.join("channel.key");
+        std::fs::write(&key, CHANNEL_KEY).unwrap();
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        let chats: Vec<String> = chats.iter().map(i64::to_string).collect();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_hako-telegram"))
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("RUST_LOG", "debug")
+            .env("TELEGRAM_TOKEN_FILE", &token)
+            .env("TELEGRAM_API_URL", &fake.url)
+            .env("TELEGRAM_CHATS", chats.join(","))
+            .env(
+                "TELEGRAM_LISTEN",
+                format!("127.0.0.1:{}", self.adapter_port),
+            )
+            .env("TELEGRAM_DB", dir.join("telegram.db"))
+            .env("TELEGRAM_WEBHOOK_SECRET_FILE", &secret)
+            .env("TELEGRAM_POLL_TIMEOUT", "1s")
+            .env("TELEGRAM_RETRY_BASE", "100ms")
+            .env("ROUTD_URL", &self.routd_url)
+            .env("AUTHD_URL", &self.authd_url)
+            .env("AUTHD_SERVICE_KEY_FILE", &key)
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("the adapter starts");
+        Adapter {
+            child,
+            url: format!("http://127.0.0.1:{}", self.adapter_port),
+        }
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(r) = self.routd.take() {
+            r.shutdown().await;
+        }
+        if let Some(r) = self.runed.take() {
+            r.shutdown().await;
+        }
+    }
+}
+
+impl Drop for Stack {
+    /// Every container of this stack's install, whatever the test left.
+    fn drop(&mut self) {
+        let install = self.install.clone();
+        let _ = std::thread::spawn(move || {
+            use bollard::query_parameters::{
+                ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+            };
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                let Ok(docker) = hako_deploy::connect_docker() else {
+                    return;
+                };
+                let filters = HashMap::from([(
+                    "label".to_owned(),
+                    vec![format!("io.hako.install={install}")],
+                )]);
+                let opts = ListContainersOptionsBuilder::new()
+                    .all(true)
+                    .filters(&filters)
+                    .build();
+                for c in docker.list_containers(Some(opts)).await.unwrap_or_default() {
+                    if let Some(id) = c.id {
+                        let rm = RemoveContainerOptionsBuilder::new().force(true).build();
+                        let _ = docker.remove_container(&id, Some(rm)).await;
+                    }
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// The adapter's process; killed on drop.
+pub struct Adapter {
+    child: std::process::Child,
+    pub url: String,
+}
+
+impl Adapter {
+    /// SIGKILL: nothing is flushed or finished.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The adapter's `/health`.
+    pub async fn health(&self) -> Value {
+        eventually("the adapter answers /health", LIMIT, || async {
+            let r = reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .unwrap()
+                .get(format!("{}/health", self.url))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?;
+            r.json::<Value>().await.map_err(|e| e.to_string())
+        })
+        .await
+    }
+}
+
+impl Drop for Adapter {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,324 @@
+//! The Telegram adapter against a Bot API server of our own, with real authd, runed, routd
+//! and agent containers, asserted from outside: what the fake Telegram was asked to send,
+//! and what routd's log holds.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{FakeTelegram, LIMIT, Stack, TOKEN, eventually};
+use serde_json::json;
+
+const ALICE: i64 = 111;
+const GROUP: i64 = -100_200;
+const STRANGER: i64 = 999;
+
+/// A private message gets one reply; markup is literal; a 12,000-character reply arrives in
+/// order, split; a 429 is waited out and the reply sent once; a chat not on the allowlist
+/// gets one refusal and no turn; a group message without the mention makes no turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn messages_in_and_replies_out() {
+    let stack = Stack::start().await;
+    stack.group("alice", "tg:111", json!({})).await;
+    stack.group("team", "tg:-100200", json!({})).await;
+    let fake = FakeTelegram::start().await;
+    let log = stack.dir.path().join("adapter.log");
+    let adapter = stack.adapter(&fake, &[ALICE, GROUP], &log);
+
+    // A private message: one reply, in that chat; "typing…" while the turn ran.
+    fake.message(ALICE, ALICE as u64, "hello from telegram");
+    fake.wait_sent(ALICE, "the reply", |t| t == "hello from telegram")
+        .await;
+    assert!(
+        fake.ok_calls("sendChatAction")
+            .iter()
+            .any(|c| c.body["chat_id"] == ALICE && c.body["action"] == "typing"),
+        "typing… was shown"
+    );
+
+    // A stranger: one polite refusal however often they write, and nothing reaches routd.
+    fake.message(STRANGER, STRANGER as u64, "let me in");
+    fake.message(STRANGER, STRANGER as u64, "please");
+    // A group message without the mention, then one with it: the second's reply proves the
+    // first was handled (updates are handled in order).
+    fake.message(GROUP, 7, "nobody asked the bot");
+    fake.message(GROUP, 7, "@hakobot a question for the bot");
+    fake.wait_sent(GROUP, "the mentioned reply", |t| {
+        t == "a question for the bot"
+    })
+    .await;
+    let refusals = fake.sent(STRANGER);
+    assert_eq!(refusals.len(), 1, "{refusals:?}");
+    assert!(refusals[0].contains("allow"), "{refusals:?}");
+    assert!(
+        stack.history("tg:999").await.is_empty(),
+        "no turn for a stranger"
+    );
+    let group_log = stack.history("tg:-100200").await;
+    assert!(
+        !group_log
+            .iter()
+            .any(|m| m["content"].as_str().unwrap_or("").contains("nobody asked")),
+        "a message without the mention never reached routd: {group_log:?}"
+    );
+    assert_eq!(fake.sent(GROUP).len(), 1);
+
+    // Markup is sent as written, without a parse mode.
+    let markup = "*bold* _it_ <b>x</b> [link](http://e.x) `code` ~s~ ||spoiler||";
+    fake.message(ALICE, ALICE as u64, markup);
+    fake.wait_sent(ALICE, "the markup reply", |t| t == markup)
+        .await;
+    let call = fake
+        .ok_calls("sendMessage")
+        .into_iter()
+        .find(|c| c.body["text"] == markup)
+        .unwrap();
+    assert!(call.body.get("parse_mode").is_none(), "{:?}", call.body);
+
+    // 12,000 characters (120 lines of 99 and their breaks): three messages, in order,
+    // nothing lost.
+    let long: Vec<String> = (0..120)
+        .map(|i| format!("{i:04} {}", "y".repeat(94)))
+        .collect();
+    let long = long.join("\n");
+    assert_eq!(long.chars().count(), 120 * 100 - 1);
+    let before = fake.sent(ALICE).len();
+    fake.message(ALICE, ALICE as u64, &long);
+    let parts = eventually("the long reply in parts", LIMIT, || async {
+        let sent = fake.sent(ALICE)[before..].to_vec();
+        if sent.join("\n") == long {
+            Ok(sent)
+        } else {
+            Err(format!("{} parts so far", sent.len()))
+        }
+    })
+    .await;
+    assert_eq!(parts.len(), 3, "split at 4096");
+    assert!(parts.iter().all(|p| p.encode_utf16().count() <= 4096));
+
+    // 429 with retry_after 2: the reply waits it out and is sent once.
+    fake.fail_next("sendMessage", 429, Some(2));
+    fake.message(ALICE, ALICE as u64, "after the limit");
+    fake.wait_sent(ALICE, "the limited reply", |t| t == "after the limit")
+        .await;
+    let calls = fake.calls();
+    let limited = calls
+        .iter()
+        .find(|c| c.method == "sendMessage" && c.status == 429)
+        .expect("the 429 was answered");
+    let sent: Vec<_> = calls
+        .iter()
+        .filter(|c| {
+            c.method == "sendMessage" && c.status == 200 && c.body["text"] == "after the limit"
+        })
+        .collect();
+    assert_eq!(sent.len(), 1, "sent once");
+    assert!(
+        sent[0].at.duration_since(limited.at) >= Duration::from_millis(1900),
+        "sent after retry_after: {:?}",
+        sent[0].at.duration_since(limited.at)
+    );
+
+    // 5xx: retried with backoff, sent once.
+    fake.fail_next("sendMessage", 502, None);
+    fake.message(ALICE, ALICE as u64, "after a bad gateway");
+    fake.wait_sent(ALICE, "the reply after a 502", |t| {
+        t == "after a bad gateway"
+    })
+    .await;
+    assert_eq!(
+        fake.sent(ALICE)
+            .iter()
+            .filter(|t| *t == "after a bad gateway")
+            .count(),
+        1
+    );
+
+    // The health hako status reads: polling, nothing failed or waiting.
+    let h = eventually("the outbox drains", LIMIT, || async {
+        let h = adapter.health().await;
+        if h["backlog"] == 0 {
+            Ok(h)
+        } else {
+            Err(h.to_string())
+        }
+    })
+    .await;
+    assert!(h["last_poll_ms"].as_i64().is_some(), "{h}");
+    assert_eq!(
+        (h["failed"].as_i64(), h["unconfirmed"].as_i64()),
+        (Some(0), Some(0)),
+        "{h}"
+    );
+    drop(adapter);
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.is_empty());
+    assert!(
+        !text.contains(TOKEN),
+        "the bot token is in the adapter's log"
+    );
+    assert!(!text.contains(TOKEN.split(':').nth(1).unwrap()));
+    stack.stop().await;
+}
+
+/// Updates replayed after the adapter is SIGKILLed mid-burst (and a server that ignores the
+/// offset): each message answered once.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_burst_replayed_after_sigkill_is_answered_once() {
+    let stack = Stack::start().await;
+    stack.group("alice", "tg:111", json!({})).await;
+    let fake = FakeTelegram::start().await;
+    let log = stack.dir.path().join("adapter.log");
+    let texts = ["burst one", "burst two", "burst three", "burst four"];
+    for t in texts {
+        fake.message(ALICE, ALICE as u64, t);
+    }
+    let mut adapter = stack.adapter(&fake, &[ALICE], &log);
+    eventually("part of the burst reaches routd", LIMIT, || async {
+        let n = stack.history("tg:111").await.len();
+        if n >= 1 { Ok(()) } else { Err("nothing yet") }
+    })
+    .await;
+    adapter.kill();
+    // The server "lost" the acknowledgements: it serves every update again.
+    fake.set_replay(true);
+    let adapter = stack.adapter(&fake, &[ALICE], &log);
+    // Every text answered; then the restarted adapter has polled past the burst and sent
+    // everything it was given.
+    eventually("every message answered", LIMIT, || async {
+        let all = fake.sent(ALICE).join("\n");
+        match texts.iter().find(|t| !all.contains(*t)) {
+            None => Ok(()),
+            Some(t) => Err(format!("{t:?} not answered yet: {all:?}")),
+        }
+    })
+    .await;
+    eventually("routd idle and the outbox empty", LIMIT, || async {
+        let log = stack.history("tg:111").await;
+        let pending = log
+            .iter()
+            .filter(|m| m["direction"] == "in" && m["state"] == "pending")
+            .count();
+        let delivering = log.iter().filter(|m| m["state"] == "delivering").count();
+        let h = adapter.health().await;
+        if pending == 0 && delivering == 0 && h["backlog"] == 0 && h["updates"].as_u64().is_some() {
+            Ok(())
+        } else {
+            Err(format!("pending {pending}, delivering {delivering}, {h}"))
+        }
+    })
+    .await;
+    let all = fake.sent(ALICE).join("\n");
+    for t in texts {
+        assert_eq!(all.matches(t).count(), 1, "{t:?} answered once: {all:?}");
+    }
+    let inbound = stack
+        .history("tg:111")
+        .await
+        .into_iter()
+        .filter(|m| m["direction"] == "in")
+        .count();
+    assert_eq!(inbound, texts.len(), "each update is one message in routd");
+    drop(adapter);
+    assert!(!std::fs::read_to_string(&log).unwrap().contains(TOKEN));
+    stack.stop().await;
+}
+
+/// A held call appears with Approve and Deny buttons; a press by someone the group does not
+/// name is refused with an alert; the allowed person's press runs the call once and the
+/// message says who decided.
+#[tokio::test(flavor = "multi_thread")]
+async fn approvals_are_buttons() {
+    let stack = Stack::start().await;
+    stack
+        .group(
+            "team",
+            "tg:-100200",
+            json!({"grants": ["*", "?send_message"],
+                   "approvals": {"from": "senders", "senders": ["tg:111"], "wait": "10m"}}),
+        )
+        .await;
+    let fake = FakeTelegram::start().await;
+    let log = stack.dir.path().join("adapter.log");
+    let _adapter = stack.adapter(&fake, &[GROUP], &log);
+    fake.message(
+        GROUP,
+        ALICE as u64,
+        r#"@hakobot /mcp send_message {"text":"the deploy ran"}"#,
+    );
+    let ask = eventually("the approval message with buttons", LIMIT, || async {
+        fake.ok_calls("sendMessage")
+            .into_iter()
+            .find(|c| c.body["reply_markup"]["inline_keyboard"].is_array())
+            .ok_or("not yet")
+    })
+    .await;
+    let buttons = &ask.body["reply_markup"]["inline_keyboard"][0];
+    let approve = buttons[0]["callback_data"].as_str().unwrap().to_owned();
+    assert!(approve.starts_with("hako:approve:ap-"), "{buttons}");
+    assert!(
+        buttons[1]["callback_data"]
+            .as_str()
+            .unwrap()
+            .starts_with("hako:deny:ap-")
+    );
+    // The message id the fake gave the approval message.
+    let message = fake
+        .calls()
+        .iter()
+        .filter(|c| c.method == "sendMessage" && c.status == 200)
+        .position(|c| c.body["reply_markup"].is_object())
+        .unwrap();
+    let _ = message;
+
+    // Someone else presses Approve: refused, visibly; nothing runs.
+    fake.press(GROUP, 1, 222, &approve);
+    let refused = eventually("the refusal alert", LIMIT, || async {
+        fake.ok_calls("answerCallbackQuery")
+            .into_iter()
+            .find(|c| c.body["show_alert"] == true)
+            .ok_or("not yet")
+    })
+    .await;
+    assert!(
+        refused.body["text"].as_str().unwrap().contains("may not"),
+        "{:?}",
+        refused.body
+    );
+    assert!(!fake.sent(GROUP).iter().any(|t| t == "the deploy ran"));
+
+    // Alice presses Approve: the call runs once, the message says she decided.
+    fake.press(GROUP, 1, ALICE as u64, &approve);
+    fake.wait_sent(GROUP, "the approved call's message", |t| {
+        t == "the deploy ran"
+    })
+    .await;
+    let edit = eventually("the approval message edited", LIMIT, || async {
+        fake.ok_calls("editMessageText")
+            .into_iter()
+            .next()
+            .ok_or("not yet")
+    })
+    .await;
+    assert!(
+        edit.body["text"]
+            .as_str()
+            .unwrap()
+            .contains("Approved by user111"),
+        "{:?}",
+        edit.body
+    );
+    fake.wait_sent(GROUP, "the agent's reply", |t| {
+        t.starts_with("mcp send_message:")
+    })
+    .await;
+    assert_eq!(
+        fake.sent(GROUP)
+            .iter()
+            .filter(|t| *t == "the deploy ran")
+            .count(),
+        1,
+        "the call ran once"
+    );
+    stack.stop().await;
+}
