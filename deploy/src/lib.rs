@@ -995,6 +995,42 @@ pub fn connect_docker() -> Result<Docker, DeployError> {
     Ok(Docker::connect_with_unix_defaults()?)
 }
 
+/// Removes every container of install `install` (label `io.hako.install`), from any thread,
+/// blocking: the tests' rigs call it from `Drop`, where a failed test leaves what it made.
+/// Best effort: Docker unreachable removes nothing.
+pub fn remove_install_containers(install: &str) {
+    let install = install.to_owned();
+    let _ = std::thread::spawn(move || {
+        use bollard::query_parameters::{
+            ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+        };
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            let Ok(docker) = connect_docker() else { return };
+            let filters = HashMap::from([(
+                "label".to_owned(),
+                vec![format!("io.hako.install={install}")],
+            )]);
+            let opts = ListContainersOptionsBuilder::new()
+                .all(true)
+                .filters(&filters)
+                .build();
+            for c in docker.list_containers(Some(opts)).await.unwrap_or_default() {
+                if let Some(id) = c.id {
+                    let rm = RemoveContainerOptionsBuilder::new().force(true).build();
+                    let _ = docker.remove_container(&id, Some(rm)).await;
+                }
+            }
+        });
+    })
+    .join();
+}
+
 /// Ensures the agent image exists and returns its hashed tag; once per process.
 /// Tests call this so that the test command alone works on a fresh machine.
 pub async fn ensure_agent_image() -> Result<String, DeployError> {

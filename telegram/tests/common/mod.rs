@@ -439,38 +439,7 @@ impl Stack {
 impl Drop for Stack {
     /// Every container of this stack's install, whatever the test left.
     fn drop(&mut self) {
-        let install = self.install.clone();
-        let _ = std::thread::spawn(move || {
-            use bollard::query_parameters::{
-                ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-            };
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async {
-                let Ok(docker) = hako_deploy::connect_docker() else {
-                    return;
-                };
-                let filters = HashMap::from([(
-                    "label".to_owned(),
-                    vec![format!("io.hako.install={install}")],
-                )]);
-                let opts = ListContainersOptionsBuilder::new()
-                    .all(true)
-                    .filters(&filters)
-                    .build();
-                for c in docker.list_containers(Some(opts)).await.unwrap_or_default() {
-                    if let Some(id) = c.id {
-                        let rm = RemoveContainerOptionsBuilder::new().force(true).build();
-                        let _ = docker.remove_container(&id, Some(rm)).await;
-                    }
-                }
-            });
-        })
-        .join();
+        hako_deploy::remove_install_containers(&self.install);
     }
 }
 
