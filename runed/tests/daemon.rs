@@ -2172,12 +2172,15 @@ async fn daemon_killed_with_warm_boxes_removes_them_and_readopts_the_run_in_one(
     let mut rig = Rig::new(&[("RUNED_WARM_MAX", "4")]).await;
     rig.runed.take().unwrap().shutdown().await;
     rig.spawn_binary().await;
+    // One folder after the other, each box awaited: a box is not made while another
+    // folder's run waits for a slot, and the outcome is recorded before the box is made.
+    let mut boxes = Vec::new();
     for folder in ["warm-c", "warm-d"] {
         let r = rig.run(folder, &format!("turn-{folder}-1"), "hello").await;
         assert_eq!(rig.wait(&r).await["outcome"], "ok");
+        boxes.push(rig.warm_boxes(folder, 1).await.remove(0));
     }
-    let waiting = rig.warm_boxes("warm-d", 1).await.remove(0);
-    let taken = rig.warm_boxes("warm-c", 1).await.remove(0);
+    let (taken, waiting) = (boxes.remove(0), boxes.remove(0));
     let run = rig
         .run("warm-c", "turn-warm-c-2", "/sleep 4\nafter the kill")
         .await;
