@@ -367,15 +367,7 @@ impl Daemons {
 
 /// Percent-encodes a path segment (a chat JID, a folder).
 pub fn encode(s: &str) -> String {
-    let mut out = String::new();
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~:".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+    hako_shared::path_segment(s)
 }
 
 /// The innermost cause of an error, which says what went wrong (refused, timed out).

@@ -27,6 +27,9 @@ pub struct Config {
     pub service_key: Option<String>,
     /// `ROUTD_BODY_LIMIT`, default 256 KiB.
     pub body_limit: usize,
+    /// `ROUTD_MEDIA_MAX`, default 20 MiB: one file a chat sends its agent (runed's
+    /// `RUNED_MEDIA_MAX` bounds it again).
+    pub media_max: usize,
     /// `ROUTD_MAX_CONTENT`, default 64 KiB: the longest message text.
     pub max_content: usize,
     /// `ROUTD_BATCH_MAX`, default 50: messages one turn takes at most.
@@ -270,6 +273,7 @@ impl Config {
             verifier: VerifierConfig::default(),
             service_key: None,
             body_limit: 256 << 10,
+            media_max: 20 << 20,
             max_content: 64 << 10,
             batch_max: 50,
             max_turn_retries: 3,
@@ -330,6 +334,7 @@ impl Config {
             c.service_key = Some(env.required_secret("AUTHD_SERVICE_KEY")?);
         }
         c.body_limit = env.size_or("ROUTD_BODY_LIMIT", c.body_limit as u64)? as usize;
+        c.media_max = env.size_or("ROUTD_MEDIA_MAX", c.media_max as u64)? as usize;
         c.max_content = env.size_or("ROUTD_MAX_CONTENT", c.max_content as u64)? as usize;
         if c.max_content == 0 || c.max_content >= c.body_limit {
             return Err(ConfigError::Invalid {

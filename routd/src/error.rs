@@ -33,6 +33,16 @@ pub enum ApiFailure {
     /// runed did not do what the request needs of it (retiring a deleted group's folder).
     #[error("{0}")]
     RunedUnavailable(String),
+    /// runed refused what the request asked of it (a media file): its answer, passed on.
+    #[error("{message}")]
+    RunedRefused {
+        /// runed's status (4xx).
+        status: u16,
+        /// runed's code.
+        code: String,
+        /// runed's message.
+        message: String,
+    },
     /// What every daemon's request shares.
     #[error(transparent)]
     Common(Common),
@@ -55,6 +65,9 @@ impl ApiFailure {
             ApiFailure::FolderForbidden(_) => StatusCode::FORBIDDEN,
             ApiFailure::TooManyGroups(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiFailure::RunedUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiFailure::RunedRefused { status, .. } => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)
+            }
             ApiFailure::Common(c) => c.status(),
             ApiFailure::Tool(t) => StatusCode::from_u16(t.code.http_status())
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
@@ -72,6 +85,7 @@ impl ApiFailure {
             ApiFailure::FolderForbidden(_) => "folder_forbidden",
             ApiFailure::TooManyGroups(_) => "too_many_groups",
             ApiFailure::RunedUnavailable(_) => "runed_unavailable",
+            ApiFailure::RunedRefused { code, .. } => code,
             ApiFailure::Common(c) => c.code(),
             ApiFailure::Tool(t) => t.code.as_str(),
         }

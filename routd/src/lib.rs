@@ -318,7 +318,11 @@ pub async fn start(
         .merge(utoipa_axum::router::OpenApiRouter::from(web::router(
             shared.clone(),
         )));
-    let (router, _doc) = daemon_router(api, ops, shared.cfg.body_limit);
+    let limits = hako_shared::http::BodyLimits {
+        default: shared.cfg.body_limit,
+        routes: vec![(api::media::ROUTE, shared.cfg.media_max)],
+    };
+    let (router, _doc) = daemon_router(api, ops, limits);
     let router = if shared.verifier.is_open() {
         hako_shared::http::local_only(router)
     } else {
@@ -370,6 +374,7 @@ mod tests {
         let expected = hako_shared::openapi::Expected {
             routes: &[
                 ("/v1/messages", "post"),
+                ("/v1/chats/{jid}/media/{name}", "put"),
                 ("/v1/chats/{jid}/messages", "get"),
                 ("/v1/chats/{jid}/events", "get"),
                 ("/v1/groups/{folder}", "put"),
@@ -394,6 +399,7 @@ mod tests {
             schemas: &[
                 "PostMessage",
                 "Posted",
+                "MediaSaved",
                 "MessageView",
                 "GroupConfig",
                 "TurnView",

@@ -9,6 +9,7 @@ use std::time::Duration;
 use hako_shared::GroupFolder;
 use hako_shared::auth::{AuthdClient, ClientError, ServiceTokenSource};
 use hako_shared::ids::RunId;
+use hako_shared::media::MediaSaved;
 use hako_shared::runs::{
     CreatedRun, RunList, RunRequest, RunState, RunStatus, RunStreamEvent, SteerMessage, SteerReply,
     SteerRequest, StopReply, StopRequest,
@@ -164,6 +165,11 @@ impl RunedClient {
             .send()
             .await
             .map_err(|e| RunedError::Unavailable(format!("runed: {}", e.without_url())))?;
+        self.answer(resp).await
+    }
+
+    /// runed's answer: its JSON on 2xx, else the error it stands for.
+    async fn answer<T: DeserializeOwned>(&self, resp: reqwest::Response) -> Result<T, RunedError> {
         let status = resp.status().as_u16();
         let bytes = read_bounded(resp).await?;
         if status >= 500 {
@@ -234,6 +240,32 @@ impl RunedClient {
             Some(&body),
         )
         .await
+    }
+
+    /// Saves a file a chat sent into `folder`'s media directory.
+    pub async fn put_media(
+        &self,
+        folder: &GroupFolder,
+        name: &str,
+        data: axum::body::Bytes,
+    ) -> Result<MediaSaved, RunedError> {
+        let path = format!(
+            "/v1/folders/{}/media/{}",
+            hako_shared::path_segment(folder.as_str()),
+            hako_shared::path_segment(name)
+        );
+        let mut req = self
+            .request(&self.http, reqwest::Method::PUT, &path)
+            .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+            .body(data);
+        if let Some(t) = self.token().await? {
+            req = req.bearer_auth(&*t);
+        }
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| RunedError::Unavailable(format!("runed: {}", e.without_url())))?;
+        self.answer(resp).await
     }
 
     /// Kills a folder's live run; with `retire`, also its warm box and its directory (its

@@ -62,6 +62,7 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(audit))
         .routes(routes!(list_secrets))
         .routes(routes!(set_secret, remove_secret))
+        .routes(routes!(crate::media::put_media))
 }
 
 /// `GET /v1/audit` answer, newest first.
@@ -82,7 +83,7 @@ fn accepted(run_id: RunId, state: RunState, existing: bool) -> Response {
     (StatusCode::ACCEPTED, Json(body)).into_response()
 }
 
-async fn audit_row(
+pub(crate) async fn audit_row(
     sh: &Shared,
     who: &Principal,
     action: &str,

@@ -30,6 +30,11 @@ pub struct Config {
     pub docker_socket: String,
     /// `RUNED_BODY_LIMIT`, default 1 MiB.
     pub body_limit: usize,
+    /// `RUNED_MEDIA_MAX`, default 20 MiB: one file a chat sends its agent (Telegram's own
+    /// download limit).
+    pub media_max: usize,
+    /// `RUNED_MEDIA_FOLDER_MAX`, default 256 MiB: a folder's media directory, all files.
+    pub media_folder_max: u64,
     /// `RUNED_MAX_WAIT`, default 120s: the longest `?wait=` honoured.
     pub max_wait: Duration,
     /// `RUNED_MAX_QUEUED`, default 1000: runs and holds waiting at once.
@@ -65,6 +70,8 @@ impl Config {
             service_key: None,
             docker_socket: "/var/run/docker.sock".into(),
             body_limit: 1 << 20,
+            media_max: 20 << 20,
+            media_folder_max: 256 << 20,
             max_wait: Duration::from_secs(120),
             max_queued: 1000,
             max_queued_per_folder: 50,
@@ -130,6 +137,8 @@ impl Config {
                 .into();
         }
         c.body_limit = env.size_or("RUNED_BODY_LIMIT", c.body_limit as u64)? as usize;
+        c.media_max = env.size_or("RUNED_MEDIA_MAX", c.media_max as u64)? as usize;
+        c.media_folder_max = env.size_or("RUNED_MEDIA_FOLDER_MAX", c.media_folder_max)?;
         c.max_wait = env.duration_or("RUNED_MAX_WAIT", c.max_wait)?;
         c.max_queued = env.parse_or("RUNED_MAX_QUEUED", c.max_queued)?;
         c.max_queued_per_folder =

@@ -6,6 +6,8 @@
 use axum::http::StatusCode;
 use hako_shared::http::Common;
 
+use hako_runner::media::MediaError;
+
 use crate::state::{MAX_SECRETS_BYTES, QueueFull};
 
 /// Why a request failed.
@@ -64,6 +66,15 @@ pub enum ApiFailure {
     /// No such secret.
     #[error("no secret {0}")]
     NoSecret(String),
+    /// Not a folder's name.
+    #[error("folder: {0}")]
+    InvalidFolder(String),
+    /// A media file larger than `RUNED_MEDIA_MAX`.
+    #[error("the file is larger than {0} bytes (RUNED_MEDIA_MAX)")]
+    MediaTooLarge(usize),
+    /// A media file not saved.
+    #[error(transparent)]
+    Media(#[from] hako_runner::media::MediaError),
     /// What every daemon's request shares.
     #[error(transparent)]
     Common(Common),
@@ -84,7 +95,14 @@ impl ApiFailure {
             | ApiFailure::InvalidWait(_)
             | ApiFailure::SecretsTooLarge(_)
             | ApiFailure::EmptyMessages
-            | ApiFailure::InvalidSteerId => StatusCode::BAD_REQUEST,
+            | ApiFailure::InvalidSteerId
+            | ApiFailure::InvalidFolder(_)
+            | ApiFailure::Media(MediaError::Name(_)) => StatusCode::BAD_REQUEST,
+            ApiFailure::MediaTooLarge(_)
+            | ApiFailure::Media(MediaError::Full { .. } | MediaError::TooManyEntries) => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
+            ApiFailure::Media(MediaError::Io(_)) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiFailure::ForbiddenGroupSetting(_)
             | ApiFailure::AuditNeedsUnbound
             | ApiFailure::SecretsNeedUnbound => StatusCode::FORBIDDEN,
@@ -108,7 +126,13 @@ impl ApiFailure {
             ApiFailure::DockerUnavailable(_) => "docker_unavailable",
             ApiFailure::QueueFull(_) => "queue_full",
             ApiFailure::NotLive(_) => "not_live",
-            ApiFailure::EmptyMessages | ApiFailure::InvalidSteerId => "invalid_request",
+            ApiFailure::EmptyMessages
+            | ApiFailure::InvalidSteerId
+            | ApiFailure::InvalidFolder(_) => "invalid_request",
+            ApiFailure::Media(MediaError::Name(_)) => "invalid_media_name",
+            ApiFailure::MediaTooLarge(_) => "body_too_large",
+            ApiFailure::Media(MediaError::Full { .. } | MediaError::TooManyEntries) => "media_full",
+            ApiFailure::Media(MediaError::Io(_)) => "internal",
             ApiFailure::AuditNeedsUnbound | ApiFailure::SecretsNeedUnbound => "folder_forbidden",
             ApiFailure::Common(c) => c.code(),
         }

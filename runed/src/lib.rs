@@ -11,6 +11,7 @@ pub mod config;
 mod daemon;
 mod error;
 mod gc;
+mod media;
 pub mod metrics;
 mod proxy_watch;
 pub mod queue;
@@ -227,7 +228,10 @@ pub async fn start(
     let (router, _doc) = daemon_router(
         api::documented().with_state(api::AppState(shared.clone())),
         ops,
-        shared.cfg.body_limit,
+        hako_shared::http::BodyLimits {
+            default: shared.cfg.body_limit,
+            routes: vec![(media::ROUTE, shared.cfg.media_max)],
+        },
     );
     let router = if shared.verifier.is_open() {
         hako_shared::http::local_only(router)
@@ -337,6 +341,7 @@ mod tests {
                 ("/v1/secrets", "get"),
                 ("/v1/secrets/{name}", "put"),
                 ("/v1/secrets/{name}", "delete"),
+                ("/v1/folders/{folder}/media/{name}", "put"),
                 ("/health", "get"),
                 ("/ready", "get"),
                 ("/metrics", "get"),
@@ -351,6 +356,7 @@ mod tests {
                 "ErrorBody",
                 "SecretList",
                 "SecretValueRequest",
+                "MediaSaved",
             ],
             sources: &["src"],
         };

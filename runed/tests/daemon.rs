@@ -2262,3 +2262,145 @@ async fn daemon_a_warm_box_that_writes_before_its_turn_is_not_taken() {
     assert!(rig.warm_boxes("warm-u", 0).await.is_empty());
     rig.stop().await;
 }
+
+/// Media: a file a chat sent lands in the folder's `workspace/media/`, owned by the agent;
+/// what the agent planted there (a symlink for the directory, a symlink at the name) is
+/// replaced, never followed; bad names and folders, too large a file, a full directory, a
+/// token of another folder or without `media:write` are refused with the envelope.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn media_lands_in_the_workspace_and_planted_links_are_never_followed() {
+    use hako_shared::layout::{FolderDir, dir_rel};
+    use std::os::unix::fs::MetadataExt;
+    let rig = Rig::new(&[("RUNED_MEDIA_MAX", "4k"), ("RUNED_MEDIA_FOLDER_MAX", "10k")]).await;
+    let api = rig.api();
+    let put = |folder: &str, name: &str, token: &str, data: Vec<u8>| {
+        let api = api.clone();
+        let path = format!(
+            "/v1/folders/{}/media/{}",
+            hako_shared::path_segment(folder),
+            hako_shared::path_segment(name)
+        );
+        let token = token.to_owned();
+        async move {
+            api.raw(
+                reqwest::Method::PUT,
+                &path,
+                Some(&token),
+                "application/octet-stream",
+                data,
+            )
+            .await
+        }
+    };
+    let folder = hako_shared::GroupFolder::new("acme/media").unwrap();
+    let ws = rig
+        .data
+        .join("runed")
+        .join(dir_rel(&folder, FolderDir::Workspace));
+    let media = ws.join("media");
+
+    // A folder nothing ran in yet: made, and the file is the agent's.
+    let (s, v) = put(
+        "acme/media",
+        "photo.jpg",
+        &rig.routd,
+        b"jpeg bytes".to_vec(),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["path"], "/workspace/media/photo.jpg", "{v}");
+    assert_eq!(v["bytes"], 10);
+    assert_eq!(
+        std::fs::read(media.join("photo.jpg")).unwrap(),
+        b"jpeg bytes"
+    );
+    let meta = std::fs::metadata(media.join("photo.jpg")).unwrap();
+    if rustix::process::geteuid().is_root() {
+        assert_eq!(meta.uid(), 1000, "the agent's file");
+    }
+
+    // The agent replaced media/ with a link to a host directory, and put a link at a name.
+    let outside = rig.data.join("outside");
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("victim"), b"keep me").unwrap();
+    std::fs::remove_dir_all(&media).unwrap();
+    std::os::unix::fs::symlink(&outside, &media).unwrap();
+    let (s, v) = put("acme/media", "victim", &rig.routd, b"overwritten?".to_vec()).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        media.symlink_metadata().unwrap().is_dir(),
+        "media/ is a directory again"
+    );
+    assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"keep me");
+    assert_eq!(
+        std::fs::read(media.join("victim")).unwrap(),
+        b"overwritten?"
+    );
+    std::os::unix::fs::symlink(outside.join("victim"), media.join("doc.pdf")).unwrap();
+    let (s, v) = put("acme/media", "doc.pdf", &rig.routd, b"pdf".to_vec()).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(std::fs::read(outside.join("victim")).unwrap(), b"keep me");
+    assert!(
+        !media
+            .join("doc.pdf")
+            .symlink_metadata()
+            .unwrap()
+            .is_symlink()
+    );
+
+    // Names and folders that could leave the directory.
+    for name in ["..x", ".hidden", "a b", "x/../../y"] {
+        let (s, v) = put("acme/media", name, &rig.routd, b"x".to_vec()).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (400, Some("invalid_media_name")),
+            "{name}: {v}"
+        );
+    }
+    for folder in ["../../etc", "/abs", "a//b"] {
+        let (s, v) = put(folder, "ok.txt", &rig.routd, b"x".to_vec()).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (400, Some("invalid_request")),
+            "{folder}: {v}"
+        );
+    }
+
+    // One file over RUNED_MEDIA_MAX; then the folder's limit, where a file replaced counts
+    // once.
+    let (s, v) = put("acme/media", "big.bin", &rig.routd, vec![7; 5000]).await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (413, Some("body_too_large")),
+        "{v}"
+    );
+    for i in 0..2 {
+        let (s, v) = put(
+            "acme/media",
+            &format!("f{i}.bin"),
+            &rig.routd,
+            vec![1; 4000],
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+    }
+    let (s, v) = put("acme/media", "f2.bin", &rig.routd, vec![1; 4000]).await;
+    assert_eq!((s, v["error"].as_str()), (413, Some("media_full")), "{v}");
+    let (s, v) = put("acme/media", "f1.bin", &rig.routd, vec![2; 4000]).await;
+    assert_eq!(s, 200, "a file replaced counts once: {v}");
+    assert!(!media.join("f2.bin").exists());
+
+    // Another folder's token; a token without media:write.
+    let other = rig.mint(&["media:write"], Some("other"), 60).await;
+    let (s, v) = put("acme/media", "x.txt", &other, b"x".to_vec()).await;
+    assert_eq!((s, v["error"].as_str()), (404, Some("not_found")), "{v}");
+    let reader = rig.mint(&["runs:read"], None, 60).await;
+    let (s, v) = put("acme/media", "x.txt", &reader, b"x".to_vec()).await;
+    assert_eq!(
+        (s, v["error"].as_str()),
+        (403, Some("insufficient_scope")),
+        "{v}"
+    );
+    assert!(!media.join("x.txt").exists());
+    rig.stop().await;
+}

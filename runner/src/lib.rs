@@ -26,6 +26,7 @@ pub mod config;
 pub mod docker;
 pub mod engine;
 mod launch;
+pub mod media;
 pub mod mounts;
 pub mod mountsec;
 pub mod outcome;

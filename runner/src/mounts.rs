@@ -36,7 +36,7 @@ pub const WORKSPACE: &str = "/workspace";
 /// Where sidecar sockets appear, in the agent and in the sidecars.
 pub const SIDECAR_DIR: &str = "/var/run/pub/arizuko/sidecars";
 /// Received media, a directory of the workspace.
-pub const MEDIA: &str = "media";
+pub const MEDIA: &str = hako_shared::media::DIR;
 /// Where a box with brokered secrets finds the CA bundle: Debian's own path, which curl,
 /// OpenSSL, git and Python read even without the variables pointing at it.
 pub const CA_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";

@@ -303,6 +303,48 @@ impl SafeDir {
         Ok(out)
     }
 
+    /// The regular files directly in this directory and their total size, looking at no more
+    /// than `max_entries` entries (`None` past that: a directory the agent can write may hold
+    /// millions, and the caller treats "too many" as full). Symlinks and subdirectories count
+    /// as entries of no size; nothing is followed.
+    pub fn usage(&self, max_entries: usize) -> io::Result<Option<Usage>> {
+        let dir = rustix::fs::Dir::read_from(&self.fd).map_err(|e| with_path(e, &self.path))?;
+        let mut u = Usage::default();
+        let mut seen = 0usize;
+        for entry in dir {
+            let entry = entry.map_err(|e| with_path(e, &self.path))?;
+            let name = entry.file_name();
+            if name.to_bytes() == b"." || name.to_bytes() == b".." {
+                continue;
+            }
+            seen += 1;
+            if seen > max_entries {
+                return Ok(None);
+            }
+            match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                    u.files += 1;
+                    u.bytes += st.st_size.max(0) as u64;
+                }
+                Ok(_) | Err(rustix::io::Errno::NOENT) => {}
+                Err(e) => return Err(with_path(e, &self.path)),
+            }
+        }
+        Ok(Some(u))
+    }
+
+    /// The size of the regular file `name`; `None` when absent or not a regular file.
+    pub fn file_size(&self, name: &str) -> io::Result<Option<u64>> {
+        check_name(name)?;
+        match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::RegularFile => {
+                Ok(Some(st.st_size.max(0) as u64))
+            }
+            Ok(_) | Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(e) => Err(with_path(e, &self.path.join(name))),
+        }
+    }
+
     /// Whether the directory has no entries (besides `.` and `..`).
     pub fn is_empty(&self) -> io::Result<bool> {
         let dir = rustix::fs::Dir::read_from(&self.fd).map_err(|e| with_path(e, &self.path))?;
@@ -346,6 +388,15 @@ impl SafeDir {
         rustix::fs::renameat(&self.fd, from, &self.fd, to)
             .map_err(|e| with_path(e, &self.path.join(to)))
     }
+}
+
+/// What [`SafeDir::usage`] found.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Regular files.
+    pub files: usize,
+    /// Their total size.
+    pub bytes: u64,
 }
 
 /// Bounds on one [`reap`].

@@ -27,6 +27,7 @@ pub mod http;
 pub mod ids;
 #[cfg(feature = "layout")]
 pub mod layout;
+pub mod media;
 #[cfg(feature = "server")]
 pub mod metrics;
 #[cfg(feature = "openapi")]
@@ -56,6 +57,20 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         src = c.source();
     }
     s
+}
+
+/// `s` percent-encoded as one URL path segment (a chat JID, a folder with its `/`, a file
+/// name): what the servers' `{param}` decodes back to `s`.
+pub fn path_segment(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~:".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// The daemons' allocator (feature `mimalloc`): one definition, so every binary that links a

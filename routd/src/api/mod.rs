@@ -16,6 +16,7 @@ mod approvals;
 mod audit;
 mod chats;
 mod groups;
+pub(crate) mod media;
 mod messages;
 mod overview;
 mod routes;
@@ -51,6 +52,7 @@ impl FromRef<AppState> for Verifier {
 pub(crate) fn documented() -> OpenApiRouter<AppState> {
     api_router::<AppState>(INFO)
         .routes(routes!(messages::post_message))
+        .routes(routes!(media::put_media))
         .routes(routes!(chats::chat_messages))
         .routes(routes!(chats::chat_events))
         .routes(routes!(

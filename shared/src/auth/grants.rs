@@ -48,6 +48,8 @@ pub mod scopes {
     pub const SECRETS_READ: &str = "secrets:read";
     /// runed: set and remove brokered secrets.
     pub const SECRETS_WRITE: &str = "secrets:write";
+    /// runed: save a file into a folder's media directory (what a chat sent its agent).
+    pub const MEDIA_WRITE: &str = "media:write";
 }
 
 /// The scopes a per-spawn token carries: what an agent container may do, and nothing more.
@@ -71,6 +73,7 @@ pub const SERVICE_GRANTS: &[(&str, &[&str])] = &[
             scopes::RUNS_READ,
             scopes::RUNS_KILL,
             scopes::SESSIONS_READ,
+            scopes::MEDIA_WRITE,
         ],
     ),
     ("channel", &[scopes::MESSAGES_WRITE, scopes::CHATS_READ]),
@@ -89,6 +92,7 @@ pub const SERVICE_GRANTS: &[(&str, &[&str])] = &[
             "webhooks:*",
             "approvals:*",
             "secrets:*",
+            "media:*",
         ],
     ),
 ];

@@ -20,7 +20,7 @@ pub use extract::{ApiJson, ApiQuery};
 pub use failure::Common;
 pub use ops::{ApiInfo, Health, Ops, Ready, ReadyCheck, api_router, document, openapi_operations};
 pub use request_id::{REQUEST_ID_HEADER, current_request_id, with_request_id};
-pub use router::{daemon_router, guard, local_only, traced};
+pub use router::{BodyLimits, daemon_router, guard, guard_with, local_only, traced};
 pub use serve::{
     CLIENT_POOL_IDLE, Listener, ServeLimits, Served, health_check, serve, serve_with,
     shutdown_signal,

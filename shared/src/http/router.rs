@@ -21,7 +21,7 @@ use super::request_id::{MakeId, REQUEST_ID_HEADER, sanitize_request_id};
 pub fn daemon_router(
     api: utoipa_axum::router::OpenApiRouter,
     ops: Ops,
-    body_limit: usize,
+    body_limit: impl Into<BodyLimits>,
 ) -> (Router, utoipa::openapi::OpenApi) {
     let (router, mut doc) = api.merge(ops_routes()).split_for_parts();
     complete(&mut doc);
@@ -31,7 +31,7 @@ pub fn daemon_router(
         ready: ops.ready.clone(),
         openapi: crate::openapi::render(&doc).into(),
     };
-    let router = guard(router, body_limit)
+    let router = guard_with(router, body_limit.into())
         .layer(axum::Extension(state))
         .layer(axum::middleware::from_fn_with_state(
             HttpMetrics::new(ops.metrics.clone()),
@@ -40,9 +40,46 @@ pub fn daemon_router(
     (traced(router), doc)
 }
 
+/// The request body limits of a router: one for every route, and larger ones for the routes
+/// that take files (by their matched path, e.g. `/v1/folders/{folder}/media/{name}`). Such a
+/// route reads its body as a stream and bounds it itself (`axum::body::to_bytes`): the
+/// default limit of axum's extractors does not apply to it.
+#[derive(Debug, Clone, Default)]
+pub struct BodyLimits {
+    /// Every route's.
+    pub default: usize,
+    /// Per matched path, the larger limit of a route that takes files.
+    pub routes: Vec<(&'static str, usize)>,
+}
+
+impl BodyLimits {
+    /// The limit for a request to the route `matched` (`None`: no route matched).
+    fn of(&self, matched: Option<&str>) -> usize {
+        matched
+            .and_then(|m| self.routes.iter().find(|(p, _)| *p == m))
+            .map_or(self.default, |(_, n)| *n)
+    }
+}
+
+impl From<usize> for BodyLimits {
+    fn from(default: usize) -> Self {
+        BodyLimits {
+            default,
+            routes: Vec::new(),
+        }
+    }
+}
+
 /// The JSON fallbacks (404, 405), the body limit (413 after draining) and panic-to-JSON: what
 /// every router hako serves gets, the daemons' APIs and the per-turn gateway alike.
 pub fn guard(router: Router, body_limit: usize) -> Router {
+    guard_with(router, body_limit.into())
+}
+
+/// [`guard`] with larger limits for the routes that take files.
+pub fn guard_with(router: Router, limits: BodyLimits) -> Router {
+    let body_limit = limits.default;
+    let limits = std::sync::Arc::new(limits);
     router
         .fallback(|| async { ApiError::not_found("no such route") })
         .method_not_allowed_fallback(|| async {
@@ -54,7 +91,12 @@ pub fn guard(router: Router, body_limit: usize) -> Router {
         })
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(axum::middleware::from_fn(move |req: Request, next| {
-            refuse_oversized(body_limit, req, next)
+            // Layered on the routes: the matched path is known here.
+            let limit = limits.of(req
+                .extensions()
+                .get::<axum::extract::MatchedPath>()
+                .map(|m| m.as_str()));
+            refuse_oversized(limit, req, next)
         }))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {

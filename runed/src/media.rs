@@ -1,0 +1,80 @@
+//! `PUT /v1/folders/{folder}/media/{name}`: a file a chat sent its agent, written into the
+//! folder's media directory (`specs/runed.md`, Media). The body is the file, up to
+//! `RUNED_MEDIA_MAX`; the folder's directory holds at most `RUNED_MEDIA_FOLDER_MAX`.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use hako_runner::media::MediaError;
+use hako_shared::GroupFolder;
+use hako_shared::auth::{Principal, scopes};
+use hako_shared::http::ErrorBody;
+use hako_shared::media::MediaSaved;
+
+use crate::api::{AppState, audit_row};
+use crate::error::ApiFailure;
+
+/// The route's path, for its body limit.
+pub(crate) const ROUTE: &str = "/v1/folders/{folder}/media/{name}";
+
+/// Saves a file into a folder's media directory, where the agent finds it at
+/// `/workspace/media/<name>` (a file of that name is replaced). routd calls it for the chats
+/// that route to the folder; a folder-bound caller reaches its own folders only.
+#[utoipa::path(put, path = "/v1/folders/{folder}/media/{name}", tag = "media", security(("bearer" = [])),
+    params(
+        ("folder" = String, Path, description = "The group folder (its `/` percent-encoded)", example = "main"),
+        ("name" = String, Path, description = "The file's name: 1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit", example = "tg111_1001.jpg"),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file"),
+    responses(
+        (status = 200, description = "Saved", body = MediaSaved),
+        (status = 400, description = "`invalid_request` (the folder), `invalid_media_name`", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "`insufficient_scope` (`media:write`)", body = ErrorBody),
+        (status = 404, description = "A folder the caller does not cover", body = ErrorBody),
+        (status = 413, description = "`body_too_large` (over `RUNED_MEDIA_MAX`), `media_full` (the folder's media directory would pass `RUNED_MEDIA_FOLDER_MAX`, or holds more than 10,000 entries)", body = ErrorBody),
+        (status = 503, description = "`docker_unavailable`", body = ErrorBody),
+    ))]
+pub(crate) async fn put_media(
+    State(AppState(sh)): State<AppState>,
+    who: Principal,
+    Path((folder, name)): Path<(String, String)>,
+    body: Body,
+) -> Result<Json<MediaSaved>, ApiFailure> {
+    who.require(scopes::MEDIA_WRITE)?;
+    let folder = GroupFolder::new(&folder).map_err(|e| ApiFailure::InvalidFolder(e.to_string()))?;
+    if !who.covers_folder(folder.as_str()) {
+        return Err(ApiFailure::NoFolder(folder.to_string()));
+    }
+    hako_shared::media::check_name(&name).map_err(|e| ApiFailure::Media(MediaError::Name(e)))?;
+    let limit = sh.cfg.media_max;
+    let data = axum::body::to_bytes(body, limit)
+        .await
+        .map_err(|_| ApiFailure::MediaTooLarge(limit))?;
+    let runner = sh
+        .runner()
+        .map_err(|e| ApiFailure::DockerUnavailable(e.to_string()))?;
+    let saved = runner
+        .save_media(&folder, &name, data, sh.cfg.media_folder_max)
+        .await;
+    let outcome = match &saved {
+        Ok(_) => "ok".to_owned(),
+        Err(e) => format!("refused: {}", e),
+    };
+    audit_row(
+        &sh,
+        &who,
+        "media.put",
+        None,
+        Some(folder.as_str()),
+        if saved.is_ok() { "ok" } else { "refused" },
+        format!("name={name} {outcome}"),
+    )
+    .await;
+    let bytes = saved.map_err(|e| match e {
+        MediaError::Io(e) => ApiFailure::internal(e),
+        e => ApiFailure::Media(e),
+    })?;
+    tracing::info!(folder = %folder, name, bytes, "media saved");
+    Ok(Json(MediaSaved::new(folder.as_str(), &name, bytes)))
+}
