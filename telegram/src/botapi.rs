@@ -117,6 +117,52 @@ impl Bot {
             description,
         })
     }
+
+    /// Downloads the file at `file_path` (from `getFile`), at most `max` bytes (more is
+    /// [`BotError::Refused`] with status 413: fetching it again gets the same answer).
+    pub async fn download(&self, file_path: &str, max: u64) -> Result<Vec<u8>, BotError> {
+        let url = format!("{}/file/bot{}/{file_path}", self.base, self.token.0);
+        let lost = |e: reqwest::Error| {
+            let connect = e.is_connect();
+            let text = self.redact(&e.without_url().to_string());
+            if connect {
+                BotError::Connect(text)
+            } else {
+                BotError::Lost(text)
+            }
+        };
+        let mut resp = self.http.get(url).send().await.map_err(lost)?;
+        let status = resp.status().as_u16();
+        if !(200..300).contains(&status) {
+            let description = format!("downloading a file: HTTP {status}");
+            return Err(match status {
+                429 => BotError::RetryAfter(Duration::from_secs(1)),
+                s if s >= 500 => BotError::Server {
+                    status,
+                    description,
+                },
+                _ => BotError::Refused {
+                    status,
+                    description,
+                },
+            });
+        }
+        let too_large = || BotError::Refused {
+            status: 413,
+            description: format!("the file is larger than {max} bytes (TELEGRAM_MEDIA_MAX)"),
+        };
+        if resp.content_length().is_some_and(|n| n > max) {
+            return Err(too_large());
+        }
+        let mut out = Vec::new();
+        while let Some(chunk) = resp.chunk().await.map_err(lost)? {
+            if (out.len() + chunk.len()) as u64 > max {
+                return Err(too_large());
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out)
+    }
 }
 
 /// `text` with every occurrence of `token` (and of its URL-encoded form) replaced.

@@ -39,6 +39,10 @@ pub struct Config {
     /// "typing…" is shown at most this long after a message if no reply comes
     /// (`TELEGRAM_TYPING_MAX`, 2 m).
     pub typing_max: Duration,
+    /// The largest photo, voice note or document fetched for the agent (`TELEGRAM_MEDIA_MAX`,
+    /// 20 MiB: the Bot API's own download limit); a larger one is named in the message, not
+    /// fetched.
+    pub media_max: u64,
 }
 
 /// A secret string: its `Debug` says nothing.
@@ -116,6 +120,7 @@ impl Config {
             send_max_age: env.duration_or("TELEGRAM_SEND_MAX_AGE", Duration::from_secs(3600))?,
             retry_base: env.duration_or("TELEGRAM_RETRY_BASE", Duration::from_secs(1))?,
             typing_max: env.duration_or("TELEGRAM_TYPING_MAX", Duration::from_secs(120))?,
+            media_max: env.size_or("TELEGRAM_MEDIA_MAX", 20 << 20)?,
         })
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod botapi;
 pub mod config;
+mod media;
 mod outbox;
 mod poll;
 mod receiver;

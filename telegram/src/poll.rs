@@ -15,6 +15,7 @@ use hako_shared::chat::PostMessage;
 use serde_json::json;
 
 use crate::botapi::BotError;
+use crate::media;
 use crate::routd::PostError;
 use crate::store::Outgoing;
 use crate::{Me, Shared, chat_jid, now_ms};
@@ -165,13 +166,12 @@ async fn message(sh: &Shared, m: &Message) -> Result<(), PostError> {
     if from.is_bot {
         return Ok(());
     }
-    let Some(text) = m.text.as_deref().or(m.caption.as_deref()) else {
-        tracing::info!(
-            chat,
-            "a message without text (media are not carried yet): ignored"
-        );
+    let file = media::attachment(m, sh.cfg.media_max);
+    let text = m.text.as_deref().or(m.caption.as_deref()).unwrap_or("");
+    if text.is_empty() && file.is_none() {
+        tracing::debug!(chat, "a message with neither text nor a file: ignored");
         return Ok(());
-    };
+    }
     let text = match m.chat.type_field {
         ChatType::Private => text.to_owned(),
         ChatType::Group | ChatType::Supergroup => {
@@ -188,9 +188,18 @@ async fn message(sh: &Shared, m: &Message) -> Result<(), PostError> {
         }
         ChatType::Channel => return Ok(()),
     };
-    let content = normalize_command(&text, &me.username);
-    if content.trim().is_empty() {
+    let mut content = normalize_command(&text, &me.username);
+    if content.trim().is_empty() && file.is_none() {
         return Ok(());
+    }
+    // Fetched once the message is known to be for the agent; the text names the file.
+    if let Some(f) = &file {
+        let line = media::receive(sh, &chat_jid(chat), f).await?;
+        content = if content.trim().is_empty() {
+            line
+        } else {
+            format!("{content}\n{line}")
+        };
     }
     let post = PostMessage {
         id: Some(format!("tg:{chat}:{}", m.message_id)),

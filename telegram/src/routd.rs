@@ -1,8 +1,10 @@
-//! routd, as the adapter uses it: `POST /v1/messages` with the `channel` identity's token
+//! routd, as the adapter uses it: `POST /v1/messages` and `PUT /v1/chats/{jid}/media/{name}`
+//! with the `channel` identity's token
 //! (the adapter's only credential besides the bot token; minted from its service key).
 
 use hako_shared::auth::{AuthdClient, ServiceTokenSource};
 use hako_shared::chat::{PostMessage, Posted};
+use hako_shared::media::MediaSaved;
 
 use crate::config::Config;
 
@@ -39,8 +41,40 @@ impl Routd {
         })
     }
 
-    /// Posts `m`; a 401 (a token revoked or rotated) is tried once more with a fresh one.
+    /// Posts `m`.
     pub async fn post(&self, m: &PostMessage) -> Result<Posted, PostError> {
+        self.send(|http, base| http.post(format!("{base}/v1/messages")).json(m))
+            .await
+    }
+
+    /// Saves a file the chat sent into the media directory of the folder `chat` routes to.
+    pub async fn put_media(
+        &self,
+        chat: &str,
+        name: &str,
+        data: Vec<u8>,
+    ) -> Result<MediaSaved, PostError> {
+        let data = axum::body::Bytes::from(data);
+        let path = format!(
+            "/v1/chats/{}/media/{}",
+            hako_shared::path_segment(chat),
+            hako_shared::path_segment(name)
+        );
+        self.send(|http, base| {
+            http.put(format!("{base}{path}"))
+                .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
+                .timeout(std::time::Duration::from_secs(120))
+                .body(data.clone())
+        })
+        .await
+    }
+
+    /// Sends the request `build` makes and reads its JSON answer; a 401 (a token revoked or
+    /// rotated) is tried once more with a fresh token.
+    async fn send<T: serde::de::DeserializeOwned>(
+        &self,
+        build: impl Fn(&reqwest::Client, &str) -> reqwest::RequestBuilder,
+    ) -> Result<T, PostError> {
         for fresh in [false, true] {
             if fresh {
                 self.tokens.invalidate().await;
@@ -50,11 +84,8 @@ impl Routd {
                 .token()
                 .await
                 .map_err(|e| PostError::Unavailable(format!("authd: {e}")))?;
-            let resp = self
-                .http
-                .post(format!("{}/v1/messages", self.base))
+            let resp = build(&self.http, &self.base)
                 .bearer_auth(&*token)
-                .json(m)
                 .send()
                 .await
                 .map_err(|e| PostError::Unavailable(e.to_string()))?;
@@ -64,7 +95,7 @@ impl Routd {
             }
             if (200..300).contains(&status) {
                 return resp
-                    .json::<Posted>()
+                    .json::<T>()
                     .await
                     .map_err(|e| PostError::Unavailable(e.to_string()));
             }

@@ -322,3 +322,141 @@ async fn approvals_are_buttons() {
     );
     stack.stop().await;
 }
+
+/// A photo, a document and a voice note reach the folder's media directory, and the agent's
+/// input names each where the agent finds it (the script agent lists and reads them from its
+/// box); a file over the bot's limit is named, never fetched; a folder whose media directory
+/// is full gets the message with the file named as not saved; a group photo not meant for
+/// the bot is never fetched.
+#[tokio::test(flavor = "multi_thread")]
+async fn photos_and_documents_reach_the_agent() {
+    use hako_shared::layout::{FolderDir, dir_rel};
+    let stack = Stack::start().await;
+    stack.group("alice", "tg:111", json!({})).await;
+    stack.group("team", "tg:-100200", json!({})).await;
+    let fake = FakeTelegram::start().await;
+    let log = stack.dir.path().join("adapter.log");
+    let _adapter = stack.adapter(&fake, &[ALICE, GROUP], &log);
+    let media = stack
+        .dir
+        .path()
+        .join("data")
+        .join(dir_rel(
+            &hako_shared::GroupFolder::new("alice").unwrap(),
+            FolderDir::Workspace,
+        ))
+        .join("media");
+
+    // A photo in two sizes: the larger is fetched, saved and listed from inside the box.
+    let jpeg = b"\xff\xd8\xff\xe0 not really a jpeg".to_vec();
+    let mid = fake.media(
+        ALICE,
+        ALICE as u64,
+        "/ls /workspace/media",
+        json!({"photo": [
+            {"file_id": "thumb", "file_unique_id": "t", "width": 90, "height": 90, "file_size": 5},
+            {"file_id": "full", "file_unique_id": "f", "width": 1280, "height": 960, "file_size": jpeg.len()},
+        ]}),
+        &[("full", &jpeg)],
+    );
+    let name = format!("tg111_{mid}.jpg");
+    let line = format!(
+        "[photo: /workspace/media/{name} (image/jpeg, {} bytes)]",
+        jpeg.len()
+    );
+    let reply = fake
+        .wait_sent(ALICE, "the photo's reply", |t| t.contains(&line))
+        .await;
+    assert!(
+        reply.lines().next().unwrap().contains(&name),
+        "the agent lists the file in its box: {reply}"
+    );
+    assert_eq!(std::fs::read(media.join(&name)).unwrap(), jpeg);
+    assert_eq!(fake.downloads(), ["documents/full"], "one size fetched");
+
+    // A document keeps its name after the ids; the agent reads it.
+    let mid = fake.peek_message_id();
+    let doc = format!("tg111_{mid}_notes_v2.txt");
+    fake.media(
+        ALICE,
+        ALICE as u64,
+        &format!("/read /workspace/media/{doc}"),
+        json!({"document": {"file_id": "doc1", "file_unique_id": "d1",
+                            "file_name": "notes v2.txt", "mime_type": "text/plain"}}),
+        &[("doc1", b"the words of the document")],
+    );
+    fake.wait_sent(ALICE, "the document read in the box", |t| {
+        t.contains("the words of the document")
+            && t.contains(&format!(
+                "[document: /workspace/media/{doc} (text/plain, 25 bytes)]"
+            ))
+    })
+    .await;
+
+    // A voice note without a caption: the line alone is the message.
+    let mid = fake.media(
+        ALICE,
+        ALICE as u64,
+        "",
+        json!({"voice": {"file_id": "v1", "file_unique_id": "v", "duration": 2, "file_size": 4}}),
+        &[("v1", b"OggS")],
+    );
+    fake.wait_sent(ALICE, "the voice note's line", |t| {
+        t == format!("[voice: /workspace/media/tg111_{mid}.ogg (audio/ogg, 4 bytes)]")
+    })
+    .await;
+
+    // Over the bot's limit (20 MiB): named, not fetched.
+    let before = fake.downloads().len();
+    fake.media(
+        ALICE,
+        ALICE as u64,
+        "",
+        json!({"document": {"file_id": "huge", "file_unique_id": "h", "file_name": "big.iso",
+                            "file_size": 30_000_000}}),
+        &[],
+    );
+    fake.wait_sent(ALICE, "the too-large line", |t| {
+        t.starts_with("[document not received: 30000000 bytes")
+    })
+    .await;
+    assert_eq!(fake.downloads().len(), before, "never fetched");
+
+    // The folder's media directory holds at most 64k here: the message still comes, the
+    // file named as not saved.
+    let big = vec![b'x'; 70 << 10];
+    fake.media(
+        ALICE,
+        ALICE as u64,
+        "too much",
+        json!({"document": {"file_id": "big1", "file_unique_id": "b1", "file_name": "big.bin"}}),
+        &[("big1", &big)],
+    );
+    let reply = fake
+        .wait_sent(ALICE, "the not-saved line", |t| t.starts_with("too much"))
+        .await;
+    assert!(
+        reply.contains("[document not saved: ") && reply.contains("limit"),
+        "{reply}"
+    );
+
+    // A group photo without the mention is not for the bot: nothing fetched, no turn.
+    let before = fake.downloads().len();
+    fake.media(
+        GROUP,
+        7,
+        "just a holiday picture",
+        json!({"photo": [{"file_id": "g1", "file_unique_id": "g", "width": 10, "height": 10}]}),
+        &[("g1", b"img")],
+    );
+    fake.message(GROUP, 7, "@hakobot after the picture");
+    fake.wait_sent(GROUP, "the mentioned reply", |t| t == "after the picture")
+        .await;
+    assert_eq!(
+        fake.downloads().len(),
+        before,
+        "the group photo was not fetched"
+    );
+    assert!(!std::fs::read_to_string(&log).unwrap().contains(TOKEN));
+    stack.stop().await;
+}

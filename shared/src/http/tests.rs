@@ -417,3 +417,81 @@ async fn the_stopping_token_is_cancelled_at_shutdown_and_at_drop() {
         assert!(token.is_cancelled(), "graceful: {graceful}");
     }
 }
+
+/// A route that takes files gets its own, larger limit (by its matched path, parameters and
+/// all); every other route keeps the default.
+#[tokio::test]
+async fn a_file_route_has_its_own_body_limit() {
+    use axum::response::IntoResponse;
+    let ops = Ops {
+        info: ApiInfo {
+            name: "test",
+            version: "0",
+            description: "a test daemon",
+        },
+        metrics: Metrics::default(),
+        ready: Arc::new(|| Box::pin(async { Ok(()) })),
+    };
+    let r = utoipa_axum::router::OpenApiRouter::new()
+        .route(
+            "/files/{name}",
+            axum::routing::put(|body: Body| async move {
+                match axum::body::to_bytes(body, 64 << 10).await {
+                    Ok(b) => Json(serde_json::json!({"bytes": b.len()})).into_response(),
+                    Err(_) => StatusCode::PAYLOAD_TOO_LARGE.into_response(),
+                }
+            }),
+        )
+        .route(
+            "/echo",
+            post(|ApiJson(v): ApiJson<serde_json::Value>| async move { Json(v) }),
+        );
+    let limits = BodyLimits {
+        default: 1024,
+        routes: vec![("/files/{name}", 64 << 10)],
+    };
+    let app = daemon_router(r, ops, limits).0;
+    let send = |req: Request<Body>| {
+        let app = app.clone();
+        async move {
+            let resp = app.oneshot(req).await.unwrap();
+            let status = resp.status();
+            let b = axum::body::to_bytes(resp.into_body(), 1 << 20)
+                .await
+                .unwrap();
+            (
+                status,
+                serde_json::from_slice::<serde_json::Value>(&b).unwrap_or_default(),
+            )
+        }
+    };
+    let file = |n: usize| {
+        Request::put("/files/a.bin")
+            .header("content-length", n.to_string())
+            .body(Body::from(vec![0u8; n]))
+            .unwrap()
+    };
+    let (s, v) = send(file(10 << 10)).await;
+    assert_eq!(
+        (s, v["bytes"].as_u64()),
+        (StatusCode::OK, Some(10 << 10)),
+        "{v}"
+    );
+    let (s, v) = send(file(65 << 10)).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE, "{v}");
+    assert_eq!(v["error"], "body_too_large");
+    let json = format!("\"{}\"", "x".repeat(10 << 10));
+    let (s, v) = send(
+        Request::post("/echo")
+            .header("content-type", "application/json")
+            .header("content-length", json.len().to_string())
+            .body(Body::from(json))
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(
+        s,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "the default still holds: {v}"
+    );
+}

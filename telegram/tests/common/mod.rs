@@ -44,6 +44,10 @@ struct FakeState {
     /// acknowledgement).
     replay: bool,
     next_message_id: i64,
+    /// Files by id: what `getFile` and the file URL serve.
+    files: HashMap<String, Vec<u8>>,
+    /// The paths downloaded, in order.
+    downloads: Vec<String>,
 }
 
 /// The fake Bot API.
@@ -67,6 +71,7 @@ impl FakeTelegram {
         };
         let app = Router::new()
             .route("/{bot}/{method}", post(api))
+            .route("/file/{bot}/{*path}", axum::routing::get(file))
             .with_state(fake.clone());
         tokio::spawn(async move { axum::serve(l, app).await });
         fake
@@ -97,6 +102,50 @@ impl FakeTelegram {
             "from": {"id": user, "is_bot": false, "first_name": format!("user{user}")},
             "text": text,
         }}))
+    }
+
+    /// The message id the next message pushed gets.
+    pub fn peek_message_id(&self) -> i64 {
+        self.state.lock().unwrap().next_message_id + 1
+    }
+
+    /// A message from `user` in `chat` carrying `media` (a `photo` array or a `document`,
+    /// `voice`… object, whose `file_id`s `files` serves) and `caption`. Answers its message id.
+    pub fn media(
+        &self,
+        chat: i64,
+        user: u64,
+        caption: &str,
+        media: Value,
+        files: &[(&str, &[u8])],
+    ) -> i64 {
+        let mid = {
+            let mut s = self.state.lock().unwrap();
+            s.next_message_id += 1;
+            for (id, data) in files {
+                s.files.insert((*id).to_owned(), data.to_vec());
+            }
+            s.next_message_id
+        };
+        let kind = if chat > 0 { "private" } else { "supergroup" };
+        let mut m = json!({
+            "message_id": mid, "date": 1_790_000_000,
+            "chat": {"id": chat, "type": kind},
+            "from": {"id": user, "is_bot": false, "first_name": format!("user{user}")},
+        });
+        if !caption.is_empty() {
+            m["caption"] = json!(caption);
+        }
+        m.as_object_mut()
+            .unwrap()
+            .extend(media.as_object().unwrap().clone());
+        self.push(json!({ "message": m }));
+        mid
+    }
+
+    /// The file paths downloaded so far.
+    pub fn downloads(&self) -> Vec<String> {
+        self.state.lock().unwrap().downloads.clone()
     }
 
     /// A press of a button whose data is `data` on message `message` in `chat`.
@@ -232,6 +281,26 @@ async fn api(
                 }
             }
         }
+        "getFile" => {
+            let id = body["file_id"].as_str().unwrap_or_default().to_owned();
+            let size = fake.state.lock().unwrap().files.get(&id).map(Vec::len);
+            match size {
+                Some(n) => {
+                    record(200);
+                    ok(json!({"file_id": id, "file_unique_id": format!("u{id}"),
+                              "file_size": n, "file_path": format!("documents/{id}")}))
+                }
+                None => {
+                    record(400);
+                    (
+                        status(400),
+                        axum::Json(
+                            json!({"ok": false, "error_code": 400, "description": "Bad Request: invalid file_id"}),
+                        ),
+                    )
+                }
+            }
+        }
         "sendMessage" | "editMessageText" => {
             record(200);
             let mid = {
@@ -249,6 +318,23 @@ async fn api(
             record(200);
             ok(json!(true))
         }
+    }
+}
+
+/// The Bot API's file URL: `/file/bot<token>/<file_path>`.
+async fn file(
+    State(fake): State<FakeTelegram>,
+    Path((bot, path)): Path<(String, String)>,
+) -> (axum::http::StatusCode, Vec<u8>) {
+    if bot != format!("bot{TOKEN}") {
+        return (axum::http::StatusCode::UNAUTHORIZED, Vec::new());
+    }
+    let mut s = fake.state.lock().unwrap();
+    s.downloads.push(path.clone());
+    let id = path.strip_prefix("documents/").unwrap_or_default();
+    match s.files.get(id) {
+        Some(d) => (axum::http::StatusCode::OK, d.clone()),
+        None => (axum::http::StatusCode::NOT_FOUND, Vec::new()),
     }
 }
 
@@ -296,6 +382,8 @@ impl Stack {
             ("MAX_CONTAINERS", "4".into()),
             ("RUNED_RUN_TIMEOUT", "60s".into()),
             ("RUNED_STOP_GRACE", "1s".into()),
+            // Small, so that a test can fill a folder's media directory.
+            ("RUNED_MEDIA_FOLDER_MAX", "64k".into()),
             ("CONTAINER_IMAGE", image),
             ("HAKO_INSTALL_ID", install.clone()),
         ]))
