@@ -89,6 +89,46 @@ async fn a_channels_child_token_is_held_to_the_channels_chats() {
     assert_eq!(s, 404, "another folder's web chat: {v}");
     let (s, v) = post(&rig, &child, "tg:42", "c-ok", "alice", "hi from telegram").await;
     assert_eq!(s, 201, "the chats it serves still work: {v}");
+    // Files: the same chats as messages. Into web:main's folder never; into tg:42's folder
+    // (acme) yes; a folder-bound token of acme cannot put files into main's chat either.
+    let put = |token: String, chat: &'static str| {
+        let api = rig.api();
+        async move {
+            api.raw(
+                reqwest::Method::PUT,
+                &format!("/v1/chats/{}/media/planted.txt", enc(chat)),
+                Some(&token),
+                "application/octet-stream",
+                "planted",
+            )
+            .await
+        }
+    };
+    let (s, v) = put(child.clone(), "web:main").await;
+    assert_eq!(s, 404, "no file into another folder's web chat: {v}");
+    let acme_user = child_of(&rig, &rig.operator, &["messages:write"], Some("acme")).await;
+    let (s, v) = put(acme_user, "web:main").await;
+    assert_eq!(
+        s, 404,
+        "a tenant's token reaches no other folder's chat: {v}"
+    );
+    let (s, v) = put(child.clone(), "tg:42").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (v["folder"].as_str(), v["path"].as_str()),
+        (Some("acme"), Some("/workspace/media/planted.txt")),
+        "{v}"
+    );
+    let media = |folder: &str| {
+        rig.data()
+            .join(hako_shared::layout::dir_rel(
+                &hako_shared::GroupFolder::new(folder).unwrap(),
+                hako_shared::layout::FolderDir::Workspace,
+            ))
+            .join("media/planted.txt")
+    };
+    assert_eq!(std::fs::read(media("acme")).unwrap(), b"planted");
+    assert!(!media("main").exists());
     let r = reqwest::Client::builder()
         .no_proxy()
         .build()
