@@ -61,6 +61,17 @@ impl Bot {
         redact(text, &self.token.0)
     }
 
+    /// A transport failure: nothing sent (`Connect`), or an answer lost; the token redacted.
+    fn transport(&self, e: reqwest::Error) -> BotError {
+        let connect = e.is_connect();
+        let text = self.redact(&e.without_url().to_string());
+        if connect {
+            BotError::Connect(text)
+        } else {
+            BotError::Lost(text)
+        }
+    }
+
     /// Calls `method` with `params`, waiting at most `timeout` beyond the client's.
     pub async fn call<P: Serialize, T: DeserializeOwned>(
         &self,
@@ -73,15 +84,7 @@ impl Bot {
         if let Some(t) = timeout {
             req = req.timeout(t);
         }
-        let resp = req.send().await.map_err(|e| {
-            let connect = e.is_connect();
-            let text = self.redact(&e.without_url().to_string());
-            if connect {
-                BotError::Connect(text)
-            } else {
-                BotError::Lost(text)
-            }
-        })?;
+        let resp = req.send().await.map_err(|e| self.transport(e))?;
         let status = resp.status().as_u16();
         let body = resp
             .bytes()
@@ -122,15 +125,7 @@ impl Bot {
     /// [`BotError::Refused`] with status 413: fetching it again gets the same answer).
     pub async fn download(&self, file_path: &str, max: u64) -> Result<Vec<u8>, BotError> {
         let url = format!("{}/file/bot{}/{file_path}", self.base, self.token.0);
-        let lost = |e: reqwest::Error| {
-            let connect = e.is_connect();
-            let text = self.redact(&e.without_url().to_string());
-            if connect {
-                BotError::Connect(text)
-            } else {
-                BotError::Lost(text)
-            }
-        };
+        let lost = |e| self.transport(e);
         let mut resp = self.http.get(url).send().await.map_err(lost)?;
         let status = resp.status().as_u16();
         if !(200..300).contains(&status) {

@@ -42,6 +42,19 @@ fn app() -> Router {
     daemon_router(r, ops, 1024).0
 }
 
+/// The ops of a test daemon that is ready.
+fn ready_ops() -> Ops {
+    Ops {
+        info: ApiInfo {
+            name: "test",
+            version: "0",
+            description: "a test daemon",
+        },
+        metrics: Metrics::default(),
+        ready: Arc::new(|| Box::pin(async { Ok(()) })),
+    }
+}
+
 async fn call(req: Request<Body>) -> (StatusCode, serde_json::Value) {
     let resp = app().oneshot(req).await.unwrap();
     let status = resp.status();
@@ -83,15 +96,7 @@ async fn query_strings_are_decoded_and_refused_as_envelopes() {
             Json(serde_json::json!({"limit": p.limit, "name": p.name}))
         }),
     );
-    let ops = Ops {
-        info: ApiInfo {
-            name: "test",
-            version: "0",
-            description: "a test daemon",
-        },
-        metrics: Metrics::default(),
-        ready: Arc::new(|| Box::pin(async { Ok(()) })),
-    };
+    let ops = ready_ops();
     let app = daemon_router(r, ops, 1024).0;
     let call = |uri: &'static str| {
         let app = app.clone();
@@ -423,15 +428,7 @@ async fn the_stopping_token_is_cancelled_at_shutdown_and_at_drop() {
 #[tokio::test]
 async fn a_file_route_has_its_own_body_limit() {
     use axum::response::IntoResponse;
-    let ops = Ops {
-        info: ApiInfo {
-            name: "test",
-            version: "0",
-            description: "a test daemon",
-        },
-        metrics: Metrics::default(),
-        ready: Arc::new(|| Box::pin(async { Ok(()) })),
-    };
+    let ops = ready_ops();
     let r = utoipa_axum::router::OpenApiRouter::new()
         .route(
             "/files/{name}",
