@@ -599,7 +599,10 @@ mod tests {
             hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
             placeholder: ph.clone(),
         };
-        let (p1, p2) = (Placeholder::random(), Placeholder::random());
+        let (p1, p2) = (
+            Placeholder::random().unwrap(),
+            Placeholder::random().unwrap(),
+        );
         let mut r = spawn_req();
         r.egress = vec!["github.com".into(), "*.github.com".into()];
         r.secrets = vec![

@@ -624,7 +624,7 @@ async fn chains_of_downscopes_and_revocation() {
     let gh = hako_shared::secrets::SecretClaim {
         name: hako_shared::secrets::SecretName::parse("GH_TOKEN").unwrap(),
         hosts: vec!["API.example.com".into()],
-        placeholder: hako_shared::secrets::Placeholder::random(),
+        placeholder: hako_shared::secrets::Placeholder::random().unwrap(),
     };
     let with_secret = a
         .client

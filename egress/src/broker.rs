@@ -408,7 +408,7 @@ mod tests {
         SecretClaim {
             name: SecretName::parse(name).unwrap(),
             hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
-            placeholder: Placeholder::random(),
+            placeholder: Placeholder::random().unwrap(),
         }
     }
 

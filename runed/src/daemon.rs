@@ -154,7 +154,8 @@ fn brokered_for(
             Ok(hako_shared::secrets::SecretClaim {
                 name: b.name.clone(),
                 hosts: hosts.iter().map(ToString::to_string).collect(),
-                placeholder: hako_shared::secrets::Placeholder::random(),
+                placeholder: hako_shared::secrets::Placeholder::random()
+                    .map_err(|e| format!("no entropy for a placeholder: {e}"))?,
             })
         })
         .collect()

@@ -748,7 +748,7 @@ mod tests {
         let c = SecretClaim {
             name: SecretName::parse("GH_TOKEN").unwrap(),
             hosts: vec!["github.com".into()],
-            placeholder: Placeholder::random(),
+            placeholder: Placeholder::random().unwrap(),
         };
         let env = Egress::brokered_env(std::slice::from_ref(&c));
         assert!(env.contains(&format!("GH_TOKEN={}", c.placeholder.as_str())));

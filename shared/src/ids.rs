@@ -35,10 +35,24 @@ pub fn random_id(prefix: &str, bytes: usize) -> String {
             chunk.copy_from_slice(&state.to_le_bytes()[..chunk.len()]);
         }
     }
-    let mut out = String::with_capacity(prefix.len() + 2 * bytes);
+    hex(prefix, &b)
+}
+
+/// `bytes` bytes from the OS's entropy source, as hex: what a secret is made of (a web
+/// session's value, its CSRF token). Unlike [`random_id`] it has no fallback: without
+/// entropy it fails, and its caller refuses what it was asked to do.
+pub fn random_secret(bytes: usize) -> Result<String, getrandom::Error> {
+    let mut b = vec![0u8; bytes];
+    getrandom::fill(&mut b)?;
+    Ok(hex("", &b))
+}
+
+fn hex(prefix: &str, b: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(prefix.len() + 2 * b.len());
     out.push_str(prefix);
     for x in b {
-        out.push_str(&format!("{x:02x}"));
+        let _ = write!(out, "{x:02x}");
     }
     out
 }
@@ -284,6 +298,10 @@ mod tests {
         let many: std::collections::HashSet<String> = (0..1000).map(|_| random_id("", 8)).collect();
         assert_eq!(many.len(), 1000);
         assert_ne!(random_id("", 8), "0".repeat(16));
+        let secret = random_secret(32).unwrap();
+        assert_eq!(secret.len(), 64);
+        assert!(secret.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(secret, random_secret(32).unwrap());
     }
 
     #[test]

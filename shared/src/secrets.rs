@@ -189,16 +189,10 @@ impl SecretBinding {
 pub struct Placeholder(String);
 
 impl Placeholder {
-    /// A fresh one.
-    pub fn random() -> Self {
-        let mut b = [0u8; PLACEHOLDER_HEX / 2];
-        getrandom::fill(&mut b).expect("the system's random source");
-        let mut s = String::with_capacity(PLACEHOLDER_LEN);
-        s.push_str(PLACEHOLDER_PREFIX);
-        for x in b {
-            s.push_str(&format!("{x:02x}"));
-        }
-        Self(s)
+    /// A fresh one; without the OS's entropy source, none (the run that needs it fails).
+    pub fn random() -> Result<Self, getrandom::Error> {
+        let hex = crate::ids::random_secret(PLACEHOLDER_HEX / 2)?;
+        Ok(Self(format!("{PLACEHOLDER_PREFIX}{hex}")))
     }
 
     /// Checks the shape.
@@ -421,7 +415,10 @@ mod tests {
 
     #[test]
     fn placeholders_are_random_and_found_anywhere() {
-        let (a, b) = (Placeholder::random(), Placeholder::random());
+        let (a, b) = (
+            Placeholder::random().unwrap(),
+            Placeholder::random().unwrap(),
+        );
         assert_ne!(a, b);
         assert_eq!(a.as_str().len(), PLACEHOLDER_LEN);
         assert!(Placeholder::parse(a.as_str()).is_some());
@@ -447,7 +444,7 @@ mod tests {
                 "github.com".into(),
                 "api.github.com".into(),
             ],
-            placeholder: Placeholder::random(),
+            placeholder: Placeholder::random().unwrap(),
         };
         let egress = vec!["github.com".to_owned(), "*.github.com".to_owned()];
         let canon = c.canonical(&egress).unwrap();

@@ -133,7 +133,7 @@ pub fn claim(name: &str, hosts: &[String]) -> SecretClaim {
     SecretClaim {
         name: SecretName::parse(name).unwrap(),
         hosts: hosts.to_vec(),
-        placeholder: Placeholder::random(),
+        placeholder: Placeholder::random().unwrap(),
     }
 }
 

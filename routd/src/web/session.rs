@@ -348,11 +348,22 @@ pub(crate) async fn sign_in(
     let ttl = sh.cfg.web.session_ttl.as_millis() as i64;
     let mut session_claims = (*claims).clone();
     session_claims.exp = (now + ttl) / 1000;
-    let value = hako_shared::ids::random_id("", 32);
+    // Secrets, not ids: no sign-in without the OS's entropy.
+    let secret = |n| {
+        hako_shared::ids::random_secret(n).map_err(|e| {
+            tracing::error!(error = %e, "no entropy for a web session");
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "no_entropy",
+                "the system's random source failed; no session was made",
+            )
+        })
+    };
+    let value = secret(32)?;
     let s = WebSession {
         id_hash: sha256_hex(&value),
         link_jti: claims.jti.clone(),
-        csrf: hako_shared::ids::random_id("", 16),
+        csrf: secret(16)?,
         claims: session_claims,
         created_at: now,
         expires_at: now + ttl,
