@@ -34,12 +34,16 @@ pub(crate) fn router(sh: Arc<Shared>) -> Router {
         .with_state(sh)
 }
 
+/// hako's error envelope (`{"error": "<code>", "message": "…"}`), the code from the status.
 fn refuse(status: StatusCode, why: &str) -> Response {
-    (
-        status,
-        axum::Json(json!({"error": {"code": "refused", "message": why}})),
-    )
-        .into_response()
+    let code = match status {
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::BAD_REQUEST => "invalid_request",
+        StatusCode::UNPROCESSABLE_ENTITY => "not_served",
+        StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+        _ => "refused",
+    };
+    (status, axum::Json(json!({"error": code, "message": why}))).into_response()
 }
 
 async fn delivery(State(sh): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {

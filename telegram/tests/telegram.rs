@@ -150,6 +150,42 @@ async fn messages_in_and_replies_out() {
         (Some(0), Some(0)),
         "{h}"
     );
+
+    // Anyone else posting deliveries: unsigned, signed with another secret, or replayed with
+    // a stale timestamp, each refused with the error envelope, and nothing is sent.
+    let body = r#"{"message":{"chat_jid":"tg:111","content":"forged"}}"#;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let sign = |secret: &str, ts: i64| {
+        let key = aws_lc_rs::hmac::Key::new(aws_lc_rs::hmac::HMAC_SHA256, secret.as_bytes());
+        let tag = aws_lc_rs::hmac::sign(&key, format!("{ts}.{body}").as_bytes());
+        let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+        format!("v1={hex}")
+    };
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    for (sig, ts) in [
+        (None, now),
+        (Some(sign("not-the-secret", now)), now),
+        (Some(sign(common::SECRET, now - 600)), now - 600),
+    ] {
+        let mut req = http
+            .post(format!("{}/v1/deliveries", adapter.url))
+            .header("content-type", "application/json")
+            .header("idempotency-key", format!("forged-{ts}"))
+            .header("x-hako-timestamp", ts.to_string())
+            .body(body);
+        if let Some(s) = &sig {
+            req = req.header("x-hako-signature", s);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 401);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"], "unauthorized", "{v}");
+        assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    }
+    assert!(!fake.sent(ALICE).iter().any(|t| t == "forged"));
     drop(adapter);
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(!text.is_empty());

@@ -23,7 +23,7 @@ pub const LIMIT: Duration = Duration::from_secs(120);
 pub const TOKEN: &str = "4242424242:AAtest-SECRET_bot-token_0123456789";
 pub const BOT_ID: u64 = 4242424242;
 pub const BOT_NAME: &str = "hakobot";
-const SECRET: &str = "webhook-secret-0123456789abcdef";
+pub const SECRET: &str = "webhook-secret-0123456789abcdef";
 
 /// One call the adapter made to the fake Bot API.
 #[derive(Debug, Clone)]
