@@ -15,6 +15,7 @@ pub mod daemons;
 pub mod ops;
 pub mod secrets;
 pub mod stack;
+pub mod telegram;
 pub mod web;
 
 /// Command-line arguments.
@@ -64,6 +65,8 @@ pub enum Command {
     Chat(chat::ChatArgs),
     /// A one-time link that signs a browser in to hako's web page.
     Web(web::WebArgs),
+    /// The Telegram adapter's chats: pair (a code the bot gave a chat), pairings, unpair.
+    Telegram(telegram::TelegramArgs),
 }
 
 /// Runs the command; the exit code says whether every turn succeeded.
@@ -89,6 +92,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Secrets(args) => secrets::secrets(args).await,
         Command::Chat(args) => chat::chat(args).await,
         Command::Web(args) => web::web(args).await.map(ok),
+        Command::Telegram(args) => telegram::run(args).await.map(ok),
     }
 }
 

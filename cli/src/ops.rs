@@ -184,22 +184,7 @@ pub struct StatusArgs {
 /// The channel adapters' health (`GET /health`, specs/channels.md): the Telegram adapter's
 /// when the stack has one (or a URL was given); `None` otherwise.
 async fn channel_health(args: &StatusArgs) -> Option<Value> {
-    let url = match &args.telegram_url {
-        Some(u) => u.trim_end_matches('/').to_owned(),
-        None => {
-            let home = args.ops.stack.home().ok()?;
-            let env = std::fs::read_to_string(home.join("compose.env")).ok()?;
-            if !env.lines().any(|l| l == "HAKO_TELEGRAM=1") {
-                return None;
-            }
-            let port = env
-                .lines()
-                .find_map(|l| l.strip_prefix("HAKO_TELEGRAM_PORT="))
-                .unwrap_or("8190")
-                .to_owned();
-            format!("http://127.0.0.1:{port}")
-        }
-    };
+    let url = telegram_url(&args.ops, args.telegram_url.as_deref())?;
     let got = async {
         reqwest::Client::builder()
             .no_proxy()
@@ -219,6 +204,23 @@ async fn channel_health(args: &StatusArgs) -> Option<Value> {
             json!({"telegram": {"status": "unreachable", "error": e.to_string(), "url": url}})
         }
     })
+}
+
+/// The Telegram adapter's URL: `explicit`, or the stack's on loopback when it runs one.
+pub(crate) fn telegram_url(ops: &OpsArgs, explicit: Option<&str>) -> Option<String> {
+    if let Some(u) = explicit {
+        return Some(u.trim_end_matches('/').to_owned());
+    }
+    let home = ops.stack.home().ok()?;
+    let env = std::fs::read_to_string(home.join("compose.env")).ok()?;
+    if !env.lines().any(|l| l == "HAKO_TELEGRAM=1") {
+        return None;
+    }
+    let port = env
+        .lines()
+        .find_map(|l| l.strip_prefix("HAKO_TELEGRAM_PORT="))
+        .unwrap_or("8190");
+    Some(format!("http://127.0.0.1:{port}"))
 }
 
 /// A Prometheus sample's value (first series of `name`), from a text exposition.

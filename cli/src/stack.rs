@@ -344,8 +344,8 @@ async fn telegram_home(home: &Path, t: &TelegramArgs, token_file: &Path) -> anyh
     mkdir(&home.join("telegram"), 0o700)?;
     if t.telegram_chats.is_empty() {
         eprintln!(
-            "  telegram: no --telegram-chat given: every chat gets a refusal naming its id; \
-             run `hako up` again with --telegram-chat ID"
+            "  telegram: no --telegram-chat given: every chat gets a refusal with a pairing \
+             code; let one in with `hako telegram pair CODE`"
         );
     }
     let docker = hako_deploy::connect_docker()

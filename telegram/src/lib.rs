@@ -5,12 +5,14 @@
 //! - `receiver`: routd's signed webhook deliveries in, each turned into Bot API calls
 //!   recorded in the outbox before anything is sent; `/health` for `hako status`;
 //! - `outbox`: the one sender, in order, honouring 429's `retry_after`, retrying 5xx;
-//! - `botapi`: frankenstein's types over the tree's reqwest, the token never in an error.
+//! - `botapi`: frankenstein's types over the tree's reqwest, the token never in an error;
+//! - `pairing`: a chat not on the allowlist gets a code; the operator accepts it.
 
 pub mod botapi;
 pub mod config;
 mod media;
 mod outbox;
+mod pairing;
 mod poll;
 mod receiver;
 mod routd;
@@ -60,6 +62,17 @@ pub(crate) struct Shared {
     /// Chats shown "typing…" until this time (or until a reply comes).
     pub typing: Mutex<HashMap<i64, tokio::time::Instant>>,
     pub stopping: CancellationToken,
+    /// Checks the operator's token on the pairing routes.
+    pub verifier: hako_shared::auth::Verifier,
+    /// The chats the operator let in with a pairing code (beside `TELEGRAM_CHATS`).
+    pub paired: Mutex<std::collections::BTreeSet<i64>>,
+}
+
+impl Shared {
+    /// Whether chat `chat` may reach the agent: on `TELEGRAM_CHATS`, or paired.
+    pub(crate) fn allowed(&self, chat: i64) -> bool {
+        self.cfg.chats.contains(&chat) || self.paired.lock().unwrap().contains(&chat)
+    }
 }
 
 /// A started adapter.
@@ -107,6 +120,15 @@ pub async fn start(cfg: Config, listener: tokio::net::TcpListener) -> Result<Run
     )
     .map_err(|e| StartError::Client(e.to_string()))?;
     let routd = routd::Routd::new(&cfg).map_err(StartError::Client)?;
+    let verifier =
+        hako_shared::auth::Verifier::new(hako_shared::auth::VerifierConfig::remote(&cfg.authd_url))
+            .map_err(|e| StartError::Client(e.to_string()))?;
+    let paired = store
+        .paired()
+        .await?
+        .into_iter()
+        .map(|p| p.chat_id)
+        .collect();
     let stopping = CancellationToken::new();
     let sh = Arc::new(Shared {
         cfg,
@@ -118,6 +140,8 @@ pub async fn start(cfg: Config, listener: tokio::net::TcpListener) -> Result<Run
         send: Notify::new(),
         typing: Mutex::new(HashMap::new()),
         stopping: stopping.clone(),
+        verifier,
+        paired: Mutex::new(paired),
     });
     let router = receiver::router(sh.clone());
     let stop = stopping.clone();

@@ -153,7 +153,7 @@ fn display_name(u: &User) -> String {
 
 async fn message(sh: &Shared, m: &Message) -> Result<(), PostError> {
     let chat = m.chat.id;
-    if !sh.cfg.chats.contains(&chat) {
+    if !sh.allowed(chat) {
         refuse(sh, chat).await;
         return Ok(());
     }
@@ -239,17 +239,37 @@ async fn message(sh: &Shared, m: &Message) -> Result<(), PostError> {
     }
 }
 
-/// A chat not on the allowlist: one polite refusal, ever, and no turn.
+/// A chat not on the allowlist: one polite refusal, ever, with a pairing code the operator
+/// can accept (`hako telegram pair CODE`), and no turn.
 async fn refuse(sh: &Shared, chat: i64) {
     match sh.store.refuse_once(chat, now_ms()).await {
         Ok(true) => {
             tracing::info!(chat, "a chat not on the allowlist: refused");
-            let text = format!(
-                "Sorry, this bot only answers the chats its operator allows. To use it here, ask \
-                 the operator to add chat id {chat} to the allowlist."
-            );
+            let code = match crate::pairing::new_code() {
+                Ok(code) => match sh.store.offer_pairing(chat, code.clone(), now_ms()).await {
+                    Ok(_) => Some(code),
+                    Err(e) => {
+                        tracing::error!(error = %e, "recording a pairing code failed");
+                        None
+                    }
+                },
+                Err(e) => {
+                    tracing::error!(error = %e, "no entropy for a pairing code");
+                    None
+                }
+            };
+            let text = match code {
+                Some(code) => format!(
+                    "Sorry, this bot only answers the chats its operator allows. To let this \
+                     chat in, the operator runs: hako telegram pair {code}"
+                ),
+                None => format!(
+                    "Sorry, this bot only answers the chats its operator allows. To use it \
+                     here, ask the operator to add chat id {chat} to the allowlist."
+                ),
+            };
             let call = Outgoing {
-                key: format!("refusal:{chat}"),
+                key: format!("refusal:{chat}:{}", now_ms()),
                 chat_id: chat,
                 method: "sendMessage",
                 params: json!({"chat_id": chat, "text": text}),

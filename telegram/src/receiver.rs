@@ -28,6 +28,12 @@ const SKEW_SECS: i64 = 300;
 pub(crate) fn router(sh: Arc<Shared>) -> Router {
     Router::new()
         .route("/v1/deliveries", post(delivery))
+        .route("/v1/pairings", get(crate::pairing::list))
+        .route("/v1/pairings/{code}", post(crate::pairing::accept))
+        .route(
+            "/v1/paired/{chat}",
+            axum::routing::delete(crate::pairing::remove),
+        )
         .route("/health", get(health))
         .route("/ready", get(ready))
         .layer(axum::extract::DefaultBodyLimit::max(1 << 20))

@@ -4,10 +4,11 @@
 use hako_shared::db::{Db, DbError, Migration};
 use rusqlite::{OptionalExtension as _, params};
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "telegram adapter",
-    sql: "
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "telegram adapter",
+        sql: "
         CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
         CREATE TABLE received (key TEXT PRIMARY KEY, at INTEGER NOT NULL);
         CREATE TABLE outbox (
@@ -40,7 +41,24 @@ const MIGRATIONS: &[Migration] = &[Migration {
         );
         CREATE TABLE refused (chat_id INTEGER PRIMARY KEY, at INTEGER NOT NULL);
     ",
-}];
+    },
+    Migration {
+        version: 2,
+        name: "pairing codes",
+        sql: "
+        CREATE TABLE pairing (
+            chat_id INTEGER PRIMARY KEY,
+            code TEXT NOT NULL UNIQUE,
+            at INTEGER NOT NULL
+        );
+        CREATE TABLE paired (
+            chat_id INTEGER PRIMARY KEY,
+            at INTEGER NOT NULL,
+            by TEXT NOT NULL
+        );
+    ",
+    },
+];
 
 /// Where a recorded call stands. `sending` is written before the call is made: a row found
 /// `sending` at start was cut off by a crash with its answer unknown, and becomes
@@ -412,4 +430,128 @@ impl Store {
             })
             .await
     }
+
+    /// Gives chat `chat_id` its pairing code, once (`false`: it has one, or is paired).
+    pub async fn offer_pairing(
+        &self,
+        chat_id: i64,
+        code: String,
+        now: i64,
+    ) -> Result<bool, DbError> {
+        self.db
+            .call(move |c| {
+                let paired: bool = c
+                    .query_row("SELECT 1 FROM paired WHERE chat_id = ?1", [chat_id], |_| {
+                        Ok(true)
+                    })
+                    .optional()?
+                    .unwrap_or(false);
+                if paired {
+                    return Ok(false);
+                }
+                c.execute(
+                    "INSERT OR IGNORE INTO pairing (chat_id, code, at) VALUES (?1, ?2, ?3)",
+                    params![chat_id, code, now],
+                )
+                .map(|n| n == 1)
+                .map_err(DbError::from)
+            })
+            .await
+    }
+
+    /// Accepts the pairing `code`: its chat is allowed from now on. Answers the chat, or
+    /// `None` for a code nobody was given (or one used already).
+    pub async fn pair(&self, code: String, by: String, now: i64) -> Result<Option<i64>, DbError> {
+        self.db
+            .call(move |c| {
+                let tx = c.transaction()?;
+                let chat: Option<i64> = tx
+                    .query_row(
+                        "SELECT chat_id FROM pairing WHERE code = ?1",
+                        [&code],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+                if let Some(chat) = chat {
+                    tx.execute("DELETE FROM pairing WHERE chat_id = ?1", [chat])?;
+                    tx.execute(
+                        "INSERT OR REPLACE INTO paired (chat_id, at, by) VALUES (?1, ?2, ?3)",
+                        params![chat, now, by],
+                    )?;
+                    // Refused before it was paired: unpaired later, it is refused once more.
+                    tx.execute("DELETE FROM refused WHERE chat_id = ?1", [chat])?;
+                }
+                tx.commit()?;
+                Ok(chat)
+            })
+            .await
+    }
+
+    /// Ends a pairing (`false`: the chat was not paired).
+    pub async fn unpair(&self, chat_id: i64) -> Result<bool, DbError> {
+        self.db
+            .call(move |c| {
+                c.execute("DELETE FROM paired WHERE chat_id = ?1", [chat_id])
+                    .map(|n| n == 1)
+                    .map_err(DbError::from)
+            })
+            .await
+    }
+
+    /// The paired chats.
+    pub async fn paired(&self) -> Result<Vec<Paired>, DbError> {
+        self.db
+            .call(|c| {
+                let mut st = c.prepare("SELECT chat_id, at, by FROM paired ORDER BY at")?;
+                let rows = st
+                    .query_map([], |r| {
+                        Ok(Paired {
+                            chat_id: r.get(0)?,
+                            at: r.get(1)?,
+                            by: r.get(2)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+
+    /// The codes given and not yet accepted.
+    pub async fn pairings(&self) -> Result<Vec<Pairing>, DbError> {
+        self.db
+            .call(|c| {
+                let mut st = c.prepare("SELECT chat_id, code, at FROM pairing ORDER BY at")?;
+                let rows = st
+                    .query_map([], |r| {
+                        Ok(Pairing {
+                            chat_id: r.get(0)?,
+                            code: r.get(1)?,
+                            at: r.get(2)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(rows)
+            })
+            .await
+    }
+}
+
+/// A chat the operator let in with its pairing code.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Paired {
+    pub chat_id: i64,
+    /// Unix ms.
+    pub at: i64,
+    /// Who accepted it (the token's subject).
+    pub by: String,
+}
+
+/// A pairing code given to a chat not on the allowlist.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Pairing {
+    pub chat_id: i64,
+    pub code: String,
+    /// Unix ms.
+    pub at: i64,
 }

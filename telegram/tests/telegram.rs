@@ -496,3 +496,147 @@ async fn photos_and_documents_reach_the_agent() {
     assert!(!std::fs::read_to_string(&log).unwrap().contains(TOKEN));
     stack.stop().await;
 }
+
+/// Pairing: a stranger's refusal carries a code; nobody but the operator can accept it (no
+/// token, a tenant's, one without `groups:write`, a wrong code); accepted, the chat is told
+/// and answered from its next message, across an adapter restart; let out, it is refused
+/// again with a new code and reaches no turn.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stranger_is_paired_by_the_operator_and_let_out_again() {
+    use hako_shared::auth::AuthdClient;
+    use hako_shared::auth::wire::MintRequest;
+    let stack = Stack::start().await;
+    stack.group("alice", "tg:111", json!({})).await;
+    stack.group("guest", "tg:999", json!({})).await;
+    let fake = FakeTelegram::start().await;
+    let log = stack.dir.path().join("adapter.log");
+    let mut adapter = stack.adapter(&fake, &[ALICE], &log);
+
+    fake.message(STRANGER, STRANGER as u64, "hello?");
+    let refusal = fake
+        .wait_sent(STRANGER, "the refusal with a code", |t| {
+            t.contains("hako telegram pair ")
+        })
+        .await;
+    let code = refusal.rsplit(' ').next().unwrap().to_owned();
+    assert_eq!(code.len(), 9, "{refusal}");
+
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let call = |method: reqwest::Method, path: String, token: Option<String>| {
+        let (http, url) = (http.clone(), adapter.url.clone());
+        async move {
+            let mut req = http.request(method, format!("{url}{path}"));
+            if let Some(t) = token {
+                req = req.bearer_auth(t);
+            }
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            (
+                status,
+                r.json::<serde_json::Value>().await.unwrap_or_default(),
+            )
+        }
+    };
+    let mint = |scope: &[&str], folder: Option<&str>| {
+        let req = MintRequest {
+            scope: scope.iter().map(|s| (*s).to_owned()).collect(),
+            folder: folder.map(str::to_owned),
+            ttl_seconds: Some(600),
+            ..Default::default()
+        };
+        let (url, op) = (stack.authd_url.clone(), stack.operator.clone());
+        async move {
+            AuthdClient::new(&url)
+                .unwrap()
+                .mint(&op, &req)
+                .await
+                .unwrap()
+                .token
+        }
+    };
+    let pair = format!("/v1/pairings/{code}");
+    let (s, v) = call(reqwest::Method::POST, pair.clone(), None).await;
+    assert_eq!((s, v["error"].as_str()), (401, Some("unauthorized")), "{v}");
+    let tenant = mint(&["groups:write"], Some("alice")).await;
+    let reader = mint(&["chats:read"], None).await;
+    for t in [tenant, reader] {
+        let (s, v) = call(reqwest::Method::POST, pair.clone(), Some(t)).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (403, Some("insufficient_scope")),
+            "{v}"
+        );
+    }
+    let op = Some(stack.operator.clone());
+    let (s, v) = call(
+        reqwest::Method::POST,
+        "/v1/pairings/ABCD-EFGH".into(),
+        op.clone(),
+    )
+    .await;
+    assert_eq!((s, v["error"].as_str()), (404, Some("not_found")), "{v}");
+    assert!(stack.history("tg:999").await.is_empty(), "still no turn");
+
+    // The operator accepts (in lower case, as a person might type it).
+    let (s, v) = call(reqwest::Method::POST, pair.to_lowercase(), op.clone()).await;
+    assert_eq!((s, v["chat_id"].as_i64()), (200, Some(STRANGER)), "{v}");
+    fake.wait_sent(STRANGER, "the chat is told", |t| t.contains("now allowed"))
+        .await;
+    fake.message(STRANGER, STRANGER as u64, "now let in");
+    fake.wait_sent(STRANGER, "the reply", |t| t == "now let in")
+        .await;
+    let (s, v) = call(reqwest::Method::POST, pair.clone(), op.clone()).await;
+    assert_eq!(s, 404, "a code is used once: {v}");
+    let (s, v) = call(reqwest::Method::GET, "/v1/pairings".into(), op.clone()).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["paired"][0]["chat_id"], STRANGER, "{v}");
+    assert_eq!(v["paired"][0]["by"], "operator", "{v}");
+
+    // Across a restart of the adapter.
+    adapter.kill();
+    let adapter = stack.adapter(&fake, &[ALICE], &log);
+    fake.message(STRANGER, STRANGER as u64, "after a restart");
+    fake.wait_sent(STRANGER, "the reply after a restart", |t| {
+        t == "after a restart"
+    })
+    .await;
+
+    // Let out: refused again, with a new code, and no turn.
+    let call = |method: reqwest::Method, path: String| {
+        let (http, url, op) = (http.clone(), adapter.url.clone(), stack.operator.clone());
+        async move {
+            let r = http
+                .request(method, format!("{url}{path}"))
+                .bearer_auth(op)
+                .send()
+                .await
+                .unwrap();
+            r.status().as_u16()
+        }
+    };
+    assert_eq!(
+        call(reqwest::Method::DELETE, format!("/v1/paired/{STRANGER}")).await,
+        204
+    );
+    assert_eq!(
+        call(reqwest::Method::DELETE, format!("/v1/paired/{STRANGER}")).await,
+        404
+    );
+    fake.message(STRANGER, STRANGER as u64, "out again");
+    let again = fake
+        .wait_sent(STRANGER, "a second refusal", |t| {
+            t.contains("hako telegram pair ") && !t.ends_with(&code)
+        })
+        .await;
+    assert_ne!(again, refusal);
+    fake.message(ALICE, ALICE as u64, "alice still here");
+    fake.wait_sent(ALICE, "alice's reply", |t| t == "alice still here")
+        .await;
+    assert!(
+        !fake.sent(STRANGER).iter().any(|t| t == "out again"),
+        "no turn once let out"
+    );
+    let log_text = std::fs::read_to_string(&log).unwrap();
+    assert!(!log_text.contains(TOKEN));
+    stack.stop().await;
+}
