@@ -11,7 +11,6 @@ pub mod config;
 mod daemon;
 mod error;
 mod gc;
-mod media;
 pub mod metrics;
 mod proxy_watch;
 pub mod queue;
@@ -230,7 +229,7 @@ pub async fn start(
         ops,
         hako_shared::http::BodyLimits {
             default: shared.cfg.body_limit,
-            routes: vec![(media::ROUTE, shared.cfg.media_max)],
+            routes: vec![(api::media::ROUTE, shared.cfg.media_max)],
         },
     );
     let router = if shared.verifier.is_open() {
@@ -358,7 +357,7 @@ mod tests {
                 "SecretValueRequest",
                 "MediaSaved",
             ],
-            sources: &["src"],
+            sources: &["src", "src/api"],
         };
         hako_shared::openapi::check_document(&super::openapi(), dir, &expected).unwrap();
     }

@@ -2,6 +2,8 @@
 //! sees only runs of its folders (others answer 404) and can never ask for more than a
 //! group's defaults (trust, mounts, network, image, sidecars, env passthrough).
 
+pub(crate) mod media;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -62,7 +64,7 @@ pub(crate) fn documented() -> OpenApiRouter<AppState> {
         .routes(routes!(audit))
         .routes(routes!(list_secrets))
         .routes(routes!(set_secret, remove_secret))
-        .routes(routes!(crate::media::put_media))
+        .routes(routes!(media::put_media))
 }
 
 /// `GET /v1/audit` answer, newest first.
@@ -83,7 +85,7 @@ fn accepted(run_id: RunId, state: RunState, existing: bool) -> Response {
     (StatusCode::ACCEPTED, Json(body)).into_response()
 }
 
-pub(crate) async fn audit_row(
+async fn audit_row(
     sh: &Shared,
     who: &Principal,
     action: &str,

@@ -11,7 +11,7 @@ use hako_shared::auth::{Principal, scopes};
 use hako_shared::http::ErrorBody;
 use hako_shared::media::MediaSaved;
 
-use crate::api::{AppState, audit_row};
+use super::{AppState, audit_row};
 use crate::error::ApiFailure;
 
 /// The route's path, for its body limit.
