@@ -147,6 +147,32 @@ pub(super) struct WarmPool {
     retired: Mutex<HashMap<GroupFolder, u64>>,
     /// Boxes created and not yet in `boxes` (an orphan sweep must not take them).
     making: Mutex<std::collections::HashSet<String>>,
+    /// Set at shutdown: no box is made or kept from then on.
+    closed: std::sync::atomic::AtomicBool,
+    /// `prestart` calls under way, and the wake of [`Runner::drain_warm`] when one ends: a
+    /// box whose create Docker finishes after the drain would outlive this process.
+    in_flight: std::sync::atomic::AtomicUsize,
+    settled: tokio::sync::Notify,
+}
+
+/// A `prestart` under way, counted until dropped.
+struct InFlight<'a>(&'a WarmPool);
+
+impl<'a> InFlight<'a> {
+    fn enter(pool: &'a WarmPool) -> Self {
+        pool.in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight(pool)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0
+            .in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        self.0.settled.notify_waiters();
+    }
 }
 
 impl WarmPool {
@@ -209,7 +235,10 @@ impl WarmPool {
         generation: u64,
     ) -> Result<(), WarmBox> {
         let mut boxes = self.lock();
-        if boxes.len() >= max || self.generation(&folder) != generation {
+        if boxes.len() >= max
+            || self.generation(&folder) != generation
+            || self.closed.load(std::sync::atomic::Ordering::SeqCst)
+        {
             return Err(b);
         }
         boxes.insert(folder, b);
@@ -279,6 +308,11 @@ impl Runner {
         }
         if !g.sidecars.is_empty() || g.network == Network::Allowlist {
             return Err(NotWarmed::PerRun);
+        }
+        // Counted before the check: a drain that closes the pool after it waits for this one.
+        let _flight = InFlight::enter(&self.warm);
+        if self.warm.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(NotWarmed::Off);
         }
         let generation = self.warm.generation(&spec.folder);
         if let Some(old) = self.warm.take(&spec.folder) {
@@ -437,8 +471,21 @@ impl Runner {
             .map_err(RunError::Io)
     }
 
-    /// Removes every warm box (shutdown). Returns how many there were.
+    /// Removes every warm box (shutdown), once the boxes being made are made (and removed):
+    /// none is made or kept after this. Returns how many there were.
     pub async fn drain_warm(&self) -> usize {
+        use std::sync::atomic::Ordering;
+        self.warm.closed.store(true, Ordering::SeqCst);
+        loop {
+            let settled = self.warm.settled.notified();
+            tokio::pin!(settled);
+            // Registered before the check: a prestart ending in between still wakes it.
+            settled.as_mut().enable();
+            if self.warm.in_flight.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            settled.await;
+        }
         let boxes = self.warm.drain();
         let n = boxes.len();
         futures_util::future::join_all(boxes.into_iter().map(|b| self.discard(b, "shutdown")))

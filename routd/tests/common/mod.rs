@@ -578,7 +578,7 @@ pub const RUNED_CHILD: &str = "runed_child_process";
 pub const RUNED_CHILD_ENV: &str = "HAKO_TEST_RUNED_CHILD";
 
 /// runed's process: when this test binary was started by [`Rig::spawn_runed_process`], runs
-/// runed from the environment until killed. Run any other way (`--ignored` by hand), it
+/// runed from the environment until killed or stopped with SIGTERM. Run any other way (`--ignored` by hand), it
 /// returns at once: it is a program, not a test.
 pub fn run_runed_child() {
     if std::env::var(RUNED_CHILD_ENV).as_deref() != Ok("1") {
@@ -595,8 +595,11 @@ pub fn run_runed_child() {
         let l = tokio::net::TcpListener::bind(cfg.listen_addr)
             .await
             .unwrap();
-        let _running = hako_runed::start(cfg, l).await.unwrap();
-        std::future::pending::<()>().await;
+        let running = hako_runed::start(cfg, l).await.unwrap();
+        // As the runed binary does: a SIGTERM is a shutdown (live runs detached, warm boxes
+        // removed, none left half made), a SIGKILL is a crash.
+        hako_shared::http::shutdown_signal().await;
+        running.shutdown().await;
     });
 }
 
