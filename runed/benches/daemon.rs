@@ -5,7 +5,8 @@
 //! (b) throughput of 40 trivial runs over 8 folders at `MAX_CONTAINERS=4`, with warm boxes
 //!     (`RUNED_WARM_MAX=4`) and without (`0`), vs four parallel lanes of `docker run`, the
 //!     three interleaved twice so each sees the same machine (targets: on ≥ off ≥ 1.3 ×
-//!     lanes: warm boxes never cost throughput);
+//!     lanes: warm boxes never cost throughput); a burst is timed until its last container
+//!     is removed, as a lane is, and the boxes made after it settle before the next one;
 //! (c) idle RSS of the `runed` binary, open auth mode (target ≤ 20 MiB).
 //!
 //! A real authd signs every run's spawn token, as in production. The docker CLI appears here
@@ -138,6 +139,11 @@ async fn start_runed(
         ("MAX_CONTAINERS", LANES.to_string()),
         ("CONTAINER_IMAGE", image.to_owned()),
         ("RUNED_WARM_MAX", warm_max.to_string()),
+        // Its own install: its containers are told apart from the other runed's.
+        (
+            "HAKO_INSTALL_ID",
+            format!("bench-{}-{warm_max}", std::process::id()),
+        ),
     ]))
     .expect("runed config");
     let l = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -146,9 +152,14 @@ async fn start_runed(
     hako_runed::start(cfg, l).await.expect("runed")
 }
 
-/// `THROUGHPUT_RUNS` runs over `THROUGHPUT_FOLDERS` folders, all posted at once to the runed
-/// at `url`: the time they took.
-async fn burst(b: &Arc<Bench>, url: &str, round: usize) -> Duration {
+/// `THROUGHPUT_RUNS` runs over `THROUGHPUT_FOLDERS` folders, all posted at once to `runed`:
+/// the time until every run is answered and every run's container removed (as `docker run
+/// --rm` lanes are timed until their last removal: runed gives a run's slot back before the
+/// removal, and a removal left for after the clock would flatter it and slow the next
+/// measurement). The warm boxes made after the burst are not waited for.
+async fn burst(b: &Arc<Bench>, runed: &hako_runed::Running, round: usize) -> Duration {
+    let url = runed.url();
+    let runner = runed.runner().expect("docker");
     let t = Instant::now();
     let mut hs = Vec::new();
     for i in 0..THROUGHPUT_RUNS {
@@ -161,7 +172,36 @@ async fn burst(b: &Arc<Bench>, url: &str, round: usize) -> Duration {
     for h in hs {
         h.await.expect("run task");
     }
+    loop {
+        let left = runner
+            .list_agents()
+            .await
+            .expect("list containers")
+            .into_iter()
+            .filter(|c| !hako_runner::warm::is_warm(c))
+            .count();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     t.elapsed()
+}
+
+/// Waits (untimed) until `runed`'s boxes made after a burst are made: the next measurement
+/// does not share the machine with them.
+async fn settle(runed: &hako_runed::Running) {
+    let runner = runed.runner().expect("docker");
+    let mut last = usize::MAX;
+    loop {
+        let all = runner.list_agents().await.expect("list containers");
+        let making = all.iter().any(|c| c.state != "running");
+        if !making && all.len() == last {
+            return;
+        }
+        last = all.len();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 /// The same runs as `LANES` lanes of `docker run`, one after another in each lane.
@@ -222,8 +262,10 @@ async fn bench() {
     // folders, so no round starts with another's boxes.
     let (mut on, mut off, mut cli) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     for round in 0..2 {
-        on += burst(&b, &warm.url(), round).await;
-        off += burst(&b, &cold.url(), round).await;
+        on += burst(&b, &warm, round).await;
+        settle(&warm).await;
+        off += burst(&b, &cold, round).await;
+        settle(&cold).await;
         cli += lanes(&b).await;
     }
     let rate = |d: Duration| 2.0 * THROUGHPUT_RUNS as f64 / d.as_secs_f64();

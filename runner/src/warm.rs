@@ -295,6 +295,18 @@ impl Runner {
         self.warm.len()
     }
 
+    /// Whether a group's runs get boxes at all: the install keeps them, the group does not opt
+    /// out (`Off`), and nothing of its runs is made per run (`PerRun`: sidecars, its network).
+    pub fn warms(&self, g: &hako_shared::runs::GroupSpec) -> Result<(), NotWarmed> {
+        if self.cfg.warm_max == 0 || g.warm == Some(false) {
+            return Err(NotWarmed::Off);
+        }
+        if !g.sidecars.is_empty() || g.network == Network::Allowlist {
+            return Err(NotWarmed::PerRun);
+        }
+        Ok(())
+    }
+
     /// Starts `spec.folder`'s next box, the one `spec` would get, and keeps it for the
     /// folder's next run (at most `warm_ttl`). `spec`'s ids and input are not used: the box
     /// has its own id and gets its input from the run that takes it. Call it while no run of
@@ -303,12 +315,7 @@ impl Runner {
     pub async fn prestart(&self, spec: &RunSpec) -> Result<(), NotWarmed> {
         let cfg = &self.cfg;
         let g = &spec.group;
-        if cfg.warm_max == 0 || g.warm == Some(false) {
-            return Err(NotWarmed::Off);
-        }
-        if !g.sidecars.is_empty() || g.network == Network::Allowlist {
-            return Err(NotWarmed::PerRun);
-        }
+        self.warms(g)?;
         // Counted before the check: a drain that closes the pool after it waits for this one.
         let _flight = InFlight::enter(&self.warm);
         if self.warm.closed.load(std::sync::atomic::Ordering::SeqCst) {
