@@ -246,8 +246,8 @@ async fn refuse(sh: &Shared, chat: i64) {
         Ok(true) => {
             tracing::info!(chat, "a chat not on the allowlist: refused");
             let code = match crate::pairing::new_code() {
-                Ok(code) => match sh.store.offer_pairing(chat, code.clone(), now_ms()).await {
-                    Ok(_) => Some(code),
+                Ok(code) => match sh.store.offer_pairing(chat, code, now_ms()).await {
+                    Ok(stored) => stored,
                     Err(e) => {
                         tracing::error!(error = %e, "recording a pairing code failed");
                         None

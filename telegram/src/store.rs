@@ -431,30 +431,37 @@ impl Store {
             .await
     }
 
-    /// Gives chat `chat_id` its pairing code, once (`false`: it has one, or is paired).
+    /// Chat `chat_id`'s pairing code: `code` if it had none, else the one it was given
+    /// before; `None` once it is paired.
     pub async fn offer_pairing(
         &self,
         chat_id: i64,
         code: String,
         now: i64,
-    ) -> Result<bool, DbError> {
+    ) -> Result<Option<String>, DbError> {
         self.db
             .call(move |c| {
-                let paired: bool = c
+                let tx = c.transaction()?;
+                let paired: bool = tx
                     .query_row("SELECT 1 FROM paired WHERE chat_id = ?1", [chat_id], |_| {
                         Ok(true)
                     })
                     .optional()?
                     .unwrap_or(false);
                 if paired {
-                    return Ok(false);
+                    return Ok(None);
                 }
-                c.execute(
+                tx.execute(
                     "INSERT OR IGNORE INTO pairing (chat_id, code, at) VALUES (?1, ?2, ?3)",
                     params![chat_id, code, now],
-                )
-                .map(|n| n == 1)
-                .map_err(DbError::from)
+                )?;
+                let code: String = tx.query_row(
+                    "SELECT code FROM pairing WHERE chat_id = ?1",
+                    [chat_id],
+                    |r| r.get(0),
+                )?;
+                tx.commit()?;
+                Ok(Some(code))
             })
             .await
     }
@@ -554,4 +561,55 @@ pub struct Pairing {
     pub code: String,
     /// Unix ms.
     pub at: i64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A chat keeps the code it was told until it is paired; a code is spent once; a chat let
+    /// out is refused again, with a new code.
+    #[tokio::test]
+    async fn a_chat_is_told_the_code_it_keeps() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&dir.path().join("t.db")).await.unwrap();
+        let first = s.offer_pairing(9, "AAAA-AAAA".into(), 1).await.unwrap();
+        assert_eq!(first.as_deref(), Some("AAAA-AAAA"));
+        let again = s.offer_pairing(9, "BBBB-BBBB".into(), 2).await.unwrap();
+        assert_eq!(again, first, "the code it was told, not a new one");
+        assert!(s.refuse_once(9, 1).await.unwrap());
+        assert_eq!(
+            s.pair("BBBB-BBBB".into(), "x".into(), 3).await.unwrap(),
+            None
+        );
+        assert_eq!(
+            s.pair("AAAA-AAAA".into(), "operator".into(), 3)
+                .await
+                .unwrap(),
+            Some(9)
+        );
+        assert_eq!(
+            s.pair("AAAA-AAAA".into(), "operator".into(), 4)
+                .await
+                .unwrap(),
+            None
+        );
+        assert_eq!(
+            s.offer_pairing(9, "CCCC-CCCC".into(), 5).await.unwrap(),
+            None
+        );
+        assert_eq!(s.paired().await.unwrap()[0].by, "operator");
+        assert!(s.unpair(9).await.unwrap());
+        assert!(
+            s.refuse_once(9, 6).await.unwrap(),
+            "refused again once let out"
+        );
+        assert_eq!(
+            s.offer_pairing(9, "CCCC-CCCC".into(), 7)
+                .await
+                .unwrap()
+                .as_deref(),
+            Some("CCCC-CCCC")
+        );
+    }
 }
