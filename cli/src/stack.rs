@@ -630,7 +630,7 @@ pub async fn remove_agents(install: &str) -> anyhow::Result<usize> {
         "label".to_owned(),
         vec![format!(
             "{}={install}",
-            hako_runner::docker::labels::INSTALL
+            hako_runner::engine::labels::INSTALL
         )],
     )]);
     let list = docker

@@ -120,8 +120,8 @@ fn main() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let mut cfg = RunnerConfig::new(tmp.path().join("data"));
         cfg.default_image = image.clone();
-        let docker = hako_runner::docker::connect().expect("docker");
-        let runtimes = hako_runner::docker::runtimes(&docker, Duration::from_secs(10))
+        let docker = hako_runner::docker::DockerEngine::connect_default().expect("docker");
+        let runtimes = hako_runner::engine::Engine::runtimes(&docker, Duration::from_secs(10))
             .await
             .unwrap_or_default();
         let gvisor = runtimes.iter().any(|r| r == "runsc").then(|| {
@@ -129,16 +129,16 @@ fn main() {
             g.layout.data_dir = tmp.path().join("data-gvisor");
             g.untrusted_runtime = Some("runsc".into());
             g.install_id = format!("{}-gv", g.install_id);
-            Runner::new(docker.clone(), g).expect("gvisor runner")
+            Runner::on_docker(docker.clone(), g).expect("gvisor runner")
         });
         let warm = {
             let mut w = cfg.clone();
             w.layout.data_dir = tmp.path().join("data-warm");
             w.install_id = format!("{}-warm", w.install_id);
             w.warm_max = 1;
-            Runner::new(docker.clone(), w).expect("warm runner")
+            Runner::on_docker(docker.clone(), w).expect("warm runner")
         };
-        let runner = Runner::new(docker, cfg).expect("runner");
+        let runner = Runner::on_docker(docker, cfg).expect("runner");
         let mut line = serde_json::to_vec(&input()).expect("json");
         line.push(b'\n');
         // Warm-up, then interleave so that both paths see the same machine load.

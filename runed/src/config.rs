@@ -28,6 +28,9 @@ pub struct Config {
     pub service_key: Option<String>,
     /// `DOCKER_HOST` (`unix://…`), default `/var/run/docker.sock`.
     pub docker_socket: String,
+    /// The engine boxes run on instead of Docker at `docker_socket` (the simulated one, in
+    /// logic tests); never from the environment. `None`: Docker.
+    pub engine: Option<hako_runner::engine::EngineRef>,
     /// `RUNED_BODY_LIMIT`, default 1 MiB.
     pub body_limit: usize,
     /// `RUNED_MEDIA_MAX`, default 20 MiB: one file a chat sends its agent (Telegram's own
@@ -69,6 +72,7 @@ impl Config {
             verifier: VerifierConfig::default(),
             service_key: None,
             docker_socket: "/var/run/docker.sock".into(),
+            engine: None,
             body_limit: 1 << 20,
             media_max: 20 << 20,
             media_folder_max: 256 << 20,

@@ -168,13 +168,19 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Builds the container runner on the configured Docker socket. bollard refuses a socket
-/// path that does not exist yet, so this is retried until it does.
+/// Builds the container runner on the configured engine: Docker at its socket, unless one
+/// was given. bollard refuses a socket path that does not exist yet, so this is retried
+/// until it does.
 pub(crate) fn connect(cfg: &Config) -> Result<Runner, String> {
-    let docker =
-        bollard::Docker::connect_with_unix(&cfg.docker_socket, 120, bollard::API_DEFAULT_VERSION)
-            .map_err(|e| format!("docker socket {}: {e}", cfg.docker_socket))?;
-    Runner::new(docker, cfg.runner.clone()).map_err(|e| format!("runner: {e}"))
+    let runner = match &cfg.engine {
+        Some(e) => Runner::new(e.0.clone(), cfg.runner.clone()),
+        None => {
+            let docker = hako_runner::docker::DockerEngine::connect(&cfg.docker_socket)
+                .map_err(|e| format!("docker socket {}: {e}", cfg.docker_socket))?;
+            Runner::on_docker(docker, cfg.runner.clone())
+        }
+    };
+    runner.map_err(|e| format!("runner: {e}"))
 }
 
 /// A new run id: `run-` and 16 random hex digits.

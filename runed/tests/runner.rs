@@ -8,7 +8,7 @@ use std::os::unix::fs::{MetadataExt, symlink};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use hako_runner::docker::labels;
+use hako_runner::engine::labels;
 use hako_runner::{Adoption, CloseWhen, RunEvent, RunnerConfig};
 use hako_shared::runs::{ExtraMount, Outcome, RunState, SidecarSpec, Trust};
 
@@ -1030,15 +1030,10 @@ async fn ensure_running_names_the_socket() {
     // A socket file nobody listens on.
     let dead = rig.tmp.path().join("no-docker.sock");
     drop(std::os::unix::net::UnixListener::bind(&dead).unwrap());
-    let docker = bollard::Docker::connect_with_unix(
-        &dead.to_string_lossy(),
-        5,
-        bollard::API_DEFAULT_VERSION,
-    )
-    .unwrap();
+    let docker = hako_runner::docker::DockerEngine::connect(&dead.to_string_lossy()).unwrap();
     let mut cfg = RunnerConfig::new(rig.tmp.path().join("d2"));
     cfg.docker_socket = dead.to_string_lossy().into_owned();
-    let runner = hako_runner::Runner::new(docker, cfg).unwrap();
+    let runner = hako_runner::Runner::on_docker(docker, cfg).unwrap();
     let e = runner.ensure_running().await.unwrap_err().to_string();
     assert!(
         e.contains("unavailable") && e.contains("no-docker.sock"),

@@ -6,11 +6,10 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use bollard::query_parameters::LogsOptionsBuilder;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::docker::{self, EngineError};
+use super::engine::EngineError;
 use super::launch::LABEL_DEADLINE;
 use super::outcome::Ending;
 use super::output::RunOutput;
@@ -33,14 +32,7 @@ impl Runner {
         st.container_id = Some(a.container_id.clone());
         live.set_container(&a.container_id);
         let t = self.cfg.docker_timeout;
-        let info = match docker::bounded(
-            "inspect",
-            t,
-            &a.container_id,
-            self.docker.inspect_container(&a.container_id, None),
-        )
-        .await
-        {
+        let info = match self.engine.inspect(&a.container_id, t).await {
             Ok(i) => i,
             Err(e) => {
                 let terminal = matches!(e, EngineError::NotFound(_));
@@ -51,24 +43,15 @@ impl Runner {
                 return self.conclude(st, ending, &live).await;
             }
         };
-        let running = info.state.as_ref().and_then(|s| s.running).unwrap_or(false);
-        let deadline_ms: Option<i64> = a.deadline_ms.or_else(|| {
-            info.config
-                .as_ref()
-                .and_then(|c| c.labels.as_ref())
-                .and_then(|l| l.get(LABEL_DEADLINE))
-                .and_then(|v| v.parse().ok())
-        });
+        let running = info.state.running;
+        let deadline_ms: Option<i64> = a
+            .deadline_ms
+            .or_else(|| info.labels.get(LABEL_DEADLINE).and_then(|v| v.parse().ok()));
         let now_ms = hako_shared::time::unix_millis(SystemTime::now());
         let remaining = deadline_ms.map_or(self.cfg.run_timeout, |d| {
             Duration::from_millis((d - now_ms).max(0) as u64)
         });
-        let opts = LogsOptionsBuilder::new()
-            .follow(running)
-            .stdout(true)
-            .stderr(true)
-            .build();
-        let output = docker::frames(self.docker.logs(&a.container_id, Some(opts)), "logs");
+        let output = self.engine.logs(&a.container_id, running);
         if running {
             *live.gate.write().await = true;
         }

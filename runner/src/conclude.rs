@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use super::docker::labels;
+use super::engine::labels;
 use super::outcome::{Ending, decide};
 use super::output::RunOutput;
 use super::{LiveRun, RunEnd, RunReport, Runner, runlog};

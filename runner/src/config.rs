@@ -8,7 +8,7 @@ use hako_shared::config::{ConfigError, Env};
 use hako_shared::contract::Markers;
 use hako_shared::runs::{ByteSize, GroupSpec};
 
-use super::docker::Limits;
+use super::engine::Limits;
 use super::mounts::Layout;
 use super::mountsec::Allowlist;
 use super::safefs::Owner;

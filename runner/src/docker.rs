@@ -14,34 +14,45 @@ use bollard::container::LogOutput;
 use bollard::errors::Error as BollardError;
 use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType};
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, KillContainerOptionsBuilder, ListContainersOptionsBuilder,
-    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder, WaitContainerOptionsBuilder,
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, KillContainerOptionsBuilder,
+    ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
+    StopContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 
-use super::engine::{Engine, Frame, FrameStream, ProcessState};
-pub use super::engine::{EngineError, Listed};
-use super::mounts::MountEntry;
+use super::engine::{
+    Attached, BoxControl, ContainerSpec, Engine, EngineError, Frame, FrameStream, ImageInfo,
+    Inspected, Listed, ProcessState, labels,
+};
 
-/// Labels on every container hako starts.
-pub mod labels {
-    /// The install id: containers of another install are never touched.
-    pub const INSTALL: &str = "io.hako.install";
-    /// The group folder.
-    pub const FOLDER: &str = "io.hako.folder";
-    /// The run id.
-    pub const RUN: &str = "io.hako.run";
-    /// The turn id.
-    pub const TURN: &str = "io.hako.turn";
-    /// `agent` or `sidecar`.
-    pub const ROLE: &str = "io.hako.role";
-    /// The process that owns the container when it is not runed (`hako chat`).
-    pub const OWNER: &str = "io.hako.owner";
-    /// `1` on a warm box: started before any run (its `io.hako.run` is the box's own id).
-    /// Not `io.hako.warm`: a container carries its image's labels too, and that one is the
-    /// image's.
-    pub const WARM_BOX: &str = "io.hako.warm-box";
+/// Docker as hako's engine: a client of the daemon's Engine API. Everything of a box goes
+/// through here; the install's egress proxy and its networks (`proxy_container.rs`) use the
+/// same client.
+#[derive(Clone)]
+pub struct DockerEngine(Docker);
+
+impl DockerEngine {
+    /// A client of the daemon at `socket` (`unix:///…` or a path); no I/O until the first call.
+    pub fn connect(socket: &str) -> Result<DockerEngine, EngineError> {
+        Docker::connect_with_unix(socket, 120, bollard::API_DEFAULT_VERSION)
+            .map(DockerEngine)
+            .map_err(|e| EngineError::Unavailable {
+                socket: socket.to_owned(),
+                message: e.to_string(),
+            })
+    }
+
+    /// A client of the daemon `DOCKER_HOST` names (or the default socket).
+    pub fn connect_default() -> Result<DockerEngine, EngineError> {
+        Self::connect(&socket_path())
+    }
+
+    /// The bollard client, for the proxy's networks (`proxy_container.rs`) and callers that
+    /// manage daemons rather than boxes (`hako up`).
+    pub fn client(&self) -> &Docker {
+        &self.0
+    }
 }
 
 impl EngineError {
@@ -107,9 +118,9 @@ impl EngineError {
 }
 
 /// Docker as the engine of a run's supervision: each call a bounded Engine API call.
-impl Engine for Docker {
+impl BoxControl for DockerEngine {
     fn wait(&self, id: &str) -> BoxFuture<'static, Result<i64, EngineError>> {
-        let docker = self.clone();
+        let docker = self.0.clone();
         let id = id.to_owned();
         Box::pin(async move {
             let opts = WaitContainerOptionsBuilder::new()
@@ -132,7 +143,7 @@ impl Engine for Docker {
         grace: Duration,
         limit: Duration,
     ) -> BoxFuture<'static, Result<(), EngineError>> {
-        let docker = self.clone();
+        let docker = self.0.clone();
         let id = id.to_owned();
         Box::pin(async move {
             let secs = grace.as_secs().min(i32::MAX as u64) as i32;
@@ -153,7 +164,7 @@ impl Engine for Docker {
         sig: &'static str,
         limit: Duration,
     ) -> BoxFuture<'static, Result<(), EngineError>> {
-        let docker = self.clone();
+        let docker = self.0.clone();
         let id = id.to_owned();
         Box::pin(async move { signal(&docker, &id, sig, limit).await })
     }
@@ -163,7 +174,7 @@ impl Engine for Docker {
         id: &str,
         limit: Duration,
     ) -> BoxFuture<'static, Result<ProcessState, EngineError>> {
-        let docker = self.clone();
+        let docker = self.0.clone();
         let id = id.to_owned();
         Box::pin(async move {
             let info = bounded("inspect", limit, &id, docker.inspect_container(&id, None)).await?;
@@ -180,7 +191,7 @@ impl Engine for Docker {
         install: &str,
         limit: Duration,
     ) -> BoxFuture<'static, Result<Vec<Listed>, EngineError>> {
-        let docker = self.clone();
+        let docker = self.0.clone();
         let install = install.to_owned();
         Box::pin(async move { list_install(&docker, &install, limit).await })
     }
@@ -191,7 +202,7 @@ impl Engine for Docker {
         stop: Option<Duration>,
         limit: Duration,
     ) -> BoxFuture<'static, Result<(), EngineError>> {
-        let docker = self.clone();
+        let docker = self.0.clone();
         let id = id.to_owned();
         Box::pin(async move {
             match stop {
@@ -231,16 +242,6 @@ pub fn socket_path() -> String {
         .unwrap_or_else(|| "unix:///var/run/docker.sock".into())
 }
 
-/// Connects a client to the local daemon (no I/O happens until the first call).
-pub fn connect() -> Result<Docker, EngineError> {
-    Docker::connect_with_unix(&socket_path(), 120, bollard::API_DEFAULT_VERSION).map_err(|e| {
-        EngineError::Unavailable {
-            socket: socket_path(),
-            message: e.to_string(),
-        }
-    })
-}
-
 /// Runs a Docker call with a deadline.
 pub async fn bounded<T>(
     what: &'static str,
@@ -252,35 +253,6 @@ pub async fn bounded<T>(
         Ok(r) => r.map_err(|e| EngineError::from_bollard(e, subject)),
         Err(_) => Err(EngineError::Timeout(what, limit)),
     }
-}
-
-pub use hako_shared::runs::Limits;
-
-/// What a container needs beyond the fixed security profile.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ContainerSpec {
-    /// Unique container name.
-    pub name: String,
-    /// Image reference.
-    pub image: String,
-    /// `uid:gid`.
-    pub user: String,
-    /// Environment (`NAME=value`); never secrets.
-    pub env: Vec<String>,
-    /// Arguments to the entrypoint, if any.
-    pub cmd: Option<Vec<String>>,
-    /// Bind mounts (sources already translated to host paths).
-    pub mounts: Vec<MountEntry>,
-    /// `none`, `bridge` or a network name.
-    pub network: String,
-    /// Limits.
-    pub limits: Limits,
-    /// Labels.
-    pub labels: HashMap<String, String>,
-    /// Keep stdin open for the one input line.
-    pub stdin: bool,
-    /// The OCI runtime (`None`: the Docker daemon's default).
-    pub runtime: Option<String>,
 }
 
 /// Every hako container's log: kept on disk for re-adoption, at most 2 × 16 MiB.
@@ -368,10 +340,7 @@ pub async fn create(
     )
     .await
     {
-        Ok(r) => {
-            hako_shared::failpoint::hit("runed.container.created");
-            Ok(r.id)
-        }
+        Ok(r) => Ok(r.id),
         Err(EngineError::NotFound(_)) => Err(EngineError::ImageMissing(spec.image.clone())),
         Err(e) => Err(e),
     }
@@ -506,9 +475,129 @@ pub async fn list_labelled(
         .collect())
 }
 
+impl Engine for DockerEngine {
+    fn create(
+        &self,
+        spec: &ContainerSpec,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<String, EngineError>> {
+        let docker = self.0.clone();
+        let spec = spec.clone();
+        Box::pin(async move { create(&docker, &spec, limit).await })
+    }
+
+    fn attach(
+        &self,
+        id: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<Attached, EngineError>> {
+        let docker = self.0.clone();
+        let id = id.to_owned();
+        Box::pin(async move {
+            let opts = AttachContainerOptionsBuilder::new()
+                .stdin(true)
+                .stdout(true)
+                .stderr(true)
+                .stream(true)
+                .logs(false)
+                .build();
+            let a = bounded(
+                "attach",
+                limit,
+                &id,
+                docker.attach_container(&id, Some(opts)),
+            )
+            .await?;
+            Ok(Attached {
+                stdin: a.input,
+                output: frames(a.output, "attach"),
+            })
+        })
+    }
+
+    fn start(&self, id: &str, limit: Duration) -> BoxFuture<'static, Result<(), EngineError>> {
+        let docker = self.0.clone();
+        let id = id.to_owned();
+        Box::pin(
+            async move { bounded("start", limit, &id, docker.start_container(&id, None)).await },
+        )
+    }
+
+    fn inspect(
+        &self,
+        id: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<Inspected, EngineError>> {
+        let docker = self.0.clone();
+        let id = id.to_owned();
+        Box::pin(async move {
+            let info = bounded("inspect", limit, &id, docker.inspect_container(&id, None)).await?;
+            let state = info.state.unwrap_or_default();
+            Ok(Inspected {
+                state: ProcessState {
+                    running: state.running.unwrap_or(false),
+                    exit_code: state.exit_code,
+                },
+                labels: info.config.and_then(|c| c.labels).unwrap_or_default(),
+            })
+        })
+    }
+
+    fn logs(&self, id: &str, follow: bool) -> FrameStream {
+        let opts = LogsOptionsBuilder::new()
+            .follow(follow)
+            .stdout(true)
+            .stderr(true)
+            .build();
+        frames(self.0.logs(id, Some(opts)), "logs")
+    }
+
+    fn image(
+        &self,
+        reference: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<ImageInfo, EngineError>> {
+        let docker = self.0.clone();
+        let reference = reference.to_owned();
+        Box::pin(async move {
+            let i = match bounded(
+                "inspect image",
+                limit,
+                &reference,
+                docker.inspect_image(&reference),
+            )
+            .await
+            {
+                Ok(i) => i,
+                Err(EngineError::NotFound(_)) => return Err(EngineError::ImageMissing(reference)),
+                Err(e) => return Err(e),
+            };
+            Ok(ImageInfo {
+                id: i.id.unwrap_or_default(),
+                labels: i.config.and_then(|c| c.labels).unwrap_or_default(),
+            })
+        })
+    }
+
+    fn runtimes(&self, limit: Duration) -> BoxFuture<'static, Result<Vec<String>, EngineError>> {
+        let docker = self.0.clone();
+        Box::pin(async move { runtimes(&docker, limit).await })
+    }
+
+    fn version(&self, limit: Duration) -> BoxFuture<'static, Result<String, EngineError>> {
+        let docker = self.0.clone();
+        Box::pin(async move {
+            let v = bounded("version", limit, "daemon", docker.version()).await?;
+            Ok(v.api_version.unwrap_or_default())
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::engine::Limits;
+    use crate::mounts::MountEntry;
 
     #[test]
     fn every_container_gets_the_security_profile() {

@@ -1,15 +1,77 @@
-//! The seam between a run's life and the container engine under it: what supervision and the
-//! clean-up ask of a box (its exit, a stop, a signal, its state, its output as frames, the
-//! install's boxes, a removal), with no Docker type in a signature. [`bollard::Docker`] is the engine runed runs on (`docker.rs`);
-//! the unit tests of the supervision machine (`supervise.rs`) script a fake one, and an engine
-//! on another substrate (a pod per run, `specs/scale.md`) fits the same calls.
+//! The seam between a run's life and the container engine under it, with no Docker type in a
+//! signature. Two traits, by who asks:
+//!
+//! - [`BoxControl`]: what supervision and the clean-up ask of a box that exists (its exit, a
+//!   stop, a signal, its state, the install's boxes, a removal). The supervision machine's
+//!   unit tests (`supervise.rs`) script this half alone.
+//! - [`Engine`]: the whole engine, adding what a launch, a warm box and a re-adoption ask
+//!   (create, attach, start, inspect, logs, images, runtimes, the version).
+//!
+//! Docker is one engine (`docker.rs`, the only place bollard is called for a box); the
+//! simulated engine (`sim.rs`) is another, with scripted boxes, and the runner's and runed's
+//! logic tests run on it with no Docker daemon at all. An engine on another substrate (a pod
+//! per run, `specs/scale.md`) fits the same calls.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
+use tokio::io::AsyncWrite;
+
+pub use hako_shared::runs::Limits;
+
+use crate::mounts::MountEntry;
+
+/// Labels on every container hako starts.
+pub mod labels {
+    /// The install id: containers of another install are never touched.
+    pub const INSTALL: &str = "io.hako.install";
+    /// The group folder.
+    pub const FOLDER: &str = "io.hako.folder";
+    /// The run id.
+    pub const RUN: &str = "io.hako.run";
+    /// The turn id.
+    pub const TURN: &str = "io.hako.turn";
+    /// `agent` or `sidecar`.
+    pub const ROLE: &str = "io.hako.role";
+    /// The process that owns the container when it is not runed (`hako chat`).
+    pub const OWNER: &str = "io.hako.owner";
+    /// `1` on a warm box: started before any run (its `io.hako.run` is the box's own id).
+    /// Not `io.hako.warm`: a container carries its image's labels too, and that one is the
+    /// image's.
+    pub const WARM_BOX: &str = "io.hako.warm-box";
+}
+
+/// What a box needs beyond the fixed security profile (which every engine applies to every
+/// box: `docker::create_body` for Docker).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerSpec {
+    /// Unique container name.
+    pub name: String,
+    /// Image reference.
+    pub image: String,
+    /// `uid:gid`.
+    pub user: String,
+    /// Environment (`NAME=value`); never secrets.
+    pub env: Vec<String>,
+    /// Arguments to the entrypoint, if any.
+    pub cmd: Option<Vec<String>>,
+    /// Bind mounts (sources already translated to host paths).
+    pub mounts: Vec<MountEntry>,
+    /// `none`, `bridge` or a network name.
+    pub network: String,
+    /// Limits.
+    pub limits: Limits,
+    /// Labels.
+    pub labels: HashMap<String, String>,
+    /// Keep stdin open for the one input line.
+    pub stdin: bool,
+    /// The OCI runtime (`None`: the engine's default).
+    pub runtime: Option<String>,
+}
 
 /// Container engine failures, classified.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +142,32 @@ pub enum Frame {
 /// A container's output: attached (a new run) or from its log (a re-adopted one).
 pub type FrameStream = BoxStream<'static, Result<Frame, EngineError>>;
 
+/// A created box's input and output, attached before it starts (so no output is missed).
+pub struct Attached {
+    /// Its stdin: the run's one line is written here, then it is shut.
+    pub stdin: Pin<Box<dyn AsyncWrite + Send>>,
+    /// Its output from the attach on.
+    pub output: FrameStream,
+}
+
+/// What the engine knows of a box.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inspected {
+    /// Its process.
+    pub state: ProcessState,
+    /// Its labels (its image's included).
+    pub labels: HashMap<String, String>,
+}
+
+/// An image, as the engine has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageInfo {
+    /// Its content id (what a tag points at now).
+    pub id: String,
+    /// Its labels.
+    pub labels: HashMap<String, String>,
+}
+
 /// What the engine knows of a container's process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessState {
@@ -103,16 +191,14 @@ pub struct Listed {
 impl Listed {
     /// The run id label, if any.
     pub fn run_id(&self) -> Option<&str> {
-        self.labels
-            .get(crate::docker::labels::RUN)
-            .map(String::as_str)
+        self.labels.get(labels::RUN).map(String::as_str)
     }
 }
 
 /// The calls supervision makes on a started container, by the engine's id for it. Each call's
 /// future owns what it needs (`'static`), so a stop can run in a task of its own; each is
 /// bounded by `limit`, the engine's own deadline for the call.
-pub trait Engine: Send + Sync {
+pub trait BoxControl: Send + Sync {
     /// Resolves with the exit code once the container is not running. It has no deadline:
     /// it is as long as the run.
     fn wait(&self, id: &str) -> BoxFuture<'static, Result<i64, EngineError>>;
@@ -155,4 +241,59 @@ pub trait Engine: Send + Sync {
         stop: Option<Duration>,
         limit: Duration,
     ) -> BoxFuture<'static, Result<(), EngineError>>;
+}
+
+/// The whole engine: [`BoxControl`] and what making a box and reading it back take. Each call
+/// is bounded by `limit` (the logs' stream excepted: it is as long as the box).
+pub trait Engine: BoxControl {
+    /// Creates a box from `spec` under the security profile; returns its id. A missing image
+    /// is [`EngineError::ImageMissing`] (images are never pulled).
+    fn create(
+        &self,
+        spec: &ContainerSpec,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<String, EngineError>>;
+
+    /// Attaches to a created box's stdin, stdout and stderr.
+    fn attach(
+        &self,
+        id: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<Attached, EngineError>>;
+
+    /// Starts a created box.
+    fn start(&self, id: &str, limit: Duration) -> BoxFuture<'static, Result<(), EngineError>>;
+
+    /// Its process and labels.
+    fn inspect(
+        &self,
+        id: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<Inspected, EngineError>>;
+
+    /// Its output from its start (what the engine kept), and with `follow` on until it ends.
+    fn logs(&self, id: &str, follow: bool) -> FrameStream;
+
+    /// The image `reference` names now.
+    fn image(
+        &self,
+        reference: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<ImageInfo, EngineError>>;
+
+    /// The OCI runtimes it can run boxes under, sorted.
+    fn runtimes(&self, limit: Duration) -> BoxFuture<'static, Result<Vec<String>, EngineError>>;
+
+    /// It answers: its API version.
+    fn version(&self, limit: Duration) -> BoxFuture<'static, Result<String, EngineError>>;
+}
+
+/// An engine to hand to a daemon's configuration (which is `Debug` and `Clone`).
+#[derive(Clone)]
+pub struct EngineRef(pub std::sync::Arc<dyn Engine>);
+
+impl std::fmt::Debug for EngineRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineRef")
+    }
 }

@@ -7,7 +7,6 @@
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime};
 
-use bollard::query_parameters::AttachContainerOptionsBuilder;
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 
@@ -19,8 +18,7 @@ use hako_shared::ids::RunId;
 use hako_shared::layout::{self, FolderDir};
 use hako_shared::runs::{AgentKind, GroupSpec, Network, SidecarSpec};
 
-use super::docker::{self, ContainerSpec, EngineError, Limits, labels};
-use super::engine::FrameStream;
+use super::engine::{Attached, ContainerSpec, EngineError, FrameStream, Limits, labels};
 use super::prepare::Prepared;
 use super::safefs::SafeDir;
 use super::warm::{Start, WarmBox};
@@ -157,14 +155,8 @@ impl Runner {
             let mut spec_c = self.sidecar_spec(spec, sc, &socket, p);
             // The group's code either way: the same box as its agent.
             spec_c.runtime = self.runtime_for(&spec.group, &spec_c.network).await?;
-            let id = docker::create(&self.docker, &spec_c, cfg.docker_timeout).await?;
-            docker::bounded(
-                "start",
-                cfg.docker_timeout,
-                &id,
-                self.docker.start_container(&id, None),
-            )
-            .await?;
+            let id = self.create_box(&spec_c).await?;
+            self.engine.start(&id, cfg.docker_timeout).await?;
             if sc_dir.is_none() {
                 sc_dir = Some(
                     self.storage
@@ -179,16 +171,7 @@ impl Runner {
                 if dir.kind(&sock_name)? == Some(rustix::fs::FileType::Socket) {
                     break;
                 }
-                let running = docker::bounded(
-                    "inspect",
-                    cfg.docker_timeout,
-                    &id,
-                    self.docker.inspect_container(&id, None),
-                )
-                .await?
-                .state
-                .and_then(|s| s.running)
-                .unwrap_or(false);
+                let running = self.engine.state(&id, cfg.docker_timeout).await?.running;
                 if !running {
                     return Err(RunError::Invalid(format!(
                         "sidecar {:?} exited before creating its socket",
@@ -312,27 +295,18 @@ impl Runner {
 
     /// Attaches to a created agent container (stdin, stdout, stderr), then starts it: attached
     /// first, so that none of its output is missed. A cold run and a warm box both start so.
-    pub(super) async fn attach_and_start(
-        &self,
-        id: &str,
-    ) -> Result<bollard::container::AttachContainerResults, EngineError> {
+    pub(super) async fn attach_and_start(&self, id: &str) -> Result<Attached, EngineError> {
         let t = self.cfg.docker_timeout;
-        let opts = AttachContainerOptionsBuilder::new()
-            .stdin(true)
-            .stdout(true)
-            .stderr(true)
-            .stream(true)
-            .logs(false)
-            .build();
-        let attached = docker::bounded(
-            "attach",
-            t,
-            id,
-            self.docker.attach_container(id, Some(opts)),
-        )
-        .await?;
-        docker::bounded("start", t, id, self.docker.start_container(id, None)).await?;
+        let attached = self.engine.attach(id, t).await?;
+        self.engine.start(id, t).await?;
         Ok(attached)
+    }
+
+    /// Creates a box (an agent, a sidecar or a warm box).
+    pub(super) async fn create_box(&self, spec: &ContainerSpec) -> Result<String, EngineError> {
+        let id = self.engine.create(spec, self.cfg.docker_timeout).await?;
+        hako_shared::failpoint::hit("runed.container.created");
+        Ok(id)
     }
 
     /// Creates, attaches and starts the agent container and writes its input line.
@@ -342,14 +316,12 @@ impl Runner {
         cspec: &ContainerSpec,
         live: &LiveRun,
     ) -> Result<(String, FrameStream), RunError> {
-        let t = self.cfg.docker_timeout;
-        let id = docker::create(&self.docker, cspec, t).await?;
+        let id = self.create_box(cspec).await?;
         live.set_container(&id);
         let attached = self.attach_and_start(&id).await?;
         // The agent counts the env's deadline from its own start, just after this.
-        self.write_input(spec, attached.input, None, live).await?;
-        let output = docker::frames(attached.output, "attach");
-        Ok((id, output))
+        self.write_input(spec, attached.stdin, None, live).await?;
+        Ok((id, attached.output))
     }
 
     /// Gives a warm box the run: recorded as the run's (the caller's hook) before it gets the

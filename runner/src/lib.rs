@@ -14,9 +14,10 @@
 //! | supervise a container again after a restart | `adopt` |
 //! | keep a folder's next box started, blocked before its input | `warm` |
 //!
-//! This file holds the public types and the entry points; `docker` (every Docker call, each
-//! with a deadline), `mounts` (the mount table), `sentinel` (the output parser), `storage`
-//! and `safefs` (the data root, never following a link) and `seed` serve the steps above.
+//! This file holds the public types and the entry points; `engine` (the seam to the container
+//! engine: `docker` is Docker, every call with a deadline; `sim` a simulated one for tests),
+//! `mounts` (the mount table), `sentinel` (the output parser), `storage` and `safefs` (the
+//! data root, never following a link) and `seed` serve the steps above.
 
 #![warn(missing_docs)]
 
@@ -37,9 +38,13 @@ pub mod safefs;
 pub mod secret_store;
 pub mod seed;
 pub mod sentinel;
+#[cfg(any(test, feature = "sim"))]
+pub mod sim;
 mod steer;
 pub use steer::{FollowUpFate, StagedFollowUp};
 mod output;
+#[cfg(test)]
+mod run_tests;
 pub mod storage;
 mod supervise;
 pub mod warm;
@@ -49,7 +54,6 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use bollard::Docker;
 use futures_util::StreamExt;
 use tokio::sync::{RwLock, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -60,7 +64,7 @@ use hako_shared::ids::{RunId, TurnId};
 use hako_shared::runs::{GroupSpec, Outcome, RunState};
 
 pub use config::RunnerConfig;
-use docker::{EngineError, labels};
+use engine::{Engine, EngineError, labels};
 use launch::Launched;
 use mounts::Layout;
 use outcome::Ending;
@@ -368,9 +372,8 @@ pub struct Adoption {
 /// The container runner.
 #[derive(Clone)]
 pub struct Runner {
-    docker: Docker,
-    /// The engine supervision and the clean-up call (Docker; a scripted one in unit tests).
-    engine: Arc<dyn engine::Engine>,
+    /// The container engine (Docker; the simulated one in logic tests).
+    engine: Arc<dyn Engine>,
     cfg: Arc<RunnerConfig>,
     storage: Arc<Storage>,
     /// The egress proxy, when `cfg.egress` is set.
@@ -382,24 +385,43 @@ pub struct Runner {
 }
 
 impl Runner {
-    /// A runner over `cfg`, creating the data root and its top-level directories.
-    pub fn new(docker: Docker, mut cfg: RunnerConfig) -> Result<Runner, RunError> {
-        make_absolute(&mut cfg)?;
-        let storage = Arc::new(Storage::open(&cfg.layout.data_dir)?);
-        // What an earlier process moved aside and did not finish deleting.
-        storage.schedule_reap();
+    /// A runner on Docker over `cfg`, creating the data root and its top-level directories.
+    /// The egress proxy of `cfg.egress` runs on the same daemon.
+    pub fn on_docker(docker: docker::DockerEngine, cfg: RunnerConfig) -> Result<Runner, RunError> {
         let egress = cfg.egress.clone().map(|e| {
             Arc::new(proxy_container::Egress::new(
-                docker.clone(),
+                docker.client().clone(),
                 e,
                 cfg.install_id.clone(),
                 cfg.docker_timeout,
                 cfg.layout.clone(),
             ))
         });
+        Self::build(Arc::new(docker), egress, cfg)
+    }
+
+    /// A runner on `engine` (the simulated one, in logic tests). The egress proxy and its
+    /// networks are Docker's: a configuration that asks for them is refused.
+    pub fn new(engine: Arc<dyn Engine>, cfg: RunnerConfig) -> Result<Runner, RunError> {
+        if cfg.egress.is_some() {
+            return Err(RunError::Invalid(
+                "the egress proxy runs on the Docker engine only (Runner::on_docker)".into(),
+            ));
+        }
+        Self::build(engine, None, cfg)
+    }
+
+    fn build(
+        engine: Arc<dyn Engine>,
+        egress: Option<Arc<proxy_container::Egress>>,
+        mut cfg: RunnerConfig,
+    ) -> Result<Runner, RunError> {
+        make_absolute(&mut cfg)?;
+        let storage = Arc::new(Storage::open(&cfg.layout.data_dir)?);
+        // What an earlier process moved aside and did not finish deleting.
+        storage.schedule_reap();
         Ok(Runner {
-            engine: Arc::new(docker.clone()),
-            docker,
+            engine,
             cfg: Arc::new(cfg),
             storage,
             egress,
@@ -418,7 +440,7 @@ impl Runner {
         {
             return Ok(r);
         }
-        let r = docker::runtimes(&self.docker, self.cfg.docker_timeout).await?;
+        let r = self.engine.runtimes(self.cfg.docker_timeout).await?;
         *self.runtimes.lock().unwrap_or_else(|p| p.into_inner()) = Some(r.clone());
         Ok(r)
     }
@@ -485,9 +507,9 @@ impl Runner {
         &self.cfg
     }
 
-    /// The Docker client.
-    pub fn docker(&self) -> &Docker {
-        &self.docker
+    /// The container engine.
+    pub fn engine(&self) -> &Arc<dyn Engine> {
+        &self.engine
     }
 
     fn owner(&self) -> Option<Owner> {
@@ -496,25 +518,20 @@ impl Runner {
 
     /// EnsureRunning: the Docker daemon answers. Returns its API version.
     pub async fn ensure_running(&self) -> Result<String, EngineError> {
-        let v = docker::bounded(
-            "version",
-            Duration::from_secs(5),
-            "daemon",
-            self.docker.version(),
-        )
-        .await
-        .map_err(|e| match e {
-            EngineError::Unavailable { message, .. } => EngineError::Unavailable {
-                socket: self.cfg.docker_socket.clone(),
-                message,
-            },
-            EngineError::Timeout(..) => EngineError::Unavailable {
-                socket: self.cfg.docker_socket.clone(),
-                message: "no answer within 5s".into(),
-            },
-            other => other,
-        })?;
-        Ok(v.api_version.unwrap_or_default())
+        self.engine
+            .version(Duration::from_secs(5))
+            .await
+            .map_err(|e| match e {
+                EngineError::Unavailable { message, .. } => EngineError::Unavailable {
+                    socket: self.cfg.docker_socket.clone(),
+                    message,
+                },
+                EngineError::Timeout(..) => EngineError::Unavailable {
+                    socket: self.cfg.docker_socket.clone(),
+                    message: "no answer within 5s".into(),
+                },
+                other => other,
+            })
     }
 
     /// CleanupOrphans: removes this install's containers whose run is not in `live` (run ids,
@@ -558,7 +575,7 @@ impl Runner {
     }
 
     /// This install's agent containers, for re-adoption.
-    pub async fn list_agents(&self) -> Result<Vec<docker::Listed>, EngineError> {
+    pub async fn list_agents(&self) -> Result<Vec<engine::Listed>, EngineError> {
         let all = self
             .engine
             .list(&self.cfg.install_id, self.cfg.docker_timeout)
@@ -696,144 +713,62 @@ mod tests {
         assert!(RunError::Invalid("x".into()).is_terminal());
     }
 
-    use std::collections::HashMap;
-    use std::sync::Mutex;
+    use crate::sim::{Op, SimEngine};
 
-    use futures_util::future::BoxFuture;
-
-    use crate::engine::{Engine, Listed, ProcessState};
-
-    /// An engine that lists the boxes it is given and records what is removed (a removal of
-    /// `c-stuck` fails).
-    struct Boxes {
-        listed: Vec<Listed>,
-        removed: Mutex<Vec<(String, Option<Duration>)>>,
+    fn plant(sim: &SimEngine, run: &str, role: &str) -> String {
+        sim.plant(
+            &[
+                (labels::INSTALL, "i-1"),
+                (labels::RUN, run),
+                (labels::ROLE, role),
+            ],
+            true,
+        )
     }
 
-    impl Engine for Boxes {
-        fn wait(&self, _: &str) -> BoxFuture<'static, Result<i64, EngineError>> {
-            Box::pin(std::future::pending())
-        }
-        fn stop(
-            &self,
-            _: &str,
-            _: Duration,
-            _: Duration,
-        ) -> BoxFuture<'static, Result<(), EngineError>> {
-            Box::pin(async { Ok(()) })
-        }
-        fn signal(
-            &self,
-            _: &str,
-            _: &'static str,
-            _: Duration,
-        ) -> BoxFuture<'static, Result<(), EngineError>> {
-            Box::pin(async { Ok(()) })
-        }
-        fn state(
-            &self,
-            id: &str,
-            _: Duration,
-        ) -> BoxFuture<'static, Result<ProcessState, EngineError>> {
-            let e = EngineError::NotFound(id.to_owned());
-            Box::pin(async { Err(e) })
-        }
-        fn list(
-            &self,
-            _: &str,
-            _: Duration,
-        ) -> BoxFuture<'static, Result<Vec<Listed>, EngineError>> {
-            let listed = self.listed.clone();
-            Box::pin(async { Ok(listed) })
-        }
-        fn remove(
-            &self,
-            id: &str,
-            stop: Option<Duration>,
-            _: Duration,
-        ) -> BoxFuture<'static, Result<(), EngineError>> {
-            self.removed.lock().unwrap().push((id.to_owned(), stop));
-            let stuck = id == "c-stuck";
-            Box::pin(async move {
-                if stuck {
-                    Err(EngineError::api("removal already in progress"))
-                } else {
-                    Ok(())
-                }
-            })
-        }
-    }
-
-    fn boxed(id: &str, run: &str, role: &str) -> Listed {
-        Listed {
-            id: id.into(),
-            labels: HashMap::from([
-                (labels::INSTALL.to_owned(), "i-1".to_owned()),
-                (labels::RUN.to_owned(), run.to_owned()),
-                (labels::ROLE.to_owned(), role.to_owned()),
-            ]),
-            state: "running".into(),
-        }
-    }
-
-    /// A runner on a scratch data root whose engine is `boxes` (the Docker client is never
-    /// called: it connects on first use).
-    fn runner(boxes: Arc<Boxes>) -> (Runner, tempfile::TempDir) {
+    /// A runner on a scratch data root and the simulated engine.
+    fn runner(sim: &SimEngine) -> (Runner, tempfile::TempDir) {
         let tmp = tempfile::tempdir().unwrap();
         let mut cfg = RunnerConfig::new(tmp.path());
         cfg.install_id = "i-1".into();
-        // A plain file where the socket would be: the client is built, never used.
-        let sock = tmp.path().join("docker.sock");
-        std::fs::write(&sock, "").unwrap();
-        let docker =
-            Docker::connect_with_unix(sock.to_str().unwrap(), 1, bollard::API_DEFAULT_VERSION)
-                .unwrap();
-        let mut r = Runner::new(docker, cfg).unwrap();
-        r.engine = boxes;
+        let r = Runner::new(Arc::new(sim.clone()), cfg).unwrap();
         (r, tmp)
-    }
-
-    fn removed(b: &Boxes) -> Vec<(String, Option<Duration>)> {
-        let mut v = b.removed.lock().unwrap().clone();
-        v.sort();
-        v
     }
 
     #[tokio::test]
     async fn orphan_cleanup_removes_only_boxes_of_runs_not_live() {
-        let boxes = Arc::new(Boxes {
-            listed: vec![
-                boxed("c-live", "run-1", "agent"),
-                boxed("c-dead", "run-2", "agent"),
-                boxed("c-side", "run-2", "sidecar"),
-                boxed("c-proxy", "", crate::proxy_container::ROLE_PROXY),
-                // A run in a warm box is known by its box's id.
-                boxed("c-warm-run", "warm-1", "agent"),
-            ],
-            removed: Mutex::default(),
-        });
-        let (r, _tmp) = runner(boxes.clone());
-        let live = HashSet::from(["run-1".to_owned(), "c-warm-run".to_owned()]);
+        let sim = SimEngine::new();
+        let live_box = plant(&sim, "run-1", "agent");
+        let dead = plant(&sim, "run-2", "agent");
+        let side = plant(&sim, "run-2", "sidecar");
+        let proxy = plant(&sim, "", crate::proxy_container::ROLE_PROXY);
+        // A run in a warm box is known by its box's id.
+        let warm_run = plant(&sim, "warm-1", "agent");
+        let other_install = sim.plant(&[(labels::INSTALL, "i-2"), (labels::RUN, "run-9")], true);
+        let (r, _tmp) = runner(&sim);
+        let live = HashSet::from(["run-1".to_owned(), warm_run.clone()]);
         assert_eq!(r.cleanup_orphans(&live).await.unwrap(), 2);
         let now = Some(Duration::ZERO);
+        let mut want = vec![(dead, now), (side, now)];
+        want.sort();
+        assert_eq!(sim.removals(), want);
+        let mut left = vec![live_box, proxy, warm_run, other_install];
+        left.sort();
         assert_eq!(
-            removed(&boxes),
-            [("c-dead".to_owned(), now), ("c-side".to_owned(), now)],
-            "the live run's box, the proxy and the run in a warm box stay"
+            sim.boxes(),
+            left,
+            "the live run's box, the proxy, the run in a warm box and another install's stay"
         );
     }
 
     #[tokio::test]
     async fn a_finished_runs_boxes_go_together_and_failures_are_named() {
-        let boxes = Arc::new(Boxes {
-            listed: vec![
-                boxed("c-side", "run-2", "sidecar"),
-                boxed("c-other-side", "run-3", "sidecar"),
-                boxed("c-stuck", "run-2", "sidecar"),
-            ],
-            removed: Mutex::default(),
-        });
-        let (r, _tmp) = runner(boxes.clone());
+        let sim = SimEngine::new();
+        let agent = plant(&sim, "run-2", "agent");
+        let side = plant(&sim, "run-2", "sidecar");
+        let other_side = plant(&sim, "run-3", "sidecar");
+        let stuck = plant(&sim, "run-2", "sidecar");
+        let (r, _tmp) = runner(&sim);
         let report = RunReport {
             run_id: RunId::new("run-2").unwrap(),
             state: RunState::Exited,
@@ -845,23 +780,32 @@ mod tests {
             error: None,
             log: String::new(),
             log_file: None,
-            container_id: Some("c-agent".into()),
+            container_id: Some(agent.clone()),
             sidecars: true,
             started_at: None,
             ended_at: SystemTime::now(),
         };
+        sim.fail(
+            Op::Remove,
+            Some(&stuck),
+            EngineError::api("removal already in progress"),
+        );
         let errors = r.remove_containers(&report).await;
         assert_eq!(errors.len(), 1, "{errors:?}");
-        assert!(errors[0].starts_with("sidecar c-stuck"), "{errors:?}");
+        assert!(
+            errors[0].starts_with(&format!("sidecar {stuck}")),
+            "{errors:?}"
+        );
         let grace = Some(Duration::from_secs(2));
+        let mut want = vec![(agent, None), (side, grace), (stuck.clone(), grace)];
+        want.sort();
         assert_eq!(
-            removed(&boxes),
-            [
-                ("c-agent".to_owned(), None),
-                ("c-side".to_owned(), grace),
-                ("c-stuck".to_owned(), grace),
-            ],
+            sim.removals(),
+            want,
             "the agent by force, the run's sidecars stopped first, no other run's"
         );
+        let mut left = vec![other_side, stuck];
+        left.sort();
+        assert_eq!(sim.boxes(), left, "the stuck one stays, to be tried again");
     }
 }

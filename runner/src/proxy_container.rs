@@ -23,7 +23,8 @@ use hako_shared::ids::RunId;
 use hako_shared::secrets::SecretClaim;
 use sha2::{Digest, Sha256};
 
-use super::docker::{self, EngineError, labels};
+use super::docker;
+use super::engine::{EngineError, labels};
 use super::mounts::{CA_BUNDLE, Layout};
 use super::secret_store::{SecretStore, proxy_owner};
 

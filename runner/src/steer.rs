@@ -21,7 +21,7 @@ use hako_shared::GroupFolder;
 use hako_shared::contract::{CLOSE_FILE, FollowUp};
 use hako_shared::layout::{self, FolderDir};
 
-use super::docker::EngineError;
+use super::engine::EngineError;
 use super::safefs::SafeDir;
 use super::{LiveRun, RunError, Runner, SteerReport};
 

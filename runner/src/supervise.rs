@@ -34,14 +34,14 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::engine::{Engine, EngineError, Frame, FrameStream};
+use super::engine::{BoxControl, EngineError, Frame, FrameStream};
 use super::outcome::Ending;
 use super::output::RunOutput;
 use super::{CloseWhen, LiveRun, RunControl, RunError, RunEvent, Runner};
 
 /// What supervision uses of the runner: the engine, its deadlines, and the close.
 pub(super) struct Hands<'a> {
-    pub engine: Arc<dyn Engine>,
+    pub engine: Arc<dyn BoxControl>,
     pub timing: Timing,
     pub closer: &'a dyn Close,
 }
@@ -72,7 +72,7 @@ impl Runner {
     /// The runner's engine, deadlines and close, for one supervision.
     pub(super) fn hands(&self) -> Hands<'_> {
         Hands {
-            engine: self.engine.clone(),
+            engine: self.engine.clone() as Arc<dyn BoxControl>,
             timing: Timing {
                 call: self.cfg.docker_timeout,
                 kill_grace: self.cfg.kill_grace,
@@ -490,7 +490,7 @@ mod tests {
         }
     }
 
-    impl Engine for Fake {
+    impl BoxControl for Fake {
         fn wait(&self, _id: &str) -> BoxFuture<'static, Result<i64, EngineError>> {
             let mut exit = self.exit.subscribe();
             let breaks = self.script.wait_breaks;

@@ -4,7 +4,7 @@
 //!
 //! - **The same box a cold start would make.** A warm box is created from the very
 //!   [`ContainerSpec`] the folder's run would ask for (image, user, env, mounts, network,
-//!   limits, runtime; the security profile is `docker::create_body`'s, for every box), plus
+//!   limits, runtime; the security profile is the engine's, the same for every box), plus
 //!   `HAKO_WARM=1`. Only images that say they understand that variable (the `io.hako.warm`
 //!   label) are warmed: their agent waits for the stdin line without a deadline and counts
 //!   the one the line carries from its arrival, so the run's ceiling holds.
@@ -35,8 +35,7 @@ use hako_shared::GroupFolder;
 use hako_shared::contract::{WARM_ENV, WARM_LABEL};
 use hako_shared::runs::Network;
 
-use super::docker::{self, ContainerSpec, EngineError, labels};
-use super::engine::FrameStream;
+use super::engine::{ContainerSpec, EngineError, FrameStream, Listed, labels};
 use super::{RunError, RunSpec, Runner};
 
 /// Why a run did not get a warm box.
@@ -331,19 +330,8 @@ impl Runner {
         let t0 = Instant::now();
         // The image first: a folder whose image cannot wait is not even prepared.
         let image_ref = self.image_for(g);
-        let image = docker::bounded(
-            "inspect image",
-            cfg.docker_timeout,
-            &image_ref,
-            self.docker.inspect_image(&image_ref),
-        )
-        .await?;
-        let warm_capable = image
-            .config
-            .as_ref()
-            .and_then(|c| c.labels.as_ref())
-            .and_then(|l| l.get(WARM_LABEL))
-            .is_some_and(|v| v == "1");
+        let image = self.engine.image(&image_ref, cfg.docker_timeout).await?;
+        let warm_capable = image.labels.get(WARM_LABEL).is_some_and(|v| v == "1");
         if !warm_capable {
             return Err(NotWarmed::Image(image_ref));
         }
@@ -364,13 +352,13 @@ impl Runner {
             .insert(labels::WARM_BOX.to_owned(), "1".to_owned());
         boxed.name = self.container_name(&id, "");
         let t = cfg.docker_timeout;
-        let container = docker::create(&self.docker, &boxed, t).await?;
+        let container = self.create_box(&boxed).await?;
         let _making = Making::new(&self.warm, &container);
         let made = self.attach_and_start(&container).await;
         let attached = match made {
             Ok(a) => a,
             Err(e) => {
-                let _ = docker::remove(&self.docker, &container, t).await;
+                let _ = self.engine.remove(&container, None, t).await;
                 return Err(e.into());
             }
         };
@@ -378,9 +366,9 @@ impl Runner {
         let b = WarmBox {
             container: container.clone(),
             spec: key,
-            image_id: image.id.unwrap_or_default(),
-            stdin: attached.input,
-            output: docker::frames(attached.output, "attach"),
+            image_id: image.id,
+            stdin: attached.stdin,
+            output: attached.output,
             saved: t0.elapsed(),
             _expiry: expiry.clone().drop_guard(),
         };
@@ -423,28 +411,12 @@ impl Runner {
         } else {
             let t = self.cfg.docker_timeout;
             let (c, i) = tokio::join!(
-                docker::bounded(
-                    "inspect",
-                    t,
-                    &b.container,
-                    self.docker.inspect_container(&b.container, None)
-                ),
-                docker::bounded(
-                    "inspect image",
-                    t,
-                    &want.image,
-                    self.docker.inspect_image(&want.image)
-                ),
+                self.engine.state(&b.container, t),
+                self.engine.image(&want.image, t),
             );
-            let running = c
-                .as_ref()
-                .ok()
-                .and_then(|c| c.state.as_ref())
-                .and_then(|s| s.running)
-                .unwrap_or(false);
-            if !running {
+            if !c.is_ok_and(|c| c.running) {
                 Some(WarmMiss::Gone)
-            } else if i.ok().and_then(|i| i.id).as_deref() != Some(b.image_id.as_str()) {
+            } else if i.ok().map(|i| i.id).as_deref() != Some(b.image_id.as_str()) {
                 Some(WarmMiss::Image)
             } else {
                 None
@@ -506,7 +478,7 @@ impl Runner {
         let id = b.container.clone();
         // Its stdin closes first: the agent reads end-of-input and exits by itself.
         drop(b);
-        if let Err(e) = docker::remove(&self.docker, &id, self.cfg.docker_timeout).await {
+        if let Err(e) = self.engine.remove(&id, None, self.cfg.docker_timeout).await {
             // It holds no token; the next start's orphan sweep removes it.
             tracing::warn!(container = %id, error = %e, "removing a warm box failed");
         }
@@ -514,7 +486,7 @@ impl Runner {
 }
 
 /// Whether a listed container is a warm box (made before any run: never adopted as one).
-pub fn is_warm(c: &docker::Listed) -> bool {
+pub fn is_warm(c: &Listed) -> bool {
     c.labels.get(labels::WARM_BOX).is_some_and(|v| v == "1")
         && c.labels.get(labels::ROLE).map(String::as_str) == Some("agent")
 }

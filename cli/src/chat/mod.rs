@@ -182,7 +182,10 @@ pub async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     let mut cfg = hako_runner::RunnerConfig::from_env(&Env::from_pairs(vars))?;
     cfg.owner = Some(owner::me());
     let limit = cfg.docker_timeout;
-    let runner = Arc::new(Runner::new(docker::connect()?, cfg)?);
+    let runner = Arc::new(Runner::on_docker(
+        docker::DockerEngine::connect_default()?,
+        cfg,
+    )?);
     runner.ensure_running().await?;
     // What chats that died without cleaning up left running (a closed terminal's, a
     // SIGKILLed one's): gone before this chat starts its own.

@@ -16,7 +16,8 @@ use std::io::{Read as _, Seek as _, Write as _};
 use std::path::Path;
 use std::time::Duration;
 
-use hako_runner::docker::{self, labels};
+use hako_runner::docker::{self, DockerEngine};
+use hako_runner::engine::{EngineError, labels};
 
 /// The folder's chat lock, held while this chat lives.
 #[derive(Debug)]
@@ -106,10 +107,11 @@ pub fn alive(owner: &str) -> bool {
 
 /// Removes every container whose owning chat is dead (any folder, any data root). Answers how
 /// many were removed.
-pub async fn reap_dead(limit: Duration) -> Result<usize, docker::EngineError> {
-    let d = docker::connect()?;
+pub async fn reap_dead(limit: Duration) -> Result<usize, EngineError> {
+    let engine = DockerEngine::connect_default()?;
+    let d = engine.client();
     let mut n = 0;
-    for c in docker::list_labelled(&d, labels::OWNER, limit).await? {
+    for c in docker::list_labelled(d, labels::OWNER, limit).await? {
         let owner = c
             .labels
             .get(labels::OWNER)
@@ -118,7 +120,7 @@ pub async fn reap_dead(limit: Duration) -> Result<usize, docker::EngineError> {
         if alive(owner) {
             continue;
         }
-        match docker::stop_and_remove(&d, &c.id, Duration::from_secs(1), limit).await {
+        match docker::stop_and_remove(d, &c.id, Duration::from_secs(1), limit).await {
             Ok(()) => n += 1,
             Err(e) => {
                 tracing::warn!(container = c.id, error = %e, "removing a dead chat's container")

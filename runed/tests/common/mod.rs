@@ -17,7 +17,7 @@ use futures_util::StreamExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use hako_runner::docker::labels;
+use hako_runner::engine::labels;
 use hako_runner::{
     CloseWhen, LiveRun, RunControl, RunEnd, RunEvent, RunReport, RunSpec, Runner, RunnerConfig,
 };
@@ -77,8 +77,9 @@ impl Rig {
         cfg.home = Some(tmp.path().to_owned());
         f(&mut cfg, tmp.path());
         let install = cfg.install_id.clone();
-        let docker = hako_runner::docker::connect().expect("docker client");
-        let runner = Runner::new(docker.clone(), cfg).expect("runner");
+        let engine = hako_runner::docker::DockerEngine::connect_default().expect("docker client");
+        let docker = engine.client().clone();
+        let runner = Runner::on_docker(engine, cfg).expect("runner");
         Rig {
             tmp,
             runner,
@@ -169,7 +170,9 @@ impl Drop for Rig {
                 return;
             };
             rt.block_on(async {
-                let Ok(docker) = hako_runner::docker::connect() else {
+                let Ok(docker) = hako_runner::docker::DockerEngine::connect_default()
+                    .map(|d| d.client().clone())
+                else {
                     return;
                 };
                 for c in containers_of(&docker, &install).await {

@@ -168,7 +168,10 @@ impl Rig {
             egress_image.expect("egress image"),
             testkit.expect("testkit image"),
         );
-        let docker = hako_runner::docker::connect().expect("docker");
+        let docker = hako_runner::docker::DockerEngine::connect_default()
+            .expect("docker")
+            .client()
+            .clone();
         let tag = format!("eg{}", rand_hex(5));
         let uplink = network(
             &docker,
@@ -613,7 +616,9 @@ impl Drop for Rig {
                 return;
             };
             rt.block_on(async {
-                let Ok(docker) = hako_runner::docker::connect() else {
+                let Ok(docker) = hako_runner::docker::DockerEngine::connect_default()
+                    .map(|d| d.client().clone())
+                else {
                     return;
                 };
                 for label in [
