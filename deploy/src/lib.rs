@@ -586,44 +586,7 @@ impl Pipeline {
 
     /// Compiles the static binary of `spec` and returns its path.
     pub async fn compile(&self, spec: &ImageSpec) -> Result<PathBuf, DeployError> {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let args = [
-            "build",
-            "--profile",
-            PROFILE,
-            "--target",
-            TARGET,
-            "-p",
-            spec.package,
-            "--bin",
-            spec.bin,
-        ];
-        let command = format!(
-            "RUSTFLAGS='{RUSTFLAGS}' CARGO_TARGET_DIR={} cargo {}",
-            self.target_dir.display(),
-            args.join(" ")
-        );
-        tracing::info!(image = spec.name, "compiling static binary: {command}");
-        let status = tokio::process::Command::new(&cargo)
-            .args(args)
-            .current_dir(&self.root)
-            .env("CARGO_TARGET_DIR", &self.target_dir)
-            .env("RUSTFLAGS", RUSTFLAGS)
-            .env_remove("CARGO_ENCODED_RUSTFLAGS")
-            .env_remove("CARGO_BUILD_TARGET")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .status()
-            .await
-            .map_err(io_err(Path::new(&cargo)))?;
-        if !status.success() {
-            return Err(DeployError::Cargo {
-                bin: spec.bin.into(),
-                status: status.to_string(),
-                command,
-            });
-        }
-        Ok(self.target_dir.join(TARGET).join(PROFILE).join(spec.bin))
+        compile_static(&self.root, &self.target_dir, spec).await
     }
 
     /// How many builds ([`Pipeline::build`], directly or through [`Pipeline::ensure`]) this
@@ -1029,6 +992,65 @@ pub fn remove_install_containers(install: &str) {
         });
     })
     .join();
+}
+
+/// Compiles the static binary of `spec` under `target_dir` and returns its path (no Docker
+/// needed).
+async fn compile_static(
+    root: &Path,
+    target_dir: &Path,
+    spec: &ImageSpec,
+) -> Result<PathBuf, DeployError> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let args = [
+        "build",
+        "--profile",
+        PROFILE,
+        "--target",
+        TARGET,
+        "-p",
+        spec.package,
+        "--bin",
+        spec.bin,
+    ];
+    let command = format!(
+        "RUSTFLAGS='{RUSTFLAGS}' CARGO_TARGET_DIR={} cargo {}",
+        target_dir.display(),
+        args.join(" ")
+    );
+    tracing::info!(image = spec.name, "compiling static binary: {command}");
+    let status = tokio::process::Command::new(&cargo)
+        .args(args)
+        .current_dir(root)
+        .env("CARGO_TARGET_DIR", target_dir)
+        .env("RUSTFLAGS", RUSTFLAGS)
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .status()
+        .await
+        .map_err(io_err(Path::new(&cargo)))?;
+    if !status.success() {
+        return Err(DeployError::Cargo {
+            bin: spec.bin.into(),
+            status: status.to_string(),
+            command,
+        });
+    }
+    Ok(target_dir.join(TARGET).join(PROFILE).join(spec.bin))
+}
+
+/// hako-agent's static binary (the agent image's program), compiled if it is not current:
+/// what the simulated engine runs as a host process in logic tests, with no Docker.
+pub async fn agent_binary() -> Result<PathBuf, DeployError> {
+    static BIN: tokio::sync::OnceCell<PathBuf> = tokio::sync::OnceCell::const_new();
+    BIN.get_or_try_init(|| async {
+        let root = workspace_root();
+        compile_static(&root, &root.join("target").join("images"), &AGENT).await
+    })
+    .await
+    .cloned()
 }
 
 /// Ensures the agent image exists and returns its hashed tag; once per process.

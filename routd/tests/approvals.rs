@@ -1,5 +1,5 @@
-//! Human approval of held tool calls, end to end: real authd, runed and routd, real
-//! `hako-agent` containers whose script brain calls the turn's tools over MCP (`/mcp …`), and
+//! Human approval of held tool calls, end to end: real authd, runed and routd, the real
+//! `hako-agent` (as host processes on the simulated engine: no Docker) whose script brain calls the turn's tools over MCP (`/mcp …`), and
 //! the same tools over HTTP with a spawn token. Every assertion is what a user sees: the
 //! chat's history and stream, the API's answers, the agent's tool results.
 
@@ -77,7 +77,7 @@ fn sent(h: &[MessageView], text: &str) -> usize {
 /// in the chat); the request, its verdict, the metric and the audit say so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_ask_call_is_held_asked_and_approved_once() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let chat = "tg:ask-1";
     asking_group(&rig, "asking", chat, json!({})).await;
     let stream = {
@@ -194,7 +194,7 @@ async fn an_ask_call_is_held_asked_and_approved_once() {
 /// has no effect; the chat is told each time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_denied_or_unanswered_call_is_an_error_with_no_effect() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let chat = "tg:ask-2";
     asking_group(&rig, "denying", chat, json!({"wait": "2s"})).await;
     rig.say(
@@ -240,7 +240,7 @@ async fn a_denied_or_unanswered_call_is_an_error_with_no_effect() {
 /// the call's effect matches the winner.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_verdicts_give_exactly_one_effect() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let chat = "tg:ask-3";
     asking_group(&rig, "racing", chat, json!({})).await;
     const N: usize = 6;
@@ -320,7 +320,7 @@ async fn racing_verdicts_give_exactly_one_effect() {
 /// operator's then counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn verdicts_from_elsewhere_are_refused() {
-    let rig = Rig::new(LONG_RUNS, &[]).await;
+    let rig = Rig::sim(LONG_RUNS, &[]).await;
     rig.put_group(
         "shop",
         json!({"name": "shop", "grants": ["*", "?send_message"],
@@ -419,7 +419,7 @@ async fn verdicts_from_elsewhere_are_refused() {
 /// late.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stop_during_a_hold_denies_it() {
-    let rig = Rig::new(LONG_RUNS, &[]).await;
+    let rig = Rig::sim(LONG_RUNS, &[]).await;
     let chat = "tg:ask-5";
     asking_group(&rig, "stopping", chat, json!({"wait": "10m"})).await;
     rig.say(chat, "s-1", r#"/mcp send_message {"text":"never"}"#)
@@ -459,7 +459,7 @@ async fn stop_during_a_hold_denies_it() {
 /// retry) is denied after `ROUTD_APPROVAL_REATTACH`, told and audited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_held_call_outlives_a_routd_kill() {
-    let mut rig = Rig::new(LONG_RUNS, &[("ROUTD_APPROVAL_REATTACH", "3s")]).await;
+    let mut rig = Rig::sim(LONG_RUNS, &[("ROUTD_APPROVAL_REATTACH", "3s")]).await;
     rig.spawn_routd_binary().await;
     let chat = "tg:ask-6";
     asking_group(&rig, "killing", chat, json!({"wait": "10m"})).await;
@@ -540,7 +540,7 @@ async fn a_held_call_outlives_a_routd_kill() {
 /// the verdict, then 200 with its effect, or 403 `denied`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_call_over_http_is_held_by_the_same_gate() {
-    let rig = Rig::new(LONG_RUNS, &[]).await;
+    let rig = Rig::sim(LONG_RUNS, &[]).await;
     rig.put_group(
         "http",
         json!({"name": "http", "grants": ["*", "?send_message"]}),

@@ -1,6 +1,7 @@
 //! Follow-ups sent while a chat's turn runs: each reaches the chat's answer exactly once,
-//! whatever the timing and whichever daemon dies. Real authd, runed and routd, real
-//! `hako-agent` containers; runed or routd in a process of its own where a test SIGKILLs it.
+//! whatever the timing and whichever daemon dies. Real authd, runed and routd, the real
+//! `hako-agent` on the simulated engine (no Docker), or in real containers where runed is a
+//! process of its own that a test SIGKILLs (the container must outlive it).
 //! Every assertion is what the chat's history shows.
 
 mod common;
@@ -79,7 +80,7 @@ fn answered_once_by(h: &[MessageView], nonce: &str, turn: &str) {
 /// second time by a new turn when the caller's timeout dropped runed's handler half-way).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_follow_up_during_a_turn_longer_than_every_timeout_is_answered_once() {
-    let rig = Rig::new(&[], &[("ROUTD_RUNED_TIMEOUT", "2s")]).await;
+    let rig = Rig::sim(&[], &[("ROUTD_RUNED_TIMEOUT", "2s")]).await;
     let chat = "tg:700";
     rig.group_for("longturn", chat).await;
     rig.say(chat, "l-1", "/sleep 6\nfirst").await;
@@ -99,6 +100,7 @@ async fn a_follow_up_during_a_turn_longer_than_every_timeout_is_answered_once() 
 /// the agent took it. Answered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runed_killed_with_a_follow_up_placed_answers_it_once() {
+    // Docker: the container must outlive the runed process that is killed.
     let mut rig = Rig::new(LONG_RUNS, &[]).await;
     rig.spawn_runed_process().await;
     let chat = "tg:710";
@@ -119,7 +121,7 @@ async fn runed_killed_with_a_follow_up_placed_answers_it_once() {
 /// restart's hand-back), and the run's end says the agent took it. Answered once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn routd_killed_with_a_follow_up_placed_answers_it_once() {
-    let mut rig = Rig::new(LONG_RUNS, &[]).await;
+    let mut rig = Rig::sim(LONG_RUNS, &[]).await;
     rig.spawn_routd_binary().await;
     let chat = "tg:720";
     rig.group_for("routdkill", chat).await;

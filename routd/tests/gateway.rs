@@ -116,7 +116,7 @@ fn answer(texts: &[&str], tools: &[(&str, &str, Value)], input_tokens: u64) -> S
 /// A stub provider and a rig whose gateway calls it with the real key.
 async fn with_provider() -> (Provider, Rig) {
     let (provider, url) = Provider::start().await;
-    let rig = Rig::new(
+    let rig = Rig::sim(
         &[],
         &[
             ("ANTHROPIC_API_KEY", REAL_KEY),
@@ -553,7 +553,7 @@ async fn the_llm_brain_uses_tools_through_the_gateway() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_llm_brain_speaks_the_openai_format_too() {
     let (provider, url) = Provider::start().await;
-    let rig = Rig::new(
+    let rig = Rig::sim(
         &[],
         &[
             ("OPENAI_API_KEY", "sk-openai-real-0123456789"),
@@ -748,7 +748,7 @@ async fn the_gateway_lets_only_the_turns_token_through() {
     // The OpenAI side points at a port nobody listens on (port 1: a port freed by the test
     // could be taken by another test's server meanwhile).
     let dead_url = "http://127.0.0.1:1".to_owned();
-    let rig = Rig::new(
+    let rig = Rig::sim(
         LONG_RUNS,
         &[
             ("ANTHROPIC_API_KEY", REAL_KEY),
@@ -1089,7 +1089,7 @@ async fn the_gateway_lets_only_the_turns_token_through() {
 async fn the_responses_api_serves_the_official_openai_sdk() {
     const OPENAI_KEY: &str = "sk-openai-real-responses-0123456789";
     let (provider, url) = Provider::start().await;
-    let rig = Rig::new(
+    let rig = Rig::sim(
         LONG_RUNS,
         &[
             ("OPENAI_API_KEY", OPENAI_KEY),
@@ -1176,7 +1176,7 @@ async fn the_responses_api_serves_the_official_openai_sdk() {
 /// Without a key for the provider, the gateway says which variable to set.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_provider_without_a_key_is_named() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let chat = "tg:nokey";
     llm_group(&rig, "nokey", chat, None).await;
     rig.say(chat, "n-1", "hello").await;

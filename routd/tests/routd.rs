@@ -1,5 +1,6 @@
 //! routd end to end: a real authd, runed and routd (in-process on loopback ports, or the
-//! `routd` binary where a test kills it), real `hako-agent` containers, real databases, a
+//! `routd` binary where a test kills it), the real `hako-agent` as host processes on the
+//! simulated engine (no Docker: routd's logic, with the real pair), real databases, a
 //! webhook receiver on loopback. Every assertion is what the chat sees: its history, its
 //! event stream, its webhook.
 
@@ -17,7 +18,7 @@ use serde_json::{Value, json};
 /// signed webhook; the turn records what ran.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_message_in_and_the_reply_out_on_sse_and_webhook() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let chat = "tg:100";
     rig.group_for("team/a", chat).await;
     let (recv, url) = Receiver::start(0).await;
@@ -110,7 +111,7 @@ async fn a_message_in_and_the_reply_out_on_sse_and_webhook() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn messages_during_a_live_turn_are_all_answered_once() {
     // The run stays up 4 s after its reply, taking follow-ups.
-    let rig = Rig::new(&[("RUNED_IDLE_TIMEOUT", "4s")], &[]).await;
+    let rig = Rig::sim(&[("RUNED_IDLE_TIMEOUT", "4s")], &[]).await;
     let chat = "tg:200";
     rig.group_for("steer", chat).await;
     rig.say(chat, "s-1", "/sleep 2\nfirst").await;
@@ -141,7 +142,7 @@ async fn messages_during_a_live_turn_are_all_answered_once() {
 /// answer it; the next turn does (a message handed over as a run ends was once lost here).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_message_steered_as_the_run_ends_is_answered_by_the_next_turn() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let chat = "tg:210";
     rig.group_for("ending", chat).await;
     // A reply, then a busy agent that exits without reading its follow-ups.
@@ -176,7 +177,7 @@ async fn a_message_steered_as_the_run_ends_is_answered_by_the_next_turn() {
 /// messages fail and the chat gets a notice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fatal_turn_is_retried_then_failed_with_a_notice() {
-    let rig = Rig::new(&[], &[("ROUTD_MAX_TURN_RETRIES", "1")]).await;
+    let rig = Rig::sim(&[], &[("ROUTD_MAX_TURN_RETRIES", "1")]).await;
     let chat = "tg:300";
     rig.group_for("fatal", chat).await;
     rig.say(chat, "f-1", "/fatal boom\n/exit 1").await;
@@ -211,7 +212,7 @@ async fn a_fatal_turn_is_retried_then_failed_with_a_notice() {
 /// reaches the agent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slash_commands_new_stop_ping_chatid() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let chat = "tg:400";
     rig.group_for("cmds", chat).await;
     rig.say(chat, "c-1", "/ping").await;
@@ -294,7 +295,7 @@ async fn slash_commands_new_stop_ping_chatid() {
 /// A client reconnecting with `Last-Event-ID` gets exactly what it missed, from the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sse_resumes_from_last_event_id() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let chat = "web:resume";
     let (s, v) = rig
         .api()
@@ -322,7 +323,7 @@ async fn sse_resumes_from_last_event_id() {
 /// reply is delivered once, and nothing runs twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn routd_killed_mid_turn_resumes_it() {
-    let mut rig = Rig::new(&[], &[]).await;
+    let mut rig = Rig::sim(&[], &[]).await;
     rig.spawn_routd_binary().await;
     let chat = "tg:600";
     rig.group_for("crash", chat).await;
@@ -376,7 +377,7 @@ async fn routd_killed_mid_turn_resumes_it() {
 /// state) and runs when runed is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn runed_down_then_back() {
-    let mut rig = Rig::new(&[], &[]).await;
+    let mut rig = Rig::sim(&[], &[]).await;
     let chat = "tg:700";
     rig.group_for("outage", chat).await;
     rig.runed.take().unwrap().shutdown().await;
@@ -420,7 +421,7 @@ async fn runed_down_then_back() {
 /// key, every attempt recorded) until delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_failing_webhook_is_retried_until_it_recovers() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let chat = "wa:800";
     rig.group_for("hooks", chat).await;
     let (recv, url) = Receiver::start(2).await;
@@ -464,7 +465,7 @@ async fn a_failing_webhook_is_retried_until_it_recovers() {
 /// time from the message to the reply, not since 1970.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_dead_webhook_is_tried_a_bounded_number_of_times() {
-    let rig = Rig::new(&[], &[("ROUTD_WEBHOOK_ATTEMPTS", "3")]).await;
+    let rig = Rig::sim(&[], &[("ROUTD_WEBHOOK_ATTEMPTS", "3")]).await;
     let chat = "wa:900";
     rig.group_for("deadhook", chat).await;
     let (recv, url) = Receiver::start(usize::MAX).await;
@@ -509,7 +510,7 @@ async fn a_dead_webhook_is_tried_a_bounded_number_of_times() {
 /// turn for good: "The agent could not be started", the message lost.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_runed_queue_delays_the_turn_instead_of_failing_it() {
-    let rig = Rig::new(&[("RUNED_MAX_QUEUED_PER_FOLDER", "1")], &[]).await;
+    let rig = Rig::sim(&[("RUNED_MAX_QUEUED_PER_FOLDER", "1")], &[]).await;
     let chat = "tg:queue";
     rig.group_for("crowded", chat).await;
     // Two holds: one takes the folder's slot, one waits in its queue, which is then full.
@@ -577,7 +578,7 @@ async fn a_full_runed_queue_delays_the_turn_instead_of_failing_it() {
 /// stored and answered once a route appears; ids are idempotent; tokens are checked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ingress_is_checked_and_nothing_is_dropped() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let api = rig.api();
     let post = |token: String, body: Value| {
         let api = api.clone();
@@ -696,7 +697,7 @@ async fn ingress_is_checked_and_nothing_is_dropped() {
 /// documented statuses and shapes, bad input and bad tokens refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn schemathesis_finds_no_answer_the_document_does_not_describe() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let (url, token) = (rig.base(), rig.operator.clone());
     tokio::task::spawn_blocking(move || {
         hako_shared::testing::schemathesis(&url, &token, "examples,coverage,fuzzing,stateful")
@@ -721,7 +722,7 @@ fn the_openapi_document_validates() {
 /// make refused as tool errors; after the run the socket is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_agent_uses_its_tools_on_the_turn_socket() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let chat = "web:tools";
     let (s, v) = rig
         .api()
@@ -827,7 +828,7 @@ async fn the_agent_uses_its_tools_on_the_turn_socket() {
 /// are refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
-    let rig = Rig::new(LONG_RUNS, &[]).await;
+    let rig = Rig::sim(LONG_RUNS, &[]).await;
     let python = tokio::task::spawn_blocking(hako_shared::testing::conformance_python)
         .await
         .unwrap();
@@ -968,7 +969,7 @@ async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
 /// in its own chat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_main_group_registers_and_spawns_a_sub_group() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     // A grant that does not parse is refused, named, and nothing is stored.
     let (s, v) = rig
         .api()

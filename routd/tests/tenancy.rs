@@ -1,7 +1,8 @@
 //! Tenancy at the routing plane, attacked from outside as a hostile tenant would: one group
 //! serving many chats keeps each chat's session and reach apart; a folder-bound tenant
 //! changes only what it may and cannot mint budgets or groups; one turn cannot fill the
-//! disk. Real authd, runed and routd, real `hako-agent` containers; every assertion is what
+//! disk. Real authd, runed and routd, the real `hako-agent` as host processes on the simulated
+//! engine (no Docker: what a container's isolation adds is `hostile.rs`'s); every assertion is what
 //! a chat, a turn or the API shows.
 
 mod common;
@@ -15,7 +16,7 @@ use serde_json::{Value, json};
 /// there (whose turn would read bob's history) unless a grant names bob's chat.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_group_serving_many_chats_keeps_them_apart() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     rig.put_group("support", json!({"name": "support"})).await;
     rig.route("tg:*", "support").await;
     let (alice, bob) = ("tg:alice", "tg:bob");
@@ -126,7 +127,7 @@ async fn one_group_serving_many_chats_keeps_them_apart() {
 /// bounded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_changes_only_its_groups_name_and_prompt() {
-    let rig = Rig::new(&[], &[("ROUTD_MAX_TENANT_GROUPS", "3")]).await;
+    let rig = Rig::sim(&[], &[("ROUTD_MAX_TENANT_GROUPS", "3")]).await;
     let operator_set = json!({
         "name": "acme",
         "grants": ["get_history", "!send_message"],
@@ -226,7 +227,7 @@ async fn a_tenant_changes_only_its_groups_name_and_prompt() {
 /// host to one, or give one to a sub-group it makes; its rename leaves them as they were.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_tenant_cannot_lend_itself_a_secret_or_a_host() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let lent = json!({
         "network": "allowlist",
         "egress_allowlist": ["api.github.com", "github.com"],
@@ -304,7 +305,7 @@ async fn a_tenant_cannot_lend_itself_a_secret_or_a_host() {
 /// messages, 407 MB of routd.db in 8 s before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn one_turn_cannot_fill_the_disk() {
-    let rig = Rig::new(
+    let rig = Rig::sim(
         &[],
         &[
             ("ROUTD_TURN_MAX_MESSAGES", "3"),
@@ -348,7 +349,7 @@ async fn one_turn_cannot_fill_the_disk() {
 /// owns the folder next (it did, outliving its group).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tasks_belong_to_their_group() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     for f in ["jobs", "other"] {
         let (s, v) = rig
             .api()
@@ -439,7 +440,7 @@ async fn ends_within(resp: &mut reqwest::Response, within: std::time::Duration) 
 /// token has the operator as its subject, and one tenant's 16 streams were a 429 for all).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chat_streams_end_with_their_token_and_tenants_are_counted_apart() {
-    let rig = Rig::new(&[], &[("ROUTD_MAX_STREAMS_PER_CALLER", "2")]).await;
+    let rig = Rig::sim(&[], &[("ROUTD_MAX_STREAMS_PER_CALLER", "2")]).await;
     for f in ["red", "blue"] {
         let (s, v) = rig
             .api()
@@ -505,7 +506,7 @@ async fn chat_streams_end_with_their_token_and_tenants_are_counted_apart() {
 /// `web:main`, the trusted group, and read another tenant's history).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_channel_identity_reaches_only_the_chats_it_serves() {
-    let rig = Rig::new(&[], &[("ROUTD_CHANNEL_CHATS", "tg:*")]).await;
+    let rig = Rig::sim(&[], &[("ROUTD_CHANNEL_CHATS", "tg:*")]).await;
     rig.put_group("main", json!({"name": "main"})).await;
     let api = rig.api();
     let post = |chat: &str| {
@@ -560,7 +561,7 @@ async fn the_channel_identity_reaches_only_the_chats_it_serves() {
 /// cloud's metadata address, the LAN) unless the operator opts in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn webhooks_to_private_addresses_need_the_operators_opt_in() {
-    let rig = Rig::new(&[], &[("ROUTD_WEBHOOK_ALLOW_PRIVATE", "0")]).await;
+    let rig = Rig::sim(&[], &[("ROUTD_WEBHOOK_ALLOW_PRIVATE", "0")]).await;
     let secret = "a-webhook-secret-0123456789";
     for (i, url) in [
         "http://127.0.0.1:8183/v1/messages",
@@ -612,7 +613,7 @@ async fn webhooks_to_private_addresses_need_the_operators_opt_in() {
 /// unknown turn state in a query is refused, not read as "no such turns".
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn unreadable_group_settings_fail_closed() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     let chat = "web:garbled";
     rig.put_group(
         "garbled",

@@ -64,7 +64,7 @@ fn screenshot_path(name: &str) -> std::path::PathBuf {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_signs_in_answers_without_reload_and_resumes_across_a_killed_routd() {
-    let mut rig = Rig::new(&[], &[]).await;
+    let mut rig = Rig::sim(&[], &[]).await;
     rig.spawn_routd_binary().await;
     // `send_message` asks a person first.
     rig.put_group(
@@ -283,7 +283,7 @@ async fn with_cookie(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_link_sees_its_folder_only_and_sessions_end_as_they_should() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     rig.put_group("acme", json!({"name": "Acme"})).await;
     rig.put_group("other", json!({"name": "Other"})).await;
     rig.say("web:other", "m-other-1", "other's secret").await;
@@ -552,7 +552,7 @@ async fn sign_in_over(
 /// (a tenant's link opened by the operator turned the operator's browser into the tenant's).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_dies_with_its_parent_token_and_a_link_never_swaps_one_silently() {
-    let rig = Rig::new(&[], &[]).await;
+    let rig = Rig::sim(&[], &[]).await;
     rig.put_group("acme", json!({"name": "Acme"})).await;
     let authd = AuthdClient::new(&rig.authd_url()).unwrap();
     let scopes = ["chats:read", "messages:write", "groups:read"];

@@ -126,6 +126,16 @@ impl BoxIo {
         self.stdout(format!("{start}\n{json}\n{end}\n"));
     }
 
+    /// Takes the box's stdin (the script reads it itself from then on).
+    pub fn take_stdin(&mut self) -> Option<BufReader<DuplexStream>> {
+        self.stdin.take()
+    }
+
+    /// A handle that writes the box's output, for tasks of the script.
+    pub fn outlet(&self) -> Outlet {
+        Outlet(self.out.clone())
+    }
+
     /// From now on `signal` reaches [`BoxIo::signal`] instead of ending the box.
     pub fn trap(&self, signal: Signal) {
         self.trapped
@@ -140,6 +150,22 @@ impl BoxIo {
             Some(s) => s,
             None => std::future::pending().await,
         }
+    }
+}
+
+/// Writes a box's output from anywhere in its script.
+#[derive(Clone)]
+pub struct Outlet(Arc<Log>);
+
+impl Outlet {
+    /// Writes to stdout.
+    pub fn stdout(&self, bytes: impl Into<Bytes>) {
+        self.0.push(Frame::Stdout(bytes.into()));
+    }
+
+    /// Writes to stderr.
+    pub fn stderr(&self, bytes: impl Into<Bytes>) {
+        self.0.push(Frame::Stderr(bytes.into()));
     }
 }
 
@@ -731,6 +757,146 @@ impl Engine for SimEngine {
     }
 }
 
+/// Where a path of the box is on the host: under the mount that holds it (the longest).
+pub fn host_path(spec: &ContainerSpec, path: &str) -> Option<std::path::PathBuf> {
+    spec.mounts
+        .iter()
+        .filter_map(|m| {
+            let rest = path.strip_prefix(m.target.as_str())?;
+            (rest.is_empty() || rest.starts_with('/'))
+                .then(|| (m.target.len(), m.source.join(rest.trim_start_matches('/'))))
+        })
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, p)| p)
+}
+
+/// A box that is a host process: `program` (a real agent binary, hako-agent) runs with the
+/// box's environment and nothing of the host's, its container paths (the input directory,
+/// the turn's sockets, `$HOME`, the working directory) mapped onto their mounts' host
+/// sources. Its stdin, stdout, stderr, exit code and the signals the engine forwards
+/// (SIGTERM, SIGUSR1) are the box's. It runs as this process's user (the box's user could
+/// not reach a data root under a private temporary directory: a bind mount does not walk
+/// the path) and has none of a container's isolation: only for logic tests of the agent
+/// hako wrote, with scripts that touch nothing outside the box's own directories.
+pub fn process(program: std::path::PathBuf) -> Script {
+    use hako_shared::contract::{API_SOCKET, INPUT_DIR, MCP_SOCKET};
+    use tokio::io::AsyncReadExt;
+    script(move |mut io| {
+        let program = program.clone();
+        async move {
+            io.trap(Signal::Term);
+            io.trap(Signal::Usr1);
+            let spec = io.spec.clone();
+            let mut cmd = tokio::process::Command::new(&program);
+            cmd.env_clear()
+                .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .kill_on_drop(true);
+            for e in &spec.env {
+                if let Some((k, v)) = e.split_once('=') {
+                    cmd.env(k, v);
+                }
+            }
+            for (var, path) in [
+                ("HAKO_INPUT_DIR", INPUT_DIR),
+                ("HAKO_MCP_SOCKET", MCP_SOCKET),
+                ("HAKO_API_SOCKET", API_SOCKET),
+                ("HOME", crate::mounts::HOME),
+            ] {
+                if let Some(p) = host_path(&spec, path) {
+                    cmd.env(var, p);
+                }
+            }
+            if let Some(dir) = host_path(&spec, crate::mounts::WORKSPACE) {
+                cmd.current_dir(dir);
+            }
+            let mut child = match cmd.spawn() {
+                Ok(c) => c,
+                Err(e) => {
+                    io.stderr(format!("{}: {e}\n", program.display()));
+                    return 127;
+                }
+            };
+            let pid = child
+                .id()
+                .and_then(|p| rustix::process::Pid::from_raw(p as i32));
+            let mut stdin = child.stdin.take();
+            let feed = io.take_stdin().map(|mut from| {
+                tokio::spawn(async move {
+                    if let Some(to) = stdin.as_mut() {
+                        let _ = tokio::io::copy(&mut from, to).await;
+                    }
+                    // End of input reaches the agent as it would in a box.
+                    drop(stdin);
+                })
+            });
+            let pump = |r: Option<Box<dyn tokio::io::AsyncRead + Send + Unpin>>, err: bool| {
+                let out = io.outlet();
+                tokio::spawn(async move {
+                    let Some(mut r) = r else { return };
+                    let mut buf = vec![0u8; 16 << 10];
+                    while let Ok(n) = r.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                        let chunk = Bytes::copy_from_slice(&buf[..n]);
+                        if err {
+                            out.stderr(chunk);
+                        } else {
+                            out.stdout(chunk);
+                        }
+                    }
+                })
+            };
+            let stdout = pump(
+                child
+                    .stdout
+                    .take()
+                    .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+                false,
+            );
+            let stderr = pump(
+                child
+                    .stderr
+                    .take()
+                    .map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+                true,
+            );
+            let status = loop {
+                tokio::select! {
+                    s = child.wait() => break s,
+                    sig = io.signal() => {
+                        let sig = match sig {
+                            Signal::Term => rustix::process::Signal::TERM,
+                            Signal::Usr1 => rustix::process::Signal::USR1,
+                        };
+                        if let Some(pid) = pid {
+                            let _ = rustix::process::kill_process(pid, sig);
+                        }
+                    }
+                }
+            };
+            // Everything it wrote is the box's output before the box ends.
+            let _ = tokio::join!(stdout, stderr);
+            if let Some(f) = feed {
+                f.abort();
+            }
+            match status {
+                Ok(s) => {
+                    use std::os::unix::process::ExitStatusExt;
+                    s.code()
+                        .map(i64::from)
+                        .or_else(|| s.signal().map(|n| 128 + i64::from(n)))
+                        .unwrap_or(1)
+                }
+                Err(_) => 1,
+            }
+        }
+    })
+}
+
 /// Scripts of boxes that behave as agents do.
 pub mod agents {
     use super::*;
@@ -852,18 +1018,9 @@ pub mod agents {
         None
     }
 
-    /// Where the folder's input directory is on the host: under the mount that holds it.
+    /// Where the folder's input directory is on the host.
     fn input_dir(spec: &ContainerSpec) -> Option<std::path::PathBuf> {
-        let target = hako_shared::contract::INPUT_DIR;
-        spec.mounts
-            .iter()
-            .filter_map(|m| {
-                let rest = target.strip_prefix(m.target.as_str())?;
-                (rest.is_empty() || rest.starts_with('/'))
-                    .then(|| (m.target.len(), m.source.join(rest.trim_start_matches('/'))))
-            })
-            .max_by_key(|(n, _)| *n)
-            .map(|(_, p)| p)
+        host_path(spec, hako_shared::contract::INPUT_DIR)
     }
 
     enum Taken {

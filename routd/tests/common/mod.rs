@@ -1,6 +1,8 @@
 //! The rig of routd's end-to-end tests: a real authd, runed and routd (in-process on loopback
-//! ports, or the `routd` binary where a test kills it) sharing one data directory, real
-//! `hako-agent` containers, and helpers that read what a chat sees.
+//! ports, or the `routd` binary where a test kills it) sharing one data directory, and
+//! helpers that read what a chat sees. Boxes are real `hako-agent` containers on Docker
+//! ([`Rig::new`]), or the real `hako-agent` as host processes on the simulated engine
+//! ([`Rig::sim`]: routd's logic suites, no Docker).
 
 #![allow(dead_code)] // each test file uses its own part of the rig
 
@@ -43,7 +45,12 @@ pub struct Rig {
     pub channel: String,
     /// runed's install id: this rig's containers carry it, and are removed on drop.
     pub install: String,
+    /// The simulated engine runed runs its boxes on ([`Rig::sim`]); `None`: Docker.
+    pub sim: Option<hako_runner::sim::SimEngine>,
 }
+
+/// The agent image's name on the simulated engine.
+pub const SIM_IMAGE: &str = "hako-agent:sim";
 
 impl Drop for Rig {
     /// Whatever a test leaves (a failed assertion skips `stop`): the binary, and every
@@ -57,15 +64,43 @@ impl Drop for Rig {
             let _ = c.kill();
             let _ = c.wait();
         }
-        hako_deploy::remove_install_containers(&self.install);
+        if self.sim.is_none() {
+            hako_deploy::remove_install_containers(&self.install);
+        }
     }
 }
 
 impl Rig {
+    /// A rig whose runed runs real `hako-agent` containers on Docker.
     pub async fn new(runed_env: &[(&str, &str)], routd_env: &[(&str, &str)]) -> Rig {
         let image = hako_deploy::ensure_agent_image()
             .await
             .expect("agent image");
+        Self::build(runed_env, routd_env, image, None).await
+    }
+
+    /// A rig whose runed runs its boxes on the simulated engine, each the real `hako-agent`
+    /// binary as a host process (`hako_runner::sim::process`): routd's logic with the real
+    /// pair and the real agent, and no Docker. Not for tests of isolation.
+    pub async fn sim(runed_env: &[(&str, &str)], routd_env: &[(&str, &str)]) -> Rig {
+        let agent = hako_deploy::agent_binary()
+            .await
+            .expect("hako-agent builds");
+        let sim = hako_runner::sim::SimEngine::new();
+        sim.image(
+            SIM_IMAGE,
+            &[(hako_shared::contract::WARM_LABEL, "1")],
+            hako_runner::sim::process(agent),
+        );
+        Self::build(runed_env, routd_env, SIM_IMAGE.to_owned(), Some(sim)).await
+    }
+
+    async fn build(
+        runed_env: &[(&str, &str)],
+        routd_env: &[(&str, &str)],
+        image: String,
+        sim: Option<hako_runner::sim::SimEngine>,
+    ) -> Rig {
         let dir = tempfile::tempdir().unwrap();
         let authd = TestAuthd::start(&dir.path().join("authd")).await;
         let operator = authd.token("operator").await;
@@ -103,6 +138,7 @@ impl Rig {
             operator,
             channel,
             install,
+            sim,
         };
         rig.start_runed().await;
         rig.start_routd().await;
@@ -140,7 +176,11 @@ impl Rig {
     }
 
     pub async fn start_runed(&mut self) {
-        let cfg = hako_runed::Config::from_env(&Env::from_pairs(self.runed_pairs())).unwrap();
+        let mut cfg = hako_runed::Config::from_env(&Env::from_pairs(self.runed_pairs())).unwrap();
+        cfg.engine = self
+            .sim
+            .clone()
+            .map(|s| hako_runner::engine::EngineRef(Arc::new(s)));
         // The same port on a restart, so routd finds runed where it was.
         let addr = self
             .runed_addr
@@ -153,6 +193,10 @@ impl Rig {
     /// Moves runed into a process of its own on the same port (this test binary again, in
     /// [`run_runed_child`]), so that a test can SIGKILL it; waits until it answers.
     pub async fn spawn_runed_process(&mut self) {
+        assert!(
+            self.sim.is_none(),
+            "runed in a process of its own runs its boxes on Docker: this test needs Rig::new"
+        );
         if let Some(r) = self.runed.take() {
             r.shutdown().await;
         }
