@@ -1,6 +1,7 @@
 //! The Telegram adapter against a Bot API server of our own, with real authd, runed, routd
-//! and agent containers, asserted from outside: what the fake Telegram was asked to send,
-//! and what routd's log holds.
+//! and the real agent (host processes on the simulated engine; a real container where the
+//! test looks into the box), asserted from outside: what the fake Telegram was asked to
+//! send, and what routd's log holds.
 
 mod common;
 
@@ -367,7 +368,8 @@ async fn approvals_are_buttons() {
 #[tokio::test(flavor = "multi_thread")]
 async fn photos_and_documents_reach_the_agent() {
     use hako_shared::layout::{FolderDir, dir_rel};
-    let stack = Stack::start().await;
+    // Docker: the agent lists the file where a box sees it.
+    let stack = Stack::start_on_docker().await;
     stack.group("alice", "tg:111", json!({})).await;
     stack.group("team", "tg:-100200", json!({})).await;
     let fake = FakeTelegram::start().await;

@@ -1,6 +1,8 @@
 //! The Telegram adapter's test rig: a Bot API server of our own on loopback (it records
 //! every call, can answer 429 and 5xx, and can replay updates), real authd, runed and routd
-//! in-process with real agent containers, and the `hako-telegram` binary pointed at both.
+//! in-process, the real `hako-agent` as host processes on runed's simulated engine (the
+//! adapter's logic needs no container: no Docker), and the `hako-telegram` binary pointed at
+//! both.
 
 #![allow(dead_code)]
 
@@ -338,6 +340,9 @@ async fn file(
     }
 }
 
+/// The agent image's name on the simulated engine.
+const SIM_IMAGE: &str = "hako-agent:sim";
+
 /// authd, runed and routd in-process, sharing a data directory.
 pub struct Stack {
     pub dir: tempfile::TempDir,
@@ -347,8 +352,9 @@ pub struct Stack {
     pub routd_url: String,
     pub authd_url: String,
     pub operator: String,
-    install: String,
     pub adapter_port: u16,
+    /// The install's id; its containers (on Docker) are removed on drop.
+    install: String,
 }
 
 fn free_port() -> u16 {
@@ -360,10 +366,30 @@ fn free_port() -> u16 {
 }
 
 impl Stack {
+    /// The stack with runed's boxes on the simulated engine: the real `hako-agent` as host
+    /// processes, no Docker.
     pub async fn start() -> Stack {
+        let agent = hako_deploy::agent_binary()
+            .await
+            .expect("hako-agent builds");
+        let sim = hako_runner::sim::SimEngine::new();
+        sim.image(
+            SIM_IMAGE,
+            &[(hako_shared::contract::WARM_LABEL, "1")],
+            hako_runner::sim::process(agent),
+        );
+        Self::build(SIM_IMAGE.to_owned(), Some(sim)).await
+    }
+
+    /// The stack with real agent containers on Docker (what the agent sees in its box).
+    pub async fn start_on_docker() -> Stack {
         let image = hako_deploy::ensure_agent_image()
             .await
             .expect("agent image");
+        Self::build(image, None).await
+    }
+
+    async fn build(image: String, sim: Option<hako_runner::sim::SimEngine>) -> Stack {
         let dir = tempfile::tempdir().unwrap();
         let authd = TestAuthd::start(&dir.path().join("authd")).await;
         let operator = authd.token("operator").await;
@@ -372,7 +398,9 @@ impl Stack {
             let mut b = [0u8; 6];
             getrandom::fill(&mut b).unwrap();
             let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
-            format!("tg-test-{hex}")
+            // Named for its engine: only Docker's leave containers to remove.
+            let engine = if sim.is_some() { "sim" } else { "docker" };
+            format!("tg-{engine}-{hex}")
         };
         let runed_cfg = hako_runed::Config::from_env(&Env::from_pairs([
             ("DATA_DIR", data.clone()),
@@ -388,6 +416,10 @@ impl Stack {
             ("HAKO_INSTALL_ID", install.clone()),
         ]))
         .unwrap();
+        let runed_cfg = hako_runed::Config {
+            engine: sim.map(|s| hako_runner::engine::EngineRef(Arc::new(s) as _)),
+            ..runed_cfg
+        };
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let runed_url = format!("http://{}", l.local_addr().unwrap());
         let runed = hako_runed::start(runed_cfg, l).await.unwrap();
@@ -415,8 +447,8 @@ impl Stack {
             routd: Some(routd),
             routd_url,
             operator,
-            install,
             adapter_port: free_port(),
+            install,
         };
         // routd's deliveries for every tg: chat go to the adapter (the operator's one step).
         let (s, v) = stack
@@ -525,9 +557,11 @@ impl Stack {
 }
 
 impl Drop for Stack {
-    /// Every container of this stack's install, whatever the test left.
+    /// Every container of this stack's install (on Docker), whatever the test left.
     fn drop(&mut self) {
-        hako_deploy::remove_install_containers(&self.install);
+        if self.install.starts_with("tg-docker-") {
+            hako_deploy::remove_install_containers(&self.install);
+        }
     }
 }
 
