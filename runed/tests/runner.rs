@@ -385,7 +385,7 @@ async fn secrets_never_leave_stdin() {
 #[tokio::test]
 async fn blocks_stream_in_order_before_the_run_ends() {
     let rig = Rig::new().await;
-    let mut run = rig.start(rig.spec("acme", "/blocks 3\n/sleep 1.5\ndone"));
+    let mut run = rig.start(rig.spec("acme", "/blocks 3\n/sleep 3\ndone"));
     run.started().await;
     for i in 0..3 {
         let (index, text) = run.block().await;
@@ -399,11 +399,13 @@ async fn blocks_stream_in_order_before_the_run_ends() {
     let (index, reply) = run.block().await;
     assert_eq!(index, 3);
     assert!(
-        reply.starts_with("emitted 3 blocks\nslept 1.5 s\ndone"),
+        reply.starts_with("emitted 3 blocks\nslept 3 s\ndone"),
         "{reply}"
     );
     let (r, _) = run.end().await;
-    // The agent slept 1.5 s after its three blocks: they came that much before the end.
+    // The agent slept 3 s after its three blocks: they came that much before the end. (1.4 s
+    // is asked for: a loaded machine may hand this test the third block late; a held-back
+    // block comes with the end, well under that.)
     assert!(
         third.elapsed() >= Duration::from_millis(1400),
         "blocks were held back"
