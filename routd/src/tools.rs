@@ -69,7 +69,7 @@ fn task_json(t: &TaskRow) -> Value {
         "prompt": t.prompt,
         "cron": t.cron,
         "next_at": t.next_at.map(|ms| rfc3339(from_unix_millis(ms))),
-        "state": t.state,
+        "state": t.state.as_str(),
         "fired": t.fired,
     })
 }
@@ -307,7 +307,7 @@ impl RoutdTools {
             prompt: c.prompt,
             cron,
             next_at: Some(next_at),
-            state: crate::store::task::ACTIVE.into(),
+            state: crate::store::TaskState::Active,
             fired: 0,
             last_fired_at: None,
             created_by: scope.turn_id.to_string(),

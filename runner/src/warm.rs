@@ -53,27 +53,14 @@ pub enum WarmMiss {
     Dirty,
 }
 
-impl WarmMiss {
-    /// Every reason, for metrics.
-    pub const ALL: [WarmMiss; 5] = [
-        WarmMiss::Empty,
-        WarmMiss::Spec,
-        WarmMiss::Image,
-        WarmMiss::Gone,
-        WarmMiss::Dirty,
-    ];
-
-    /// The metric label.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WarmMiss::Empty => "empty",
-            WarmMiss::Spec => "spec",
-            WarmMiss::Image => "image",
-            WarmMiss::Gone => "gone",
-            WarmMiss::Dirty => "dirty",
-        }
-    }
-}
+// The metric's labels.
+hako_shared::wire_names!(WarmMiss {
+    Empty => "empty",
+    Spec => "spec",
+    Image => "image",
+    Gone => "gone",
+    Dirty => "dirty",
+});
 
 /// How a run's container came to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

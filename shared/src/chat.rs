@@ -18,22 +18,7 @@ pub enum Direction {
     Out,
 }
 
-impl Direction {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Direction::In => "in",
-            Direction::Out => "out",
-        }
-    }
-
-    /// Parses the wire name.
-    pub fn parse(s: &str) -> Option<Self> {
-        [Direction::In, Direction::Out]
-            .into_iter()
-            .find(|d| d.as_str() == s)
-    }
-}
+crate::wire_names!(Direction { In => "in", Out => "out" });
 
 /// What a message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -56,33 +41,14 @@ pub enum MessageKind {
     Approval,
 }
 
-impl MessageKind {
-    const ALL: [MessageKind; 6] = [
-        MessageKind::Message,
-        MessageKind::Command,
-        MessageKind::Notice,
-        MessageKind::Status,
-        MessageKind::Task,
-        MessageKind::Approval,
-    ];
-
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MessageKind::Message => "message",
-            MessageKind::Command => "command",
-            MessageKind::Notice => "notice",
-            MessageKind::Status => "status",
-            MessageKind::Task => "task",
-            MessageKind::Approval => "approval",
-        }
-    }
-
-    /// Parses the wire name.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
+crate::wire_names!(MessageKind {
+    Message => "message",
+    Command => "command",
+    Notice => "notice",
+    Status => "status",
+    Task => "task",
+    Approval => "approval",
+});
 
 /// Where a message stands. An inbound message moves `pending` → `answered` or `failed`
 /// (a command is `handled` at once); an outbound one is `sent` (no webhook for its chat) or
@@ -109,43 +75,16 @@ pub enum MessageState {
     Undeliverable,
 }
 
-impl MessageState {
-    const ALL: [MessageState; 8] = [
-        MessageState::Pending,
-        MessageState::Answered,
-        MessageState::Failed,
-        MessageState::Handled,
-        MessageState::Sent,
-        MessageState::Delivering,
-        MessageState::Delivered,
-        MessageState::Undeliverable,
-    ];
-
-    /// The wire and column name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            MessageState::Pending => "pending",
-            MessageState::Answered => "answered",
-            MessageState::Failed => "failed",
-            MessageState::Handled => "handled",
-            MessageState::Sent => "sent",
-            MessageState::Delivering => "delivering",
-            MessageState::Delivered => "delivered",
-            MessageState::Undeliverable => "undeliverable",
-        }
-    }
-
-    /// Parses the wire name.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == s)
-    }
-}
-
-impl std::fmt::Display for MessageState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
-    }
-}
+crate::wire_names!(MessageState {
+    Pending => "pending",
+    Answered => "answered",
+    Failed => "failed",
+    Handled => "handled",
+    Sent => "sent",
+    Delivering => "delivering",
+    Delivered => "delivered",
+    Undeliverable => "undeliverable",
+});
 
 /// The life of a turn: `starting` → `running` → `done`, `failed` or `killed`, with
 /// `waiting` (a retry's backoff) between a try that gave the chat nothing and the next.
@@ -167,45 +106,23 @@ pub enum TurnState {
     Killed,
 }
 
+// In the order of a turn's life.
+crate::wire_names!(TurnState {
+    Starting => "starting",
+    Running => "running",
+    Waiting => "waiting",
+    Done => "done",
+    Failed => "failed",
+    Killed => "killed",
+});
+
 impl TurnState {
-    /// Every state, in the order of a turn's life.
-    pub const ALL: [TurnState; 6] = [
-        TurnState::Starting,
-        TurnState::Running,
-        TurnState::Waiting,
-        TurnState::Done,
-        TurnState::Failed,
-        TurnState::Killed,
-    ];
     /// The states of a turn that is not over.
     pub const LIVE: [TurnState; 3] = [TurnState::Starting, TurnState::Running, TurnState::Waiting];
-
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TurnState::Starting => "starting",
-            TurnState::Running => "running",
-            TurnState::Waiting => "waiting",
-            TurnState::Done => "done",
-            TurnState::Failed => "failed",
-            TurnState::Killed => "killed",
-        }
-    }
-
-    /// Parses the wire name.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|t| t.as_str() == s)
-    }
 
     /// Whether the turn is over.
     pub fn is_over(self) -> bool {
         !Self::LIVE.contains(&self)
-    }
-}
-
-impl std::fmt::Display for TurnState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
     }
 }
 

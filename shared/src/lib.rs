@@ -43,6 +43,7 @@ pub mod time;
 #[cfg(feature = "server")]
 pub mod watchers;
 pub mod web;
+pub mod wire;
 
 pub use folder::GroupFolder;
 

@@ -1,7 +1,6 @@
 //! Wire types of runs: what a caller asks runed for (`RunRequest`, `GroupSpec`) and what it
 //! reports back (`RunState`, `Outcome`, `RunStatus`). Field names are the wire's (`runed/openapi.json`).
 
-use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -257,21 +256,8 @@ pub enum LlmApi {
     Openai,
 }
 
-impl fmt::Display for LlmApi {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
-impl LlmApi {
-    /// The name on the wire and in metrics.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            LlmApi::Anthropic => "anthropic",
-            LlmApi::Openai => "openai",
-        }
-    }
-}
+// The names on the wire and in metrics.
+crate::wire_names!(LlmApi { Anthropic => "anthropic", Openai => "openai" });
 
 /// A group's model: which one its agent asks for, in which wire format, and how many tokens
 /// (input and output) its turns may spend per UTC day through the gateway.
@@ -601,30 +587,7 @@ pub enum SpawnKind {
     Hold,
 }
 
-impl SpawnKind {
-    /// The wire and column name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SpawnKind::Run => "run",
-            SpawnKind::Hold => "hold",
-        }
-    }
-
-    /// Parses the wire name.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "run" => Some(SpawnKind::Run),
-            "hold" => Some(SpawnKind::Hold),
-            _ => None,
-        }
-    }
-}
-
-impl fmt::Display for SpawnKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
+crate::wire_names!(SpawnKind { Run => "run", Hold => "hold" });
 
 /// The lifecycle of a run.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -659,33 +622,6 @@ impl RunState {
         }
     }
 
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunState::Queued => "queued",
-            RunState::Starting => "starting",
-            RunState::Running => "running",
-            RunState::Exited => "exited",
-            RunState::Error => "error",
-            RunState::Killed => "killed",
-            RunState::TimedOut => "timed_out",
-        }
-    }
-
-    /// Parses the wire name.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "queued" => RunState::Queued,
-            "starting" => RunState::Starting,
-            "running" => RunState::Running,
-            "exited" => RunState::Exited,
-            "error" => RunState::Error,
-            "killed" => RunState::Killed,
-            "timed_out" => RunState::TimedOut,
-            _ => return None,
-        })
-    }
-
     /// Whether the run is over.
     pub fn is_terminal(self) -> bool {
         matches!(
@@ -695,11 +631,15 @@ impl RunState {
     }
 }
 
-impl fmt::Display for RunState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
+crate::wire_names!(RunState {
+    Queued => "queued",
+    Starting => "starting",
+    Running => "running",
+    Exited => "exited",
+    Error => "error",
+    Killed => "killed",
+    TimedOut => "timed_out",
+});
 
 /// What a finished run means for the turn.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -718,36 +658,13 @@ pub enum Outcome {
     TimedOut,
 }
 
-impl Outcome {
-    /// The wire name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Ok => "ok",
-            Outcome::Error => "error",
-            Outcome::Fatal => "fatal",
-            Outcome::Killed => "killed",
-            Outcome::TimedOut => "timed_out",
-        }
-    }
-
-    /// Parses the wire name.
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "ok" => Outcome::Ok,
-            "error" => Outcome::Error,
-            "fatal" => Outcome::Fatal,
-            "killed" => Outcome::Killed,
-            "timed_out" => Outcome::TimedOut,
-            _ => return None,
-        })
-    }
-}
-
-impl fmt::Display for Outcome {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
+crate::wire_names!(Outcome {
+    Ok => "ok",
+    Error => "error",
+    Fatal => "fatal",
+    Killed => "killed",
+    TimedOut => "timed_out",
+});
 
 /// One run in a list (`GET /v1/runs`): its status without its output.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

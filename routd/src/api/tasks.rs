@@ -34,7 +34,7 @@ pub(super) fn task_view(t: crate::store::TaskRow) -> TaskView {
         prompt: t.prompt,
         cron: t.cron,
         next_at: t.next_at.map(at),
-        state: t.state,
+        state: t.state.to_string(),
         fired: t.fired,
         created_by: t.created_by,
     }

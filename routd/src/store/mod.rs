@@ -27,7 +27,7 @@ pub use groups::{GroupRow, SetBy};
 pub use messages::{Backlog, Ingested, NewInbound, NewOutbound};
 pub use routes::RouteRow;
 pub use schema::MIGRATIONS;
-pub use tasks::{TaskRow, task};
+pub use tasks::{TaskRow, TaskState};
 pub use turns::{Step, TurnRow};
 pub use usage::UsageRow;
 pub use web::WebSession;

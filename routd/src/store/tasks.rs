@@ -5,15 +5,23 @@ use rusqlite::{OptionalExtension, params};
 
 use super::Store;
 
-/// Task states.
-pub mod task {
+/// Where a task stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskState {
     /// Waiting for its next firing.
-    pub const ACTIVE: &str = "active";
+    Active,
     /// A one-off that fired.
-    pub const DONE: &str = "done";
+    Done,
     /// Cancelled before it was done.
-    pub const CANCELLED: &str = "cancelled";
+    Cancelled,
 }
+
+// The column's values.
+hako_shared::wire_names!(TaskState {
+    Active => "active",
+    Done => "done",
+    Cancelled => "cancelled",
+});
 
 /// A scheduled task.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,8 +38,8 @@ pub struct TaskRow {
     pub cron: Option<String>,
     /// Unix ms of its next firing; `None` once it is over.
     pub next_at: Option<i64>,
-    /// `active`, `done` or `cancelled`.
-    pub state: String,
+    /// Where it stands.
+    pub state: TaskState,
     /// How many times it fired.
     pub fired: i64,
     /// Unix ms of its last firing.
@@ -53,7 +61,16 @@ pub(super) fn task_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
         prompt: r.get("prompt")?,
         cron: r.get("cron")?,
         next_at: r.get("next_at")?,
-        state: r.get("state")?,
+        state: {
+            let raw: String = r.get("state")?;
+            TaskState::parse(&raw).ok_or_else(|| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    6,
+                    rusqlite::types::Type::Text,
+                    format!("unknown task state {raw:?}").into(),
+                )
+            })?
+        },
         fired: r.get("fired")?,
         last_fired_at: r.get("last_fired_at")?,
         created_by: r.get("created_by")?,
@@ -77,7 +94,7 @@ impl Store {
                         t.prompt,
                         t.cron,
                         t.next_at,
-                        task::ACTIVE,
+                        TaskState::Active.as_str(),
                         t.created_by,
                         t.created_at
                     ],
@@ -194,7 +211,12 @@ impl Store {
                     .as_deref()
                     .and_then(|expr| hako_shared::cron::Cron::parse(expr).ok())
                     .and_then(|cron| cron.next_after(now.max(due_at)));
-                let state = if next.is_some() { task::ACTIVE } else { task::DONE };
+                let state = if next.is_some() {
+                    TaskState::Active
+                } else {
+                    TaskState::Done
+                }
+                .as_str();
                 tx.execute(
                     "UPDATE tasks SET next_at = ?2, state = ?3, fired = fired + ?4, \
                      last_fired_at = ?5, updated_at = ?5 WHERE id = ?1 AND state = 'active'",
