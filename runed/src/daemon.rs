@@ -15,7 +15,7 @@ use tracing::Instrument as _;
 use crate::record::{end_without_container, finalize, forward, remove_containers, revoke_tokens};
 use crate::recover;
 use crate::state::{Event, Live, Pending, Shared, Slot, lock};
-use crate::tokens::BrokerError;
+use crate::tokens::{BrokerError, SpawnToken};
 use hako_runner::{BindHook, Bound, LiveRun, NotWarmed, RunControl, RunEnd, RunReport, RunSpec};
 
 /// The scheduler: starts whatever the queue allows, whenever something changes.
@@ -161,6 +161,62 @@ fn brokered_for(
         .collect()
 }
 
+/// Where one run is between the queue and its end. `run_one` drives it; [`Step::next`] is its
+/// one transition, and every way out is an [`Exit`], handled in one place ([`leave`]).
+enum Step {
+    /// Taken from the queue, with what waited in memory (its secrets).
+    Taken(Option<Pending>),
+    /// Read back from disk and marked `starting`: its spawn token is minted next.
+    Starting(Box<RunRequest>),
+    /// Its token is minted and on disk: the runner runs it.
+    Minted {
+        req: Box<RunRequest>,
+        token: SpawnToken,
+        brokered: Vec<hako_shared::secrets::SecretClaim>,
+    },
+    /// The runner is done with it.
+    Ran { req: Box<RunRequest>, end: RunEnd },
+    /// Over: how it leaves.
+    Over(Exit),
+}
+
+/// How a run leaves `run_one`.
+enum Exit {
+    /// Killed while it waited: never started, nothing to record.
+    Gone,
+    /// Ended before any container existed: recorded with this state, outcome and reason.
+    Failed {
+        state: RunState,
+        outcome: Outcome,
+        why: Option<String>,
+    },
+    /// Back to the queue, keeping its slot's place (authd or Docker away); its live tokens
+    /// revoked first when `revoke`.
+    Requeue {
+        secrets: hako_shared::contract::Secrets,
+        revoke: bool,
+    },
+    /// Detached at shutdown: the next runed re-adopts it.
+    Detached,
+    /// Docker went away with its container: re-attached once Docker answers.
+    Readopt { container: String },
+    /// Ran to an end: recorded, its containers removed, the folder's next box made.
+    Settled {
+        req: Box<RunRequest>,
+        report: Box<RunReport>,
+        next_box: Box<RunSpec>,
+    },
+}
+
+/// What every step of one run shares.
+struct RunCtx {
+    sh: Arc<Shared>,
+    run_id: RunId,
+    folder: String,
+    control: RunControl,
+    live: Arc<LiveRun>,
+}
+
 /// One run, from the queue to its end.
 async fn run_one(
     sh: Arc<Shared>,
@@ -170,11 +226,55 @@ async fn run_one(
     control: RunControl,
     live: Arc<LiveRun>,
 ) {
-    // The folder's slot goes back on every way out, but for the three that hand the run on
-    // (back to the queue, re-attached after an outage, detached at shutdown).
-    let slot = Slot::new(&sh, &run_id);
-    // The request waited on disk; only its secrets waited in memory.
-    let stored = match sh.store.get(&run_id).await {
+    let cx = RunCtx {
+        sh,
+        run_id,
+        folder,
+        control,
+        live,
+    };
+    // The folder's slot goes back on every way out, but for those that hand the run on (back
+    // to the queue, re-attached after an outage, detached at shutdown): `leave` decides.
+    let slot = Slot::new(&cx.sh, &cx.run_id);
+    let mut step = Step::Taken(p);
+    let exit = loop {
+        step = match step {
+            Step::Over(exit) => break exit,
+            step => step.next(&cx).await,
+        };
+    };
+    leave(&cx, slot, exit).await;
+}
+
+impl Step {
+    async fn next(self, cx: &RunCtx) -> Step {
+        match self {
+            Step::Taken(p) => taken(cx, p).await,
+            Step::Starting(req) => mint(cx, req).await,
+            Step::Minted {
+                req,
+                token,
+                brokered,
+            } => run(cx, req, token, brokered).await,
+            Step::Ran { req, end } => Step::Over(ran(cx, req, end).await),
+            over @ Step::Over(_) => over,
+        }
+    }
+}
+
+fn fail(state: RunState, outcome: Outcome, why: impl Into<String>) -> Step {
+    Step::Over(Exit::Failed {
+        state,
+        outcome,
+        why: Some(why.into()),
+    })
+}
+
+/// Reads the request back (it waited on disk; only its secrets waited in memory) and marks
+/// the run `starting`.
+async fn taken(cx: &RunCtx, p: Option<Pending>) -> Step {
+    let (sh, run_id) = (&cx.sh, &cx.run_id);
+    let stored = match sh.store.get(run_id).await {
         Ok(row) => row
             .and_then(|r| r.request)
             .and_then(|r| serde_json::from_str::<RunRequest>(&r).ok()),
@@ -185,53 +285,57 @@ async fn run_one(
     };
     let Some(mut req) = stored else {
         // Nothing to run (a lost request): fail it so the caller retries.
-        end_without_container(
-            &sh,
-            &run_id,
+        return fail(
             RunState::Error,
             Outcome::Fatal,
-            Some("the run's request was lost".into()),
-        )
-        .await;
-        return;
+            "the run's request was lost",
+        );
     };
     req.secrets = p.map(|p| p.secrets).unwrap_or_default();
     match sh
         .store
-        .transition(&run_id, &[RunState::Queued], RunState::Starting)
+        .transition(run_id, &[RunState::Queued], RunState::Starting)
         .await
     {
-        Ok(true) => sh.emit(Event::State {
-            run_id: run_id.clone(),
-            state: RunState::Starting,
-        }),
+        Ok(true) => {
+            sh.emit(Event::State {
+                run_id: run_id.clone(),
+                state: RunState::Starting,
+            });
+            Step::Starting(Box::new(req))
+        }
         // Killed while waiting: never started.
-        Ok(false) => return,
+        Ok(false) => Step::Over(Exit::Gone),
         Err(e) => {
             tracing::error!(run = %run_id, error = %e, "recording a start failed");
-            return;
+            Step::Over(Exit::Gone)
         }
     }
+}
+
+/// Mints the run's spawn token and puts its jti on disk before any container can hold it,
+/// so every token a container ever held can be revoked, by this process or after a restart
+/// (`retry_revocations`).
+async fn mint(cx: &RunCtx, req: Box<RunRequest>) -> Step {
+    let (sh, run_id) = (&cx.sh, &cx.run_id);
     let ceiling = sh.cfg.runner.ceiling(req.group.timeout.map(|t| t.0));
-    let brokered = match brokered_for(&sh, &req.group) {
+    let brokered = match brokered_for(sh, &req.group) {
         Ok(b) => b,
-        Err(why) => {
-            end_without_container(&sh, &run_id, RunState::Error, Outcome::Error, Some(why)).await;
-            return;
-        }
+        Err(why) => return fail(RunState::Error, Outcome::Error, why),
+    };
+    // Egress only where the proxy enforces it: other runs' tokens name no host.
+    let hosts: &[String] = if req.group.network == hako_shared::runs::Network::Allowlist {
+        &req.group.egress_allowlist
+    } else {
+        &[]
     };
     let token = match sh
         .broker
         .mint(
-            &folder,
+            &cx.folder,
             &req.turn_id,
-            &run_id,
-            // Egress only where the proxy enforces it: other runs' tokens name no host.
-            if req.group.network == hako_shared::runs::Network::Allowlist {
-                &req.group.egress_allowlist
-            } else {
-                &[]
-            },
+            run_id,
+            hosts,
             &brokered,
             ceiling + sh.cfg.token_margin,
         )
@@ -241,55 +345,57 @@ async fn run_one(
         Err(BrokerError::Unavailable(why)) => {
             tracing::warn!(run = %run_id, error = %why, "no spawn token; the run stays queued");
             *lock(&sh.broker_pause) = Some((Instant::now() + Duration::from_secs(1), why));
-            slot.keep();
-            sh.back_to_queue(&run_id, &folder, req.secrets).await;
-            return;
+            return Step::Over(Exit::Requeue {
+                secrets: req.secrets,
+                revoke: false,
+            });
         }
         Err(e @ BrokerError::Refused(_)) => {
-            end_without_container(
-                &sh,
-                &run_id,
-                RunState::Error,
-                Outcome::Error,
-                Some(e.to_string()),
-            )
-            .await;
-            return;
+            return fail(RunState::Error, Outcome::Error, e.to_string());
         }
     };
     *lock(&sh.broker_pause) = None;
-    // The jti is on disk before any container can hold the token, so every token a container
-    // ever held can be revoked, by this process or after a restart (`retry_revocations`).
     if let Err(e) = sh
         .store
-        .add_token(&token.jti, &run_id, &folder, token.expires_at)
+        .add_token(&token.jti, run_id, &cx.folder, token.expires_at)
         .await
     {
         tracing::error!(run = %run_id, error = %e, "recording the spawn token failed");
         if let Err(e) = sh.broker.revoke(&token.jti).await {
             tracing::warn!(run = %run_id, error = %e, "revoking the unrecorded spawn token failed; it expires with the run ceiling");
         }
-        end_without_container(
-            &sh,
-            &run_id,
+        return fail(
             RunState::Error,
             Outcome::Fatal,
-            Some(format!("recording the spawn token failed: {e}")),
-        )
-        .await;
-        return;
+            format!("recording the spawn token failed: {e}"),
+        );
     }
     hako_shared::failpoint::hit("runed.token.minted");
+    Step::Minted {
+        req,
+        token,
+        brokered,
+    }
+}
+
+/// Hands the run to the runner, its output forwarded as it comes, until the runner is done.
+async fn run(
+    cx: &RunCtx,
+    req: Box<RunRequest>,
+    token: SpawnToken,
+    brokered: Vec<hako_shared::secrets::SecretClaim>,
+) -> Step {
+    let (sh, run_id) = (&cx.sh, &cx.run_id);
     let input = ContainerInput {
         session_id: req.session_id.clone(),
         messages: req.messages.clone(),
         system_prompt: req.system_prompt.clone(),
         grants: req.grants.clone(),
-        folder: folder.clone(),
+        folder: cx.folder.clone(),
         sender_jid: req.sender_jid.clone(),
         turn_id: req.turn_id.to_string(),
         run_id: run_id.to_string(),
-        token: Redacted(token.token.clone()),
+        token: Redacted(token.token),
         secrets: req.secrets.clone(),
         query_timeout_ms: None,
     };
@@ -303,17 +409,9 @@ async fn run_one(
         bind: Some(bind_hook(sh.clone(), run_id.clone())),
         brokered,
     };
-    // What the folder's next box is made from: the run without its input (token, secrets)
-    // and without this run's placeholders.
-    let next_box = RunSpec {
-        input: ContainerInput::default(),
-        bind: None,
-        brokered: Vec::new(),
-        ..spec.clone()
-    };
     let (tx, fwd) = forward(sh.clone(), run_id.clone());
     let end = match sh.runner() {
-        Ok(r) => r.run(spec, tx, control.clone(), live).await,
+        Ok(r) => r.run(spec, tx, cx.control.clone(), cx.live.clone()).await,
         Err(why) => {
             drop(tx);
             RunEnd::Finished(Box::new(RunReport {
@@ -335,55 +433,112 @@ async fn run_one(
         }
     };
     let _ = fwd.await;
-    match end {
-        RunEnd::Detached => {
+    Step::Ran { req, end }
+}
+
+/// Decides how a run the runner is done with leaves: settled, or handed on when Docker went
+/// away under it.
+async fn ran(cx: &RunCtx, req: Box<RunRequest>, end: RunEnd) -> Exit {
+    let (sh, run_id) = (&cx.sh, &cx.run_id);
+    let report = match end {
+        RunEnd::Detached => return Exit::Detached,
+        RunEnd::Finished(report) => report,
+    };
+    let never_started = report.state == RunState::Error
+        && !report.terminal
+        && report.container_id.is_none()
+        && report.started_at.is_none();
+    if never_started && sh.probe_docker().await.is_err() {
+        // Docker went away before the container existed: back to the queue.
+        tracing::warn!(run = %run_id, "docker unavailable; the run goes back to the queue");
+        return Exit::Requeue {
+            secrets: req.secrets,
+            revoke: true,
+        };
+    }
+    // The container exists but runed lost it (the wait broke and the container could not be
+    // inspected, nor removed): if Docker is away, the container most likely still runs. The
+    // run keeps its slot and state and is re-attached once Docker answers, so it finishes
+    // normally, is not run twice, and its container is removed.
+    let lost = report.state == RunState::Error && !report.terminal;
+    if lost
+        && let Some(cid) = report.container_id.clone()
+        && sh.probe_docker().await.is_err()
+    {
+        tracing::warn!(
+            run = %run_id,
+            container = cid,
+            "docker unavailable mid-run; re-attaching when it is back"
+        );
+        return Exit::Readopt { container: cid };
+    }
+    // What the folder's next box is made from: the run without its input (token, secrets)
+    // and without this run's placeholders.
+    let next_box = RunSpec {
+        run_id: run_id.clone(),
+        turn_id: Some(req.turn_id.clone()),
+        folder: req.folder.clone(),
+        input: ContainerInput::default(),
+        group: req.group.clone(),
+        close: sh.close_when(),
+        bind: None,
+        brokered: Vec::new(),
+    };
+    Exit::Settled {
+        req,
+        report,
+        next_box: Box::new(next_box),
+    }
+}
+
+/// The one place a run leaves: what is recorded, and whether its folder's slot is given back
+/// (dropped) or kept for the run that is handed on.
+async fn leave(cx: &RunCtx, slot: Slot<'_>, exit: Exit) {
+    let (sh, run_id) = (&cx.sh, &cx.run_id);
+    match exit {
+        Exit::Gone => {}
+        Exit::Failed {
+            state,
+            outcome,
+            why,
+        } => end_without_container(sh, run_id, state, outcome, why).await,
+        Exit::Requeue { secrets, revoke } => {
+            if revoke {
+                revoke_tokens(sh, run_id).await;
+            }
             slot.keep();
-            sh.detached(&run_id);
+            sh.back_to_queue(run_id, &cx.folder, secrets).await;
         }
-        RunEnd::Finished(report) => {
-            let never_started = report.state == RunState::Error
-                && !report.terminal
-                && report.container_id.is_none()
-                && report.started_at.is_none();
-            if never_started && sh.probe_docker().await.is_err() {
-                // Docker went away before the container existed: back to the queue.
-                tracing::warn!(
-                    run = %run_id,
-                    "docker unavailable; the run goes back to the queue"
-                );
-                revoke_tokens(&sh, &run_id).await;
-                slot.keep();
-                sh.back_to_queue(&run_id, &folder, req.secrets).await;
-                return;
-            }
-            // The container exists but runed lost it (the wait broke and the container could
-            // not be inspected, nor removed): if Docker is away, the container most likely
-            // still runs. The run keeps its slot and state and is re-attached once Docker
-            // answers, so it finishes normally, is not run twice, and its container is removed.
-            let lost = report.state == RunState::Error && !report.terminal;
-            if lost
-                && let Some(cid) = report.container_id.clone()
-                && sh.probe_docker().await.is_err()
-            {
-                tracing::warn!(
-                    run = %run_id,
-                    container = cid,
-                    "docker unavailable mid-run; re-attaching when it is back"
-                );
-                slot.keep();
-                recover::readopt_after_outage(sh.clone(), run_id, cid, control).await;
-                return;
-            }
-            finalize(&sh, &folder, &req.turn_id, &req.session_id, &report).await;
-            remove_containers(&sh, &report).await;
+        Exit::Detached => {
+            slot.keep();
+            sh.detached(run_id);
+        }
+        Exit::Readopt { container } => {
+            slot.keep();
+            recover::readopt_after_outage(
+                sh.clone(),
+                run_id.clone(),
+                container,
+                cx.control.clone(),
+            )
+            .await;
+        }
+        Exit::Settled {
+            req,
+            report,
+            next_box,
+        } => {
+            finalize(sh, &cx.folder, &req.turn_id, &req.session_id, &report).await;
+            remove_containers(sh, &report).await;
             if report.container_id.is_some() {
                 hako_shared::failpoint::hit("runed.container.removed");
             }
             // The folder's next box, made while this run still holds the folder's slot (it
             // prepares the folder's directories), once this one's container is gone.
             if report.container_id.is_some() && !sh.stopping.is_cancelled() {
-                warm_next(&sh, &next_box).await;
+                warm_next(sh, &next_box).await;
             }
+            drop(slot);
         }
     }
 }
