@@ -16,7 +16,7 @@ use hako_shared::auth::{
     AuthError, Claims, Jwks, Principal, Signer, TokenType, Verifier, bearer, now_secs, scope,
     scopes, service_grants,
 };
-use hako_shared::http::{ApiError, ApiInfo, ApiJson, ApiQuery, ErrorBody, api_router};
+use hako_shared::http::{ApiError, ApiInfo, ApiJson, ApiQuery, ErrorBody, NoToken, api_router};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
@@ -440,7 +440,7 @@ async fn mint_token(
     responses(
         (status = 200, description = "Every jti revoked by this call", body = RevokeResponse),
         (status = 400, description = "`invalid_jti`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`not_token_issuer`", body = ErrorBody),
         (status = 404, description = "No such token, or it has expired", body = ErrorBody),
     ))]
@@ -519,7 +519,7 @@ async fn revoke(
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The new and the retiring key", body = RotateResponse),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`keys:rotate`)", body = ErrorBody),
     ))]
 async fn rotate(
@@ -597,7 +597,7 @@ struct AuditQuery {
     responses(
         (status = 200, description = "A page of the audit log", body = AuditList),
         (status = 400, description = "`invalid_query`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`audit:read`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
     ))]
 async fn audit(

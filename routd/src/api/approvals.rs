@@ -4,7 +4,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use hako_shared::approvals::{ApprovalList, ApprovalView, VerdictBody};
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::{ApiJson, ApiQuery, ErrorBody};
+use hako_shared::http::{ApiJson, ApiQuery, ErrorBody, NoToken};
 use serde::Deserialize;
 
 use super::AppState;
@@ -29,7 +29,7 @@ pub(super) struct ApprovalQuery {
     responses(
         (status = 200, description = "The requests, newest first", body = ApprovalList),
         (status = 400, description = "`invalid_query`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`approvals:read`)", body = ErrorBody),
     ))]
 pub(super) async fn list_approvals(
@@ -59,7 +59,7 @@ fn valid_id(id: &str) -> bool {
     params(("id" = String, Path, description = "The request (`ap-…`)")),
     responses(
         (status = 200, description = "The request", body = ApprovalView),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`approvals:read`)", body = ErrorBody),
         (status = 404, description = "No such request, or not the caller's", body = ErrorBody),
     ))]
@@ -90,7 +90,7 @@ pub(super) async fn get_approval(
     responses(
         (status = 200, description = "The verdict is recorded; the call runs or is refused", body = ApprovalView),
         (status = 400, description = "`invalid_json`, `invalid_request`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`approvals:write`), `folder_forbidden` (the group takes the operator's verdicts only)", body = ErrorBody),
         (status = 404, description = "No such request, or not the caller's", body = ErrorBody),
         (status = 409, description = "`already_decided`: someone was first, or it timed out or its turn ended", body = ErrorBody),

@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::{ApiQuery, ErrorBody};
+use hako_shared::http::{ApiQuery, ErrorBody, NoToken};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
@@ -35,7 +35,7 @@ pub(super) struct AuditPage {
     responses(
         (status = 200, description = "A page of the audit log", body = AuditPage),
         (status = 400, description = "`invalid_query`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`audit:read`), `folder_forbidden`", body = ErrorBody),
     ))]
 pub(super) async fn audit(

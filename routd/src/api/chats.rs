@@ -11,7 +11,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::stream::Stream;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{MessagePage, MessageView};
-use hako_shared::http::{ApiQuery, ErrorBody};
+use hako_shared::http::{ApiQuery, ErrorBody, NoToken};
 use serde::Deserialize;
 use tokio::sync::broadcast;
 
@@ -39,7 +39,7 @@ pub(super) struct HistoryQuery {
     responses(
         (status = 200, description = "A page of the history", body = MessagePage),
         (status = 400, description = "`invalid_query`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`chats:read`)", body = ErrorBody),
         (status = 404, description = "A chat the caller does not cover", body = ErrorBody),
     ))]
@@ -168,7 +168,7 @@ impl ChatStream {
     responses(
         (status = 200, description = "`message` events, each `data` one message", content_type = "text/event-stream", body = MessageView),
         (status = 400, description = "`invalid_request`, `invalid_query`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`chats:read`)", body = ErrorBody),
         (status = 404, description = "A chat the caller does not cover", body = ErrorBody),
         (status = 429, description = "`too_many_streams`", body = ErrorBody),

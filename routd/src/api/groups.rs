@@ -7,7 +7,7 @@ use hako_shared::GroupFolder;
 use hako_shared::approvals::ApprovalPolicy;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{GroupConfig, GroupList, GroupView};
-use hako_shared::http::{ApiJson, ErrorBody};
+use hako_shared::http::{ApiJson, ErrorBody, NoToken};
 use hako_shared::runs::GroupSpec;
 
 use super::{AppState, audit_row, check_text, parse_folder};
@@ -44,7 +44,7 @@ pub(super) async fn group_view(sh: &Shared, g: GroupRow) -> Result<GroupView, Ap
         (status = 201, description = "Created", body = GroupView),
         (status = 200, description = "Replaced", body = GroupView),
         (status = 400, description = "`invalid_json`, `invalid_request` (names the field), `invalid_group` (names the setting)", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden`", body = ErrorBody),
     ))]
 pub(super) async fn put_group(
@@ -201,7 +201,7 @@ pub(super) async fn tenant_put(
     params(("folder" = GroupFolder, Path, description = "The group folder (percent-encoded)")),
     responses(
         (status = 200, description = "The group", body = GroupView),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`groups:read`)", body = ErrorBody),
         (status = 404, description = "No such group, or not the caller's", body = ErrorBody),
     ))]
@@ -230,7 +230,7 @@ pub(super) async fn get_group(
     params(("folder" = GroupFolder, Path, description = "The group folder (percent-encoded)")),
     responses(
         (status = 204, description = "Removed"),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden` (outside the caller's folder, or a group the operator set)", body = ErrorBody),
         (status = 404, description = "No such group", body = ErrorBody),
         (status = 503, description = "`runed_unavailable`: the folder could not be retired; nothing was removed", body = ErrorBody),
@@ -289,7 +289,7 @@ pub(super) async fn delete_group(
 #[utoipa::path(get, path = "/v1/groups", tag = "groups", security(("bearer" = [])),
     responses(
         (status = 200, description = "The groups, by folder", body = GroupList),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`groups:read`)", body = ErrorBody),
     ))]
 pub(super) async fn list_groups(

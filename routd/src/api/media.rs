@@ -7,7 +7,7 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::ErrorBody;
+use hako_shared::http::{ErrorBody, NoToken};
 use hako_shared::media::MediaSaved;
 
 use super::{AppState, chat_folder, parse_folder};
@@ -30,7 +30,7 @@ pub(crate) const ROUTE: &str = "/v1/chats/{jid}/media/{name}";
     responses(
         (status = 200, description = "Saved; `path` is where the agent finds it", body = MediaSaved),
         (status = 400, description = "`invalid_request` (the chat), `invalid_media_name`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`messages:write`)", body = ErrorBody),
         (status = 404, description = "A chat the caller does not reach, or that routes to no folder", body = ErrorBody),
         (status = 413, description = "`body_too_large` (over `ROUTD_MEDIA_MAX` or runed's `RUNED_MEDIA_MAX`), `media_full` (the folder's media directory is full)", body = ErrorBody),

@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{MessageKind, PostMessage, Posted};
-use hako_shared::http::{ApiJson, ErrorBody};
+use hako_shared::http::{ApiJson, ErrorBody, NoToken};
 use hako_shared::ids::is_valid_id;
 use sha2::{Digest, Sha256};
 
@@ -24,7 +24,7 @@ use crate::{Appended, now_ms};
         (status = 201, description = "Appended", body = Posted),
         (status = 200, description = "This id was posted before with the same body (`duplicate: true`)", body = Posted),
         (status = 400, description = "`invalid_json` (unknown fields too), `invalid_request` (names the field: sizes, characters, the id's grammar)", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`messages:write`), `folder_forbidden` (a folder-bound caller posting to a chat outside its folders)", body = ErrorBody),
         (status = 409, description = "`id_conflict`: the id exists with another body", body = ErrorBody),
         (status = 413, description = "`body_too_large`", body = ErrorBody),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use axum::Json;
 use axum::extract::State;
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::ErrorBody;
+use hako_shared::http::{ErrorBody, NoToken};
 use hako_shared::runs::{RunState, RunSummary};
 use serde::Serialize;
 
@@ -71,7 +71,7 @@ fn health(name: &'static str, r: Result<(), String>) -> DaemonHealth {
 #[utoipa::path(get, path = "/v1/overview", tag = "turns", security(("bearer" = [])),
     responses(
         (status = 200, description = "Readiness, runs and backlog", body = Overview),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
     ))]
 pub(super) async fn overview(

@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{NewRoute, RouteList, RouteView};
-use hako_shared::http::{ApiJson, ErrorBody};
+use hako_shared::http::{ApiJson, ErrorBody, NoToken};
 
 use super::{AppState, MAX_POSITION, audit_row};
 use crate::error::ApiFailure;
@@ -18,7 +18,7 @@ use crate::routing::check_jid;
     responses(
         (status = 201, description = "Added", body = RouteView),
         (status = 400, description = "`invalid_json`, `invalid_request`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden` (a folder-bound caller)", body = ErrorBody),
     ))]
 pub(super) async fn add_route(
@@ -68,7 +68,7 @@ pub(super) async fn add_route(
 #[utoipa::path(get, path = "/v1/routes", tag = "routes", security(("bearer" = [])),
     responses(
         (status = 200, description = "The rules", body = RouteList),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`groups:read`)", body = ErrorBody),
     ))]
 pub(super) async fn list_routes(
@@ -97,7 +97,7 @@ pub(super) async fn list_routes(
     params(("id" = i64, Path, description = "The rule")),
     responses(
         (status = 200, description = "The rule removed", body = RouteView),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden`", body = ErrorBody),
         (status = 404, description = "No such rule", body = ErrorBody),
     ))]

@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use hako_shared::GroupFolder;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{TaskList, TaskView};
-use hako_shared::http::{ApiQuery, ErrorBody};
+use hako_shared::http::{ApiQuery, ErrorBody, NoToken};
 use hako_shared::ids::is_valid_id;
 use serde::Deserialize;
 
@@ -46,7 +46,7 @@ pub(super) fn task_view(t: crate::store::TaskRow) -> TaskView {
     responses(
         (status = 200, description = "The tasks, soonest first", body = TaskList),
         (status = 400, description = "`invalid_query`, `invalid_request` (the folder)", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`groups:read`)", body = ErrorBody),
     ))]
 pub(super) async fn list_tasks(
@@ -71,7 +71,7 @@ pub(super) async fn list_tasks(
     params(("id" = String, Path, description = "The task")),
     responses(
         (status = 200, description = "Cancelled (or already over: its state says which)", body = TaskView),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`groups:write`)", body = ErrorBody),
         (status = 404, description = "No such task, or not the caller's", body = ErrorBody),
     ))]

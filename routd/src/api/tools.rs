@@ -6,7 +6,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::{ApiJson, ErrorBody};
+use hako_shared::http::{ApiJson, ErrorBody, NoToken};
 use hako_shared::ids::{TurnId, TurnTry};
 
 use super::AppState;
@@ -87,7 +87,7 @@ fn call_key(headers: &HeaderMap) -> Result<Option<hako_mcp::CallKey>, ApiFailure
     responses(
         (status = 200, description = "The tool's result", body = Object),
         (status = 400, description = "`invalid_arguments`, `invalid_json`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`turns:act`), `not_granted`", body = ErrorBody),
         (status = 404, description = "No such turn or tool, or not the caller's; `not_found`", body = ErrorBody),
         (status = 409, description = "`turn_ended`, `conflict`", body = ErrorBody),
@@ -116,7 +116,7 @@ pub(super) async fn turn_tool(
     responses(
         (status = 200, description = "The message (`duplicate: true` for a retry)", body = Object),
         (status = 400, description = "`invalid_arguments`, `invalid_json`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`turns:act`), `not_granted`", body = ErrorBody),
         (status = 404, description = "No such turn, or not the caller's; `not_found`", body = ErrorBody),
         (status = 409, description = "`turn_ended`", body = ErrorBody),

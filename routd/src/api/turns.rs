@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use hako_shared::GroupFolder;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{TurnList, TurnState, TurnView};
-use hako_shared::http::{ApiQuery, ErrorBody};
+use hako_shared::http::{ApiQuery, ErrorBody, NoToken};
 use hako_shared::ids::TurnId;
 use serde::{Deserialize, Serialize};
 
@@ -17,7 +17,7 @@ use crate::error::ApiFailure;
     params(("turn_id" = String, Path, description = "The turn")),
     responses(
         (status = 200, description = "The turn", body = TurnView),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
         (status = 404, description = "No such turn, or not the caller's", body = ErrorBody),
     ))]
@@ -59,7 +59,7 @@ pub(super) struct TurnsQuery {
     responses(
         (status = 200, description = "A page of turns", body = TurnList),
         (status = 400, description = "`invalid_query` (an unknown state), `invalid_request` (a folder filter that is not a folder)", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
     ))]
 pub(super) async fn list_turns(
@@ -131,7 +131,7 @@ pub(super) struct UsageReport {
     responses(
         (status = 200, description = "Usage rows and their totals", body = UsageReport),
         (status = 400, description = "`invalid_query`, `invalid_request` (the folder or the day)", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
     ))]
 pub(super) async fn usage(

@@ -5,7 +5,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::ErrorBody;
+use hako_shared::http::{ErrorBody, NoToken};
 use hako_shared::web::{WebSessionList, WebSessionView};
 
 use super::{AppState, audit_row};
@@ -38,7 +38,7 @@ fn reaches(who: &Principal, s: &WebSession) -> bool {
 #[utoipa::path(get, path = "/v1/web-sessions", tag = "web", security(("bearer" = [])),
     responses(
         (status = 200, description = "The live sessions", body = WebSessionList),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`tokens:revoke`)", body = ErrorBody),
     ))]
 pub(super) async fn list_web_sessions(
@@ -63,7 +63,7 @@ pub(super) async fn list_web_sessions(
     params(("jti" = String, Path, description = "The sign-in link's token id")),
     responses(
         (status = 200, description = "The session, ended", body = WebSessionView),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`tokens:revoke`)", body = ErrorBody),
         (status = 404, description = "No live session of that link (or not the caller's)", body = ErrorBody),
     ))]

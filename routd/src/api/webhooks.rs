@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{NewWebhook, WebhookList, WebhookView};
-use hako_shared::http::{ApiJson, ErrorBody};
+use hako_shared::http::{ApiJson, ErrorBody, NoToken};
 
 use super::{AppState, audit_row, check_text};
 use crate::error::ApiFailure;
@@ -33,7 +33,7 @@ pub(super) fn private_target(url: &reqwest::Url) -> bool {
     responses(
         (status = 201, description = "Registered", body = WebhookView),
         (status = 400, description = "`invalid_json`, `invalid_request` (prefix, URL, secret length)", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`webhooks:write`), `folder_forbidden`", body = ErrorBody),
         (status = 409, description = "`webhook_exists`: the prefix has one", body = ErrorBody),
     ))]
@@ -94,7 +94,7 @@ pub(super) async fn add_webhook(
 #[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks", security(("bearer" = [])),
     responses(
         (status = 200, description = "The webhooks", body = WebhookList),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`webhooks:read`), `folder_forbidden`", body = ErrorBody),
     ))]
 pub(super) async fn list_webhooks(
@@ -126,7 +126,7 @@ pub(super) async fn list_webhooks(
     params(("id" = i64, Path, description = "The webhook")),
     responses(
         (status = 204, description = "Removed"),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`webhooks:write`), `folder_forbidden`", body = ErrorBody),
         (status = 404, description = "No such webhook", body = ErrorBody),
     ))]

@@ -8,7 +8,7 @@ use axum::extract::{Path, State};
 use hako_runner::media::MediaError;
 use hako_shared::GroupFolder;
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::ErrorBody;
+use hako_shared::http::{ErrorBody, NoToken};
 use hako_shared::media::MediaSaved;
 
 use super::{AppState, audit_row};
@@ -29,7 +29,7 @@ pub(crate) const ROUTE: &str = "/v1/folders/{folder}/media/{name}";
     responses(
         (status = 200, description = "Saved", body = MediaSaved),
         (status = 400, description = "`invalid_request` (the folder), `invalid_media_name`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`media:write`)", body = ErrorBody),
         (status = 404, description = "A folder the caller does not cover", body = ErrorBody),
         (status = 413, description = "`body_too_large` (over `RUNED_MEDIA_MAX`), `media_full` (the folder's media directory would pass `RUNED_MEDIA_FOLDER_MAX`, or holds more than 10,000 entries)", body = ErrorBody),

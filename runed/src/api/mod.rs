@@ -15,8 +15,8 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::Stream;
 use hako_shared::auth::{Principal, Verifier, scopes};
-use hako_shared::http::ErrorBody;
 use hako_shared::http::{ApiInfo, ApiJson, ApiQuery, api_router};
+use hako_shared::http::{ErrorBody, NoToken};
 use hako_shared::ids::{RunId, TurnId, is_valid_id};
 use hako_shared::runs::{
     CreatedRun, HoldRequest, RunRequest, RunState, RunStatus, SessionPage, SpawnKind, SteerReply,
@@ -167,7 +167,7 @@ fn is_service(who: &Principal) -> bool {
     responses(
         (status = 202, description = "Queued (or the turn's existing run)", body = CreatedRun),
         (status = 400, description = "`invalid_json`, `invalid_group` (names the field), `secrets_too_large`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`runs:run`), `folder_forbidden`, `forbidden_group_setting` (a folder-bound caller widening the group)", body = ErrorBody),
         (status = 413, description = "`body_too_large`", body = ErrorBody),
         (status = 429, description = "`queue_full`: names the bound (RUNED_MAX_QUEUED or _PER_FOLDER)", body = ErrorBody),
@@ -295,7 +295,7 @@ struct WaitQuery {
     responses(
         (status = 200, description = "The run", body = RunStatus),
         (status = 400, description = "`invalid_wait`, `invalid_query`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`runs:read`)", body = ErrorBody),
         (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
         (status = 429, description = "`too_many_streams`: the caller's long-polls and streams", body = ErrorBody),
@@ -464,7 +464,7 @@ impl RunStream {
     params(("run_id" = String, Path, description = "The run")),
     responses(
         (status = 200, description = "`state` and `output` events, each `data` one JSON event", content_type = "text/event-stream", body = Event),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`runs:read`)", body = ErrorBody),
         (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
         (status = 429, description = "`too_many_streams`", body = ErrorBody),
@@ -508,7 +508,7 @@ async fn events(
     responses(
         (status = 200, description = "The follow-up and where it is (`placed`, or a repeat's `taken`/`returned`)", body = SteerReply),
         (status = 400, description = "`invalid_json`, `invalid_request` (no messages, a bad `steer_id`)", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`runs:run`)", body = ErrorBody),
         (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
         (status = 409, description = "`not_live`: the run is not running (nothing was placed)", body = ErrorBody),
@@ -640,7 +640,7 @@ async fn kill_and_wait(sh: &Arc<Shared>, row: &SpawnRow) -> Result<SpawnRow, Api
     params(("run_id" = String, Path, description = "The run")),
     responses(
         (status = 200, description = "The run, ended", body = RunStatus),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`runs:kill`)", body = ErrorBody),
         (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
     ))]
@@ -678,7 +678,7 @@ async fn kill_run(
     responses(
         (status = 200, description = "The runs killed", body = StopReply),
         (status = 400, description = "`invalid_json`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`runs:kill`), `folder_forbidden`", body = ErrorBody),
         (status = 503, description = "`docker_unavailable`: a folder to retire needs the runner", body = ErrorBody),
     ))]
@@ -753,7 +753,7 @@ async fn stop_folder(
     responses(
         (status = 202, description = "Queued for the folder's slot", body = CreatedRun),
         (status = 400, description = "`invalid_json`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`runs:run`), `folder_forbidden`", body = ErrorBody),
         (status = 429, description = "`queue_full`", body = ErrorBody),
     ))]
@@ -851,7 +851,7 @@ struct RunsQuery {
     responses(
         (status = 200, description = "A page of runs", body = hako_shared::runs::RunList),
         (status = 400, description = "`invalid_query` (an unknown state)", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`runs:read`)", body = ErrorBody),
         (status = 404, description = "A folder the caller does not cover", body = ErrorBody),
     ))]
@@ -911,7 +911,7 @@ async fn list_runs(
     responses(
         (status = 200, description = "A page of the history", body = SessionPage),
         (status = 400, description = "`invalid_query`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`sessions:read`)", body = ErrorBody),
         (status = 404, description = "A folder the caller does not cover", body = ErrorBody),
     ))]
@@ -978,7 +978,7 @@ async fn on_store<T: Send + 'static>(
 #[utoipa::path(get, path = "/v1/secrets", tag = "secrets", security(("bearer" = [])),
     responses(
         (status = 200, description = "The secrets, by name", body = hako_shared::secrets::SecretList),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`secrets:read`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
     ))]
 async fn list_secrets(
@@ -1007,7 +1007,7 @@ async fn list_secrets(
     responses(
         (status = 204, description = "Set"),
         (status = 400, description = "`invalid_secret_name`, `invalid_secret_value`, `invalid_json` (the value is never echoed)", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`secrets:write`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
     ))]
 async fn set_secret(
@@ -1045,7 +1045,7 @@ async fn set_secret(
     responses(
         (status = 204, description = "Removed"),
         (status = 400, description = "`invalid_secret_name`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`secrets:write`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
         (status = 404, description = "`not_found`: no such secret", body = ErrorBody),
     ))]
@@ -1080,7 +1080,7 @@ async fn remove_secret(
     responses(
         (status = 200, description = "A page of the audit log", body = AuditPage),
         (status = 400, description = "`invalid_query`", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
+        NoToken,
         (status = 403, description = "`insufficient_scope` (`audit:read`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
     ))]
 async fn audit(

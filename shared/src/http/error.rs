@@ -17,6 +17,13 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+/// The answer every bearer-token route documents once, by naming this type in its
+/// `responses(...)`: 401 with the envelope, for a token missing, forged, expired or revoked.
+#[cfg(feature = "openapi")]
+#[derive(utoipa::IntoResponses)]
+#[response(status = 401, description = "No valid token")]
+pub struct NoToken(#[allow(dead_code)] ErrorBody);
+
 /// An error on its way to becoming an HTTP response.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {

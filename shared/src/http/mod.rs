@@ -15,6 +15,8 @@ mod serve;
 #[cfg(test)]
 mod tests;
 
+#[cfg(feature = "openapi")]
+pub use error::NoToken;
 pub use error::{ApiError, ErrorBody};
 pub use extract::{ApiJson, ApiQuery};
 pub use failure::Common;
