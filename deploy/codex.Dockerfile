@@ -17,4 +17,6 @@ USER 1000:1000
 WORKDIR /workspace
 # It reads its deadline from the stdin line (HAKO_WARM): runed may start it before a turn.
 LABEL io.hako.warm="1"
+# Served to its boxes from the host's page cache (runner/src/programs.rs).
+LABEL io.hako.preload="/usr/local/bin/codex"
 ENTRYPOINT ["/usr/local/bin/hako-agent"]

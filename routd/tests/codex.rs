@@ -513,6 +513,53 @@ async fn codex_starts_before_its_turn_in_a_warm_box() {
         threads_of(&seen[before..]).iter().all(|t| *t == thread),
         "one thread"
     );
+
+    // Codex's binary is served from the host's page cache once copied out of the image
+    // (runner/src/programs.rs): the copy holds the image's own bytes, and every box made
+    // after it binds it read-only over the image's file.
+    let copy = eventually("the program copy", LIMIT, || async {
+        let dir = rig.data().join("programs");
+        let made = std::fs::read_dir(&dir)
+            .ok()
+            .and_then(|mut d| d.next())
+            .and_then(Result::ok)
+            .map(|e| e.path().join("0"))
+            .filter(|p| p.is_file());
+        made.ok_or(dir)
+    })
+    .await;
+    let pipeline = hako_deploy::Pipeline::new(docker.clone());
+    let codex = pipeline.fetch(&hako_deploy::CODEX_CLI).await.unwrap();
+    assert!(
+        std::fs::read(&copy).unwrap() == std::fs::read(&codex).unwrap(),
+        "the copy is the image's codex"
+    );
+    rig.say(chat, "w-3", "once more").await;
+    rig.wait_for(chat, "the third answer", |h| replies(h).len() == 3)
+        .await;
+    let mounted = eventually("a box binding the copy read-only", LIMIT, || async {
+        for id in warm_boxes(&docker, &rig).await {
+            let Ok(i) = docker.inspect_container(&id, None).await else {
+                continue;
+            };
+            let m = i
+                .mounts
+                .unwrap_or_default()
+                .into_iter()
+                .find(|m| m.destination.as_deref() == Some("/usr/local/bin/codex"));
+            if let Some(m) = m {
+                return Ok(m);
+            }
+        }
+        Err(())
+    })
+    .await;
+    assert_eq!(mounted.rw, Some(false), "{mounted:?}");
+    assert_eq!(
+        mounted.source.as_deref(),
+        Some(copy.to_str().unwrap()),
+        "{mounted:?}"
+    );
     rig.stop().await;
 }
 

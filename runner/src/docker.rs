@@ -18,8 +18,10 @@ use bollard::query_parameters::{
     ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
     StopContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
+use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
 
 use super::engine::{
     Attached, BoxControl, ContainerSpec, Engine, EngineError, Frame, FrameStream, ImageInfo,
@@ -550,6 +552,17 @@ impl Engine for DockerEngine {
             .stderr(true)
             .build();
         frames(self.0.logs(id, Some(opts)), "logs")
+    }
+
+    fn archive(&self, id: &str, path: &str) -> BoxStream<'static, Result<Bytes, EngineError>> {
+        let opts = bollard::query_parameters::DownloadFromContainerOptionsBuilder::new()
+            .path(path)
+            .build();
+        let subject = id.to_owned();
+        self.0
+            .download_from_container(id, Some(opts))
+            .map(move |r| r.map_err(|e| EngineError::from_bollard(e, &subject)))
+            .boxed()
     }
 
     fn image(

@@ -281,6 +281,9 @@ pub trait Engine: BoxControl {
         limit: Duration,
     ) -> BoxFuture<'static, Result<ImageInfo, EngineError>>;
 
+    /// A tar archive of `path` in a created box (its image's file), as it streams.
+    fn archive(&self, id: &str, path: &str) -> BoxStream<'static, Result<Bytes, EngineError>>;
+
     /// The OCI runtimes it can run boxes under, sorted.
     fn runtimes(&self, limit: Duration) -> BoxFuture<'static, Result<Vec<String>, EngineError>>;
 

@@ -278,13 +278,16 @@ impl Runner {
         labels.insert(LABEL_DEADLINE.to_owned(), deadline_ms.to_string());
         let network = self.network_for(g, egress_net);
         let runtime = self.runtime_for(g, &network).await?;
+        let image = self.image_for(g);
+        let mut mounts = p.mounts.clone();
+        mounts.extend(self.program_mounts(&image).await);
         Ok(ContainerSpec {
             name: self.container_name(&spec.run_id, ""),
-            image: self.image_for(g),
+            image,
             user: format!("{}:{}", cfg.agent_user.uid, cfg.agent_user.gid),
             env,
             cmd: None,
-            mounts: p.mounts.clone(),
+            mounts,
             network,
             limits: g.limits(&cfg.limits),
             labels,

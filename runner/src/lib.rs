@@ -32,6 +32,7 @@ pub mod mounts;
 pub mod mountsec;
 pub mod outcome;
 mod prepare;
+pub mod programs;
 pub mod proxy_container;
 pub mod runlog;
 pub mod safefs;
@@ -382,6 +383,8 @@ pub struct Runner {
     runtimes: Arc<std::sync::Mutex<Option<Vec<String>>>>,
     /// Warm boxes (`warm`).
     warm: Arc<warm::WarmPool>,
+    /// Program copies served from the host (`programs`).
+    programs: Arc<programs::Programs>,
 }
 
 impl Runner {
@@ -420,6 +423,7 @@ impl Runner {
         let storage = Arc::new(Storage::open(&cfg.layout.data_dir)?);
         // What an earlier process moved aside and did not finish deleting.
         storage.schedule_reap();
+        programs::reset(&cfg.layout.data_dir);
         Ok(Runner {
             engine,
             cfg: Arc::new(cfg),
@@ -427,6 +431,7 @@ impl Runner {
             egress,
             runtimes: Arc::default(),
             warm: Arc::default(),
+            programs: Arc::default(),
         })
     }
 

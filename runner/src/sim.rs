@@ -25,6 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
+use futures_util::stream::BoxStream;
 use tokio::io::{AsyncBufReadExt, BufReader, DuplexStream};
 use tokio::sync::{Notify, mpsc, watch};
 
@@ -749,6 +750,12 @@ impl Engine for SimEngine {
 
     fn runtimes(&self, _limit: Duration) -> BoxFuture<'static, Result<Vec<String>, EngineError>> {
         Box::pin(async { Ok(vec!["runc".to_owned()]) })
+    }
+
+    fn archive(&self, id: &str, _path: &str) -> BoxStream<'static, Result<Bytes, EngineError>> {
+        // Boxes are scripts: their images hold no files.
+        let e = EngineError::NotFound(id.to_owned());
+        futures_util::stream::once(async move { Err(e) }).boxed()
     }
 
     fn version(&self, _limit: Duration) -> BoxFuture<'static, Result<String, EngineError>> {
