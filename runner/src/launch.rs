@@ -280,7 +280,8 @@ impl Runner {
         let runtime = self.runtime_for(g, &network).await?;
         let image = self.image_for(g);
         let mut mounts = p.mounts.clone();
-        mounts.extend(self.program_mounts(&image).await);
+        let programs = self.program_mounts(&image, &mounts).await;
+        mounts.extend(programs);
         Ok(ContainerSpec {
             name: self.container_name(&spec.run_id, ""),
             image,

@@ -423,7 +423,6 @@ impl Runner {
         let storage = Arc::new(Storage::open(&cfg.layout.data_dir)?);
         // What an earlier process moved aside and did not finish deleting.
         storage.schedule_reap();
-        programs::reset(&cfg.layout.data_dir);
         Ok(Runner {
             engine,
             cfg: Arc::new(cfg),

@@ -9,9 +9,12 @@
 //! The bytes are the image's own and the mount is read-only. Until a copy is there (it is
 //! made in the background, at the first box of an image), or where it cannot be made, boxes
 //! read the program from their image as before: a copy changes speed, never behaviour.
+//!
+//! Copies are written whole (synced, then renamed into place), so a file there is complete
+//! and another process (a second `hako chat` on the same data root) may replace it with the
+//! same bytes at any time; a copy whose image is gone is removed when the next copy is made.
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
 use std::path::Path;
 use std::sync::Mutex;
@@ -55,16 +58,12 @@ impl Programs {
     }
 }
 
-/// Empties the copies' directory: a runner starts with none (a copy an earlier process left
-/// half-made is never used), and the images they came from may be gone.
-pub(super) fn reset(data_dir: &Path) {
-    let dir = data_dir.join(DIR);
-    match std::fs::remove_dir_all(&dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            tracing::warn!(dir = %dir.display(), error = %e, "emptying the program copies failed")
-        }
-        _ => {}
-    }
+/// Whether `path` is at or under the target of one of `run`'s mounts.
+fn covered(run: &[MountEntry], path: &str) -> bool {
+    run.iter().any(|m| {
+        path.strip_prefix(m.target.trim_end_matches('/'))
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+    })
 }
 
 /// The paths a label names: absolute, normal (no `.`, `..` or empty part), a few.
@@ -91,9 +90,16 @@ fn parse(label: &str) -> Result<Vec<String>, String> {
 }
 
 impl Runner {
-    /// The read-only mounts that serve image `image`'s programs from the host, once copied;
-    /// the first box of an image starts the copy and gets none.
-    pub(super) async fn program_mounts(&self, image: &str) -> Vec<MountEntry> {
+    /// The read-only mounts that serve image `image`'s programs from the host, once copied
+    /// (the first box of an image starts the copy and gets none), but for a path at or under
+    /// one of the run's own mounts `run`: an image never covers what hako mounts.
+    pub(super) async fn program_mounts(&self, image: &str, run: &[MountEntry]) -> Vec<MountEntry> {
+        let mut mounts = self.copied_programs(image).await;
+        mounts.retain(|m| !covered(run, &m.target));
+        mounts
+    }
+
+    async fn copied_programs(&self, image: &str) -> Vec<MountEntry> {
         let Ok(info) = self.engine.image(image, self.cfg.docker_timeout).await else {
             return Vec::new();
         };
@@ -212,7 +218,29 @@ async fn copy(
     {
         tracing::warn!(container = %boxed, error = %e, "removing the program copy's box failed");
     }
-    result.map(|()| mounts)
+    result?;
+    forget_gone(engine, cfg, key).await;
+    Ok(mounts)
+}
+
+/// Removes the copies of images the engine no longer has (a rebuilt image's old id).
+async fn forget_gone(engine: &dyn Engine, cfg: &RunnerConfig, keep: &str) {
+    let root = cfg.layout.data_dir.join(DIR);
+    let Ok(dirs) = std::fs::read_dir(&root) else {
+        return;
+    };
+    for d in dirs.flatten() {
+        let name = d.file_name().to_string_lossy().into_owned();
+        if name == keep || !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+            continue;
+        }
+        if let Err(EngineError::ImageMissing(_)) = engine
+            .image(&format!("sha256:{name}"), cfg.docker_timeout)
+            .await
+        {
+            let _ = std::fs::remove_dir_all(d.path());
+        }
+    }
 }
 
 /// Writes the one regular file of the tar archive of `path` to `to` (0755, written whole,
@@ -224,7 +252,8 @@ async fn extract(
     to: &Path,
 ) -> Result<(), EngineError> {
     let io = |e: std::io::Error| EngineError::api(format!("{}: {e}", to.display()));
-    let tmp = to.with_extension("part");
+    // Per process: two runners on one data root never write the same partial file.
+    let tmp = to.with_extension(format!("part.{}", std::process::id()));
     let mut out = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -245,7 +274,8 @@ async fn extract(
             "{path}: the image's archive holds no whole regular file"
         )));
     }
-    out.flush().map_err(io)?;
+    // Synced before it is renamed into place: a file there is whole, whoever finds it.
+    out.sync_all().map_err(io)?;
     drop(out);
     std::fs::rename(&tmp, to).map_err(io)
 }
@@ -407,6 +437,29 @@ mod tests {
         let mut t = Untar::default();
         t.feed(&[b'z'; 600], &mut Vec::new()).unwrap();
         assert!(!t.done());
+    }
+
+    #[test]
+    fn a_program_never_covers_what_hako_mounts() {
+        let run: Vec<MountEntry> = ["/workspace", "/home/agent/.claude/", "/run/hako/mcp.sock"]
+            .into_iter()
+            .map(|t| MountEntry {
+                source: "/x".into(),
+                target: t.into(),
+                readonly: false,
+            })
+            .collect();
+        for path in [
+            "/workspace",
+            "/workspace/bin/tool",
+            "/home/agent/.claude/settings.json",
+            "/run/hako/mcp.sock",
+        ] {
+            assert!(covered(&run, path), "{path}");
+        }
+        for path in ["/usr/local/bin/codex", "/workspaces", "/run/hako/mcp.sock2"] {
+            assert!(!covered(&run, path), "{path}");
+        }
     }
 
     #[test]
