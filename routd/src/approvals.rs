@@ -9,6 +9,7 @@
 //! same request; one no one asks for again is denied. The database is the truth; the
 //! waiters here are only woken by it.
 
+use hako_shared::audit::AuditAction;
 use hako_shared::ids::TurnId;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,7 +20,7 @@ use hako_shared::chat::MessageKind;
 use serde_json::{Map, Value};
 use tokio::sync::Notify;
 
-use crate::store::{ApprovalRow, AuditRow, Decided};
+use crate::store::{ApprovalRow, Decided};
 use crate::{Shared, now_ms};
 
 /// The longest text of an argument shown in the chat's request (the rest is cut there, and
@@ -316,7 +317,7 @@ pub(crate) async fn hold(
     audit(
         sh,
         &format!("turn:{}", scope.turn_id),
-        "approval.request",
+        AuditAction::ApprovalRequest,
         &row,
         "pending",
     )
@@ -442,7 +443,7 @@ pub(crate) async fn conclude(
                 ),
             };
             say(sh, &row, "verdict", text).await;
-            audit(sh, by, "approval.verdict", &row, state.as_str()).await;
+            audit(sh, by, AuditAction::ApprovalVerdict, &row, state.as_str()).await;
             Ok(Some((row, true)))
         }
         Decided::Before(row) => Ok(Some((row, false))),
@@ -491,7 +492,14 @@ pub(crate) async fn decide(
             };
             if let Some(why) = refusal {
                 let actor = format!("chat:{chat}:{sender}");
-                audit(sh, &actor, "approval.verdict", &row, "not_allowed").await;
+                audit(
+                    sh,
+                    &actor,
+                    AuditAction::ApprovalVerdict,
+                    &row,
+                    "not_allowed",
+                )
+                .await;
                 return Ok(Err(Refusal::NotAllowed(why)));
             }
             format!("chat:{chat}:{sender}")
@@ -508,7 +516,7 @@ pub(crate) async fn decide(
                 .as_ref()
                 .is_none_or(|p| p.from == hako_shared::approvals::Approvers::Operator);
             if !unbound && operator_only {
-                audit(sh, actor, "approval.verdict", &row, "not_allowed").await;
+                audit(sh, actor, AuditAction::ApprovalVerdict, &row, "not_allowed").await;
                 return Ok(Err(Refusal::NotAllowed(format!(
                     "{id}: the group's approvals come from the operator only"
                 ))));
@@ -682,27 +690,18 @@ async fn say(sh: &Shared, row: &ApprovalRow, what: &str, text: String) {
     }
 }
 
-async fn audit(sh: &Shared, actor: &str, action: &str, row: &ApprovalRow, outcome: &str) {
-    let entry = AuditRow {
-        id: 0,
-        at: now_ms(),
-        actor: actor.to_owned(),
-        action: action.into(),
-        folder: Some(row.folder.clone()),
-        outcome: outcome.into(),
-        detail: format!(
-            "{} {}{}",
-            row.id,
-            row.tool,
-            row.target
-                .as_deref()
-                .map(|t| format!(" on {t}"))
-                .unwrap_or_default()
-        ),
-    };
-    if let Err(e) = sh.store.audit(entry).await {
-        tracing::warn!(error = %e, "audit row lost");
-    }
+async fn audit(sh: &Shared, actor: &str, action: AuditAction, row: &ApprovalRow, outcome: &str) {
+    let detail = format!(
+        "{} {}{}",
+        row.id,
+        row.tool,
+        row.target
+            .as_deref()
+            .map(|t| format!(" on {t}"))
+            .unwrap_or_default()
+    );
+    sh.audit(actor, action, Some(&row.folder), outcome, detail)
+        .await;
 }
 
 #[cfg(test)]

@@ -140,7 +140,7 @@ impl Shared {
     pub async fn audit(
         &self,
         actor: &str,
-        action: &str,
+        action: hako_shared::audit::AuditAction,
         folder: Option<&str>,
         outcome: &str,
         detail: String,
@@ -149,7 +149,7 @@ impl Shared {
             id: 0,
             at: now_ms(),
             actor: actor.to_owned(),
-            action: action.to_owned(),
+            action: action.as_str().to_owned(),
             folder: folder.map(str::to_owned),
             outcome: outcome.to_owned(),
             detail,

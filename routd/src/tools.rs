@@ -3,6 +3,7 @@
 //! checked the grants and that the turn is live; what a call may reach beyond its grants (a
 //! chat that routes to the group, a sub-folder of its own) is checked here.
 
+use hako_shared::audit::AuditAction;
 use std::sync::Arc;
 
 use hako_mcp::tools::{
@@ -20,7 +21,7 @@ use hako_shared::time::{from_unix_millis, parse_rfc3339, rfc3339};
 use serde_json::{Value, json};
 
 use crate::live::Writes;
-use crate::store::{AuditRow, GroupRow, NewInbound, SetBy, TaskRow};
+use crate::store::{GroupRow, NewInbound, SetBy, TaskRow};
 use crate::{Appended, Shared, now_ms};
 
 /// The furthest a one-off task may be scheduled ahead.
@@ -144,19 +145,11 @@ impl RoutdTools {
         Ok(())
     }
 
-    async fn audit(&self, scope: &Scope, action: &str, detail: String) {
-        let row = AuditRow {
-            id: 0,
-            at: now_ms(),
-            actor: format!("turn:{}", scope.turn_id),
-            action: action.into(),
-            folder: Some(scope.folder.to_string()),
-            outcome: "ok".into(),
-            detail,
-        };
-        if let Err(e) = self.sh.store.audit(row).await {
-            tracing::warn!(error = %e, "audit row lost");
-        }
+    async fn audit(&self, scope: &Scope, action: AuditAction, detail: String) {
+        let actor = format!("turn:{}", scope.turn_id);
+        self.sh
+            .audit(&actor, action, Some(scope.folder.as_str()), "ok", detail)
+            .await;
     }
 
     async fn send_message(&self, scope: &Scope, c: SendMessage) -> Result<Value, ToolError> {
@@ -319,7 +312,8 @@ impl RoutdTools {
             .await
             .map_err(internal)?;
         self.sh.tasks_changed.notify_one();
-        self.audit(scope, "task.schedule", row.id.clone()).await;
+        self.audit(scope, AuditAction::TaskSchedule, row.id.clone())
+            .await;
         Ok(task_json(&row))
     }
 
@@ -347,7 +341,8 @@ impl RoutdTools {
             )));
         }
         self.sh.tasks_changed.notify_one();
-        self.audit(scope, "task.cancel", c.id.clone()).await;
+        self.audit(scope, AuditAction::TaskCancel, c.id.clone())
+            .await;
         Ok(json!({"id": c.id, "state": "cancelled"}))
     }
 
@@ -361,7 +356,8 @@ impl RoutdTools {
         if let Some(live) = self.sh.live.get(&scope.turn_id) {
             live.reset_session();
         }
-        self.audit(scope, "session.reset", String::new()).await;
+        self.audit(scope, AuditAction::SessionReset, String::new())
+            .await;
         Ok(json!({"reset": true, "from": "the next turn"}))
     }
 
@@ -422,7 +418,8 @@ impl RoutdTools {
             .await
             .map_err(internal)?;
         self.sh.wake.notify_one();
-        self.audit(scope, "group.register", f.to_string()).await;
+        self.audit(scope, AuditAction::GroupRegister, f.to_string())
+            .await;
         Ok(json!({"folder": f.as_str(), "chat_jid": format!("web:{f}"), "created": created}))
     }
 
@@ -463,7 +460,8 @@ impl RoutdTools {
             chat: chat.as_str().into(),
         });
         self.sh.wake.notify_one();
-        self.audit(scope, "group.spawn", f.to_string()).await;
+        self.audit(scope, AuditAction::GroupSpawn, f.to_string())
+            .await;
         Ok(json!({"folder": f.as_str(), "chat_jid": chat, "message_id": id}))
     }
 }

@@ -10,6 +10,7 @@
 
 pub mod allowlist;
 pub mod approvals;
+pub mod audit;
 #[cfg(feature = "auth")]
 pub mod auth;
 pub mod chat;

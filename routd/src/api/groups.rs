@@ -5,6 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use hako_shared::GroupFolder;
 use hako_shared::approvals::ApprovalPolicy;
+use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{GroupConfig, GroupList, GroupView};
 use hako_shared::http::{ApiJson, ErrorBody, NoToken};
@@ -74,7 +75,7 @@ pub(super) async fn put_group(
         audit_row(
             &sh,
             &who,
-            "group.put",
+            AuditAction::GroupPut,
             Some(folder.as_str()),
             "folder_forbidden",
             String::new(),
@@ -103,7 +104,7 @@ pub(super) async fn put_group(
     audit_row(
         &sh,
         &who,
-        "group.put",
+        AuditAction::GroupPut,
         Some(folder.as_str()),
         "ok",
         String::new(),
@@ -252,7 +253,7 @@ pub(super) async fn delete_group(
         audit_row(
             &sh,
             &who,
-            "group.delete",
+            AuditAction::GroupDelete,
             Some(f.as_str()),
             "folder_forbidden",
             String::new(),
@@ -276,7 +277,7 @@ pub(super) async fn delete_group(
     audit_row(
         &sh,
         &who,
-        "group.delete",
+        AuditAction::GroupDelete,
         Some(f.as_str()),
         "ok",
         String::new(),

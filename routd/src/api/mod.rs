@@ -107,7 +107,7 @@ fn new_message_id() -> String {
 async fn audit_row(
     sh: &Shared,
     who: &Principal,
-    action: &str,
+    action: hako_shared::audit::AuditAction,
     folder: Option<&str>,
     outcome: &str,
     detail: String,

@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{NewRoute, RouteList, RouteView};
 use hako_shared::http::{ApiJson, ErrorBody, NoToken};
@@ -47,7 +48,7 @@ pub(super) async fn add_route(
     audit_row(
         &sh,
         &who,
-        "route.add",
+        AuditAction::RouteAdd,
         Some(&row.folder),
         "ok",
         row.pattern.clone(),
@@ -119,7 +120,7 @@ pub(super) async fn delete_route(
     audit_row(
         &sh,
         &who,
-        "route.delete",
+        AuditAction::RouteDelete,
         Some(&row.folder),
         "ok",
         row.pattern.clone(),

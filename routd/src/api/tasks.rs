@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use hako_shared::GroupFolder;
+use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{TaskList, TaskView};
 use hako_shared::http::{ApiQuery, ErrorBody, NoToken};
@@ -91,7 +92,15 @@ pub(super) async fn cancel_task(
     }
     if sh.store.cancel_task(&t.folder, &id, now_ms()).await? {
         sh.tasks_changed.notify_one();
-        audit_row(&sh, &who, "task.cancel", Some(&t.folder), "ok", id.clone()).await;
+        audit_row(
+            &sh,
+            &who,
+            AuditAction::TaskCancel,
+            Some(&t.folder),
+            "ok",
+            id.clone(),
+        )
+        .await;
     }
     let t = sh.store.task(&id).await?.ok_or_else(missing)?;
     Ok(Json(task_view(t)))

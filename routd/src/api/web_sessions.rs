@@ -4,6 +4,7 @@
 
 use axum::Json;
 use axum::extract::{Path, State};
+use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::http::{ErrorBody, NoToken};
 use hako_shared::web::{WebSessionList, WebSessionView};
@@ -88,7 +89,7 @@ pub(super) async fn end_web_session(
     audit_row(
         &sh,
         &who,
-        "web.session.end",
+        AuditAction::WebSessionEnd,
         s.claims.folder.as_deref(),
         "ok",
         format!("link {jti}"),

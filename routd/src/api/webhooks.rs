@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{NewWebhook, WebhookList, WebhookView};
 use hako_shared::http::{ApiJson, ErrorBody, NoToken};
@@ -74,7 +75,7 @@ pub(super) async fn add_webhook(
     audit_row(
         &sh,
         &who,
-        "webhook.add",
+        AuditAction::WebhookAdd,
         None,
         "ok",
         format!("{} -> {}", row.prefix, url.host_str().unwrap_or("")),
@@ -147,6 +148,14 @@ pub(super) async fn delete_webhook(
         return Err(missing());
     }
     sh.reload_webhooks().await?;
-    audit_row(&sh, &who, "webhook.delete", None, "ok", n.to_string()).await;
+    audit_row(
+        &sh,
+        &who,
+        AuditAction::WebhookDelete,
+        None,
+        "ok",
+        n.to_string(),
+    )
+    .await;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -3,6 +3,7 @@
 //! layer in front of the API turns the cookie into the caller, and refuses a state change
 //! that does not carry the session's CSRF token.
 
+use hako_shared::audit::AuditAction;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -170,7 +171,7 @@ async fn end_revoked(sh: &Shared, s: &WebSession) {
             sh.signed_out.add(&s.link_jti, s.claims.exp);
             sh.audit(
                 &s.claims.sub,
-                "web.session.end",
+                AuditAction::WebSessionEnd,
                 s.claims.folder.as_deref(),
                 "revoked",
                 format!("link {}", s.link_jti),
@@ -376,7 +377,7 @@ pub(crate) async fn sign_in(
     {
         sh.audit(
             &claims.sub,
-            "web.signin",
+            AuditAction::WebSignin,
             claims.folder.as_deref(),
             "link_used",
             String::new(),
@@ -397,7 +398,7 @@ pub(crate) async fn sign_in(
     }
     sh.audit(
         &claims.sub,
-        "web.signin",
+        AuditAction::WebSignin,
         claims.folder.as_deref(),
         "ok",
         format!("link {}", claims.jti),
@@ -451,7 +452,7 @@ pub(crate) async fn sign_out(sh: &Shared, headers: &HeaderMap) -> Result<Respons
     sh.signed_out.add(&s.link_jti, s.claims.exp);
     sh.audit(
         &s.claims.sub,
-        "web.signout",
+        AuditAction::WebSignout,
         s.claims.folder.as_deref(),
         "ok",
         format!("link {}", s.link_jti),

@@ -7,6 +7,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use hako_runner::media::MediaError;
 use hako_shared::GroupFolder;
+use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::http::{ErrorBody, NoToken};
 use hako_shared::media::MediaSaved;
@@ -64,7 +65,7 @@ pub(crate) async fn put_media(
     audit_row(
         &sh,
         &who,
-        "media.put",
+        AuditAction::MediaPut,
         None,
         Some(folder.as_str()),
         if saved.is_ok() { "ok" } else { "refused" },

@@ -4,6 +4,7 @@
 
 pub(crate) mod media;
 
+use hako_shared::audit::AuditAction;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -88,7 +89,7 @@ fn accepted(run_id: RunId, state: RunState, existing: bool) -> Response {
 async fn audit_row(
     sh: &Shared,
     who: &Principal,
-    action: &str,
+    action: AuditAction,
     run: Option<&str>,
     folder: Option<&str>,
     outcome: &str,
@@ -98,7 +99,7 @@ async fn audit_row(
         id: 0,
         at: unix_millis(SystemTime::now()),
         actor: who.subject().to_owned(),
-        action: action.to_owned(),
+        action: action.as_str().to_owned(),
         run_id: run.map(str::to_owned),
         folder: folder.map(str::to_owned),
         outcome: outcome.to_owned(),
@@ -200,7 +201,7 @@ async fn create_run(
         audit_row(
             &sh,
             &who,
-            "run.create",
+            AuditAction::RunCreate,
             None,
             Some(&folder),
             refused.code(),
@@ -268,7 +269,7 @@ async fn create_run(
             audit_row(
                 &sh,
                 &who,
-                "run.create",
+                AuditAction::RunCreate,
                 Some(&run_id),
                 Some(&folder),
                 "ok",
@@ -554,7 +555,7 @@ async fn steer(
     audit_row(
         &sh,
         &who,
-        "run.steer",
+        AuditAction::RunSteer,
         Some(&run_id),
         Some(&row.folder),
         match &placed {
@@ -659,7 +660,7 @@ async fn kill_run(
         audit_row(
             &sh,
             &who,
-            "run.kill",
+            AuditAction::RunKill,
             Some(&run_id),
             Some(&row.folder),
             "ok",
@@ -722,7 +723,7 @@ async fn stop_folder(
         audit_row(
             &sh,
             &who,
-            "folder.retire",
+            AuditAction::FolderRetire,
             None,
             Some(&folder),
             "ok",
@@ -733,7 +734,7 @@ async fn stop_folder(
     audit_row(
         &sh,
         &who,
-        "run.stop",
+        AuditAction::RunStop,
         None,
         Some(&folder),
         "ok",
@@ -811,7 +812,7 @@ async fn create_hold(
     audit_row(
         &sh,
         &who,
-        "hold.create",
+        AuditAction::HoldCreate,
         Some(&run_id),
         Some(&folder),
         "ok",
@@ -1027,7 +1028,7 @@ async fn set_secret(
     audit_row(
         &sh,
         &who,
-        "secret.set",
+        AuditAction::SecretSet,
         None,
         None,
         "ok",
@@ -1063,7 +1064,7 @@ async fn remove_secret(
     audit_row(
         &sh,
         &who,
-        "secret.remove",
+        AuditAction::SecretRemove,
         None,
         None,
         "ok",

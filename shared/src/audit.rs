@@ -1,0 +1,103 @@
+//! What routd's and runed's audit logs say a caller did: one table of actions, so that each
+//! is named once (authd keeps its own log of tokens). A row's action is stored and served as
+//! its wire name; rows written before an action was renamed are read back as the text they
+//! hold.
+
+/// An action a caller took that the audit log records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AuditAction {
+    /// routd: a group made or changed.
+    GroupPut,
+    /// routd: a group deleted (its folder retired at runed).
+    GroupDelete,
+    /// routd: a group registered by an agent's tool.
+    GroupRegister,
+    /// routd: a group spawned by an agent's tool.
+    GroupSpawn,
+    /// routd: a route added.
+    RouteAdd,
+    /// routd: a route deleted.
+    RouteDelete,
+    /// routd: a webhook added.
+    WebhookAdd,
+    /// routd: a webhook deleted.
+    WebhookDelete,
+    /// routd: a task scheduled by an agent's tool.
+    TaskSchedule,
+    /// routd: a task cancelled.
+    TaskCancel,
+    /// routd: a chat's session reset by an agent's tool.
+    SessionReset,
+    /// routd: an approval request made (a held call that asks a person).
+    ApprovalRequest,
+    /// routd: a verdict on an approval request (or one refused).
+    ApprovalVerdict,
+    /// routd: a person signed in to the web page.
+    WebSignin,
+    /// routd: a person signed out.
+    WebSignout,
+    /// routd: a web session ended by an operator or a revocation.
+    WebSessionEnd,
+    /// runed: a run asked for.
+    RunCreate,
+    /// runed: a follow-up placed into a live run.
+    RunSteer,
+    /// runed: a run killed.
+    RunKill,
+    /// runed: a run asked to stop (its input closed).
+    RunStop,
+    /// runed: a folder's slot held.
+    HoldCreate,
+    /// runed: a deleted group's folder retired.
+    FolderRetire,
+    /// runed: a brokered secret set.
+    SecretSet,
+    /// runed: a brokered secret removed.
+    SecretRemove,
+    /// runed: a media file written into a folder.
+    MediaPut,
+}
+
+crate::wire_names!(AuditAction {
+    GroupPut => "group.put",
+    GroupDelete => "group.delete",
+    GroupRegister => "group.register",
+    GroupSpawn => "group.spawn",
+    RouteAdd => "route.add",
+    RouteDelete => "route.delete",
+    WebhookAdd => "webhook.add",
+    WebhookDelete => "webhook.delete",
+    TaskSchedule => "task.schedule",
+    TaskCancel => "task.cancel",
+    SessionReset => "session.reset",
+    ApprovalRequest => "approval.request",
+    ApprovalVerdict => "approval.verdict",
+    WebSignin => "web.signin",
+    WebSignout => "web.signout",
+    WebSessionEnd => "web.session.end",
+    RunCreate => "run.create",
+    RunSteer => "run.steer",
+    RunKill => "run.kill",
+    RunStop => "run.stop",
+    HoldCreate => "hold.create",
+    FolderRetire => "folder.retire",
+    SecretSet => "secret.set",
+    SecretRemove => "secret.remove",
+    MediaPut => "media.put",
+});
+
+#[cfg(test)]
+mod tests {
+    use super::AuditAction;
+
+    #[test]
+    fn each_action_has_its_own_name() {
+        let mut names: Vec<&str> = AuditAction::ALL.iter().map(|a| a.as_str()).collect();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), AuditAction::ALL.len());
+        for a in AuditAction::ALL {
+            assert_eq!(AuditAction::parse(a.as_str()), Some(a));
+        }
+    }
+}
