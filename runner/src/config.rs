@@ -40,6 +40,10 @@ pub struct RunnerConfig {
     pub run_timeout: Duration,
     /// Warm boxes kept at most, one per folder (`RUNED_WARM_MAX`; 0: none).
     pub warm_max: usize,
+    /// Whether agent images' programs are served from the host (`programs.rs`): runed's
+    /// (`from_env`), not the library's default (tests, `hako chat`, which ends with its one
+    /// box and would leave a copy under way behind).
+    pub program_copies: bool,
     /// How long a warm box waits for its folder's next run (`RUNED_WARM_TTL`).
     pub warm_ttl: Duration,
     /// Grace between SIGTERM and SIGKILL when stopping at the ceiling.
@@ -121,6 +125,7 @@ impl RunnerConfig {
             // Off in the library's defaults (tests, `hako chat`); runed's environment turns
             // it on (`from_env`).
             warm_max: 0,
+            program_copies: false,
             warm_ttl: Duration::from_secs(10 * 60),
             stop_grace: Duration::from_secs(10),
             kill_grace: Duration::from_secs(2),
@@ -169,6 +174,7 @@ impl RunnerConfig {
         let data_dir = env.path_or("DATA_DIR", "./data");
         let mut c = Self::new(data_dir);
         c.layout.host_data_dir = env.path("HOST_DATA_DIR");
+        c.program_copies = true;
         if let Some(app) = env.path("HAKO_APP_DIR") {
             c.layout.app_dir = absolute(app);
         }

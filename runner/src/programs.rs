@@ -21,24 +21,39 @@ use std::sync::Mutex;
 
 use futures_util::StreamExt as _;
 
-use super::engine::{ContainerSpec, Engine, EngineError, Limits, labels};
+use super::engine::{ContainerSpec, Engine, EngineError, Limits};
 use super::mounts::MountEntry;
 use super::{Runner, RunnerConfig};
 
 /// Image label: the absolute paths, comma-separated, of the regular files to serve from the
 /// host (at most [`MAX_PATHS`]).
 pub const LABEL_PRELOAD: &str = "io.hako.preload";
-/// The role label of the short-lived box a copy is taken from (never started).
-pub const ROLE_PROGRAM: &str = "program";
+/// Label of the short-lived box a copy is taken from (created, never started, removed): the
+/// install it copies for. Not `io.hako.install`: the box is none of the install's runs, and
+/// nothing that counts or sweeps those must see it. One name per install and image, so a
+/// box a crash left is removed by the next copy.
+pub const LABEL_COPY_FOR: &str = "io.hako.program-copy-for";
 /// The directory under the data root.
 pub const DIR: &str = "programs";
 const MAX_PATHS: usize = 4;
 /// The largest file copied (Claude Code's binary is about 230 MB).
 const MAX_SIZE: u64 = 1 << 30;
 
-/// The copies, by image id.
+/// The copies, by image id, and the boxes copies are being taken from.
 #[derive(Default)]
-pub(super) struct Programs(Mutex<HashMap<String, Copy>>);
+pub(super) struct Programs {
+    copies: Mutex<HashMap<String, Copy>>,
+    /// The names of the copy boxes that exist now (or are being created).
+    boxes: Mutex<Boxes>,
+}
+
+#[derive(Default)]
+struct Boxes {
+    names: Vec<String>,
+    /// The runner drained: no copy starts after that, and a box created meanwhile removes
+    /// itself.
+    drained: bool,
+}
 
 #[derive(Clone)]
 enum Copy {
@@ -50,11 +65,52 @@ enum Copy {
     Failed,
 }
 
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Programs {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Copy>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.copies)
+    }
+
+    /// Registers a copy box about to be created; `false` once the runner drained.
+    fn enter(&self, name: &str) -> bool {
+        let mut b = lock(&self.boxes);
+        if !b.drained {
+            b.names.push(name.to_owned());
+        }
+        !b.drained
+    }
+
+    /// The copy box is removed: `false` when the runner drained meanwhile (the caller
+    /// removes it again, in case it was created after the drain looked).
+    fn leave(&self, name: &str) -> bool {
+        let mut b = lock(&self.boxes);
+        b.names.retain(|n| n != name);
+        !b.drained
+    }
+
+    /// No copy starts from now on; the names of the copy boxes that may exist.
+    fn drain(&self) -> Vec<String> {
+        let mut b = lock(&self.boxes);
+        b.drained = true;
+        std::mem::take(&mut b.names)
+    }
+}
+
+impl Runner {
+    /// At shutdown: removes the boxes copies are being taken from (their copies fail, and are
+    /// made again by the next process); none is created after this.
+    pub(super) async fn drain_copies(&self) {
+        let names = self.programs.drain();
+        let t = self.cfg.docker_timeout;
+        futures_util::future::join_all(
+            names
+                .iter()
+                .map(|n| self.engine.remove(n, Some(std::time::Duration::ZERO), t)),
+        )
+        .await;
     }
 }
 
@@ -100,6 +156,9 @@ impl Runner {
     }
 
     async fn copied_programs(&self, image: &str) -> Vec<MountEntry> {
+        if !self.cfg.program_copies {
+            return Vec::new();
+        }
         let Ok(info) = self.engine.image(image, self.cfg.docker_timeout).await else {
             return Vec::new();
         };
@@ -126,6 +185,10 @@ impl Runner {
                 }
             }
         }
+        if let Some(m) = already_copied(&self.cfg, &key, label) {
+            self.programs.lock().insert(key, Copy::Ready(m.clone()));
+            return m;
+        }
         let paths = match parse(label) {
             Ok(p) => p,
             Err(why) => {
@@ -138,7 +201,7 @@ impl Runner {
             (self.engine.clone(), self.cfg.clone(), self.programs.clone());
         let id = info.id.clone();
         tokio::spawn(async move {
-            let done = match copy(engine.as_ref(), &cfg, &id, &key, &paths).await {
+            let done = match copy(engine.as_ref(), &cfg, &programs, &id, &key, &paths).await {
                 Ok(m) => {
                     tracing::info!(image = %id, files = m.len(), "programs served from the host");
                     Copy::Ready(m)
@@ -154,11 +217,32 @@ impl Runner {
     }
 }
 
+/// The copies an earlier process (or another one on this data root) made of image `key`'s
+/// programs, when every one is there: whole by construction (synced, then renamed).
+fn already_copied(cfg: &RunnerConfig, key: &str, label: &str) -> Option<Vec<MountEntry>> {
+    let paths = parse(label).ok()?;
+    let dir = cfg.layout.data_dir.join(DIR).join(key);
+    paths
+        .into_iter()
+        .enumerate()
+        .map(|(i, target)| {
+            let source = dir.join(i.to_string());
+            let meta = std::fs::symlink_metadata(&source).ok()?;
+            meta.is_file().then_some(MountEntry {
+                source,
+                target,
+                readonly: true,
+            })
+        })
+        .collect()
+}
+
 /// Copies `paths` out of image `id` into `programs/<key>/` through a box that is created,
 /// never started, and removed.
 async fn copy(
     engine: &dyn Engine,
     cfg: &RunnerConfig,
+    programs: &Programs,
     id: &str,
     key: &str,
     paths: &[String],
@@ -172,10 +256,9 @@ async fn copy(
         .map_err(|e| EngineError::api(format!("{}: {e}", dir.display())))?;
     let spec = ContainerSpec {
         name: format!(
-            "hako-{}-program-{}-{}",
+            "hako-{}-program-{}",
             cfg.install_id,
-            &key[..key.len().min(12)],
-            std::process::id()
+            &key[..key.len().min(12)]
         ),
         image: id.to_owned(),
         user: format!("{}:{}", cfg.agent_user.uid, cfg.agent_user.gid),
@@ -188,14 +271,34 @@ async fn copy(
             cpus: 0.1,
             pids: 16,
         },
-        labels: HashMap::from([
-            (labels::INSTALL.to_owned(), cfg.install_id.clone()),
-            (labels::ROLE.to_owned(), ROLE_PROGRAM.to_owned()),
-        ]),
+        labels: HashMap::from([(LABEL_COPY_FOR.to_owned(), cfg.install_id.clone())]),
         stdin: false,
         runtime: None,
     };
-    let boxed = engine.create(&spec, t).await?;
+    if !programs.enter(&spec.name) {
+        return Err(EngineError::api("the runner is shutting down"));
+    }
+    let created = match engine.create(&spec, t).await {
+        // A box of the same name: left by a crash (or another process's copy, which then
+        // fails and is made again at its next box).
+        Err(e) if e.is_status(409) => {
+            match engine
+                .remove(&spec.name, Some(std::time::Duration::ZERO), t)
+                .await
+            {
+                Ok(()) => engine.create(&spec, t).await,
+                Err(e) => Err(e),
+            }
+        }
+        r => r,
+    };
+    let boxed = match created {
+        Ok(b) => b,
+        Err(e) => {
+            programs.leave(&spec.name);
+            return Err(e);
+        }
+    };
     let mut mounts = Vec::new();
     let mut result = Ok(());
     for (i, path) in paths.iter().enumerate() {
@@ -217,6 +320,12 @@ async fn copy(
         .await
     {
         tracing::warn!(container = %boxed, error = %e, "removing the program copy's box failed");
+    }
+    if !programs.leave(&spec.name) {
+        // Drained meanwhile: whatever the drain found, this box goes (again).
+        let _ = engine
+            .remove(&boxed, Some(std::time::Duration::ZERO), t)
+            .await;
     }
     result?;
     forget_gone(engine, cfg, key).await;

@@ -456,6 +456,7 @@ impl Runner {
         let n = boxes.len();
         futures_util::future::join_all(boxes.into_iter().map(|b| self.discard(b, "shutdown")))
             .await;
+        self.drain_copies().await;
         n
     }
 

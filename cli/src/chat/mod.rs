@@ -181,6 +181,8 @@ pub async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     vars.push(("DATA_DIR".into(), place.data.display().to_string()));
     let mut cfg = hako_runner::RunnerConfig::from_env(&Env::from_pairs(vars))?;
     cfg.owner = Some(owner::me());
+    // One chat, one box: a program copy would only start as the chat ends (runner/programs.rs).
+    cfg.program_copies = false;
     let limit = cfg.docker_timeout;
     let runner = Arc::new(Runner::on_docker(
         docker::DockerEngine::connect_default()?,

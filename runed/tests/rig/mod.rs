@@ -384,11 +384,33 @@ impl Rig {
 }
 
 impl Drop for Rig {
+    /// A test that failed before `stop`: what its runed made still goes (a box made just
+    /// after the failure too: swept three times, half a second apart).
     fn drop(&mut self) {
+        let unstopped = self.runed.is_some() || self.child.is_some();
         if let Some((mut c, _)) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
+        if !unstopped || self.sim.is_some() {
+            return;
+        }
+        let runner = self.runner();
+        let sweep = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async {
+                for _ in 0..3 {
+                    let _ = runner.cleanup_orphans(&HashSet::new()).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            });
+        });
+        let _ = sweep.join();
     }
 }
 
