@@ -453,7 +453,7 @@ async fn codex_in(docker: &bollard::Docker, id: &str) -> Option<(u32, Vec<String
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn codex_starts_before_its_turn_in_a_warm_box() {
     let (stub, url) = Stub::start().await;
-    let rig = rig(&url, &[]).await;
+    let rig = rig(&url, &[("RUNED_PROGRAM_COPIES", "1")]).await;
     codex_group(&rig, "cxw", None).await;
     let chat = "web:cxw";
     let docker = hako_deploy::connect_docker().unwrap();

@@ -40,9 +40,9 @@ pub struct RunnerConfig {
     pub run_timeout: Duration,
     /// Warm boxes kept at most, one per folder (`RUNED_WARM_MAX`; 0: none).
     pub warm_max: usize,
-    /// Whether agent images' programs are served from the host (`programs.rs`): runed's
-    /// (`from_env`), not the library's default (tests, `hako chat`, which ends with its one
-    /// box and would leave a copy under way behind).
+    /// Whether agent images' programs are served from the host (`programs.rs`;
+    /// `RUNED_PROGRAM_COPIES`, on in runed's `from_env`), not the library's default (tests,
+    /// `hako chat`, which ends with its one box and would leave a copy under way behind).
     pub program_copies: bool,
     /// How long a warm box waits for its folder's next run (`RUNED_WARM_TTL`).
     pub warm_ttl: Duration,
@@ -174,7 +174,7 @@ impl RunnerConfig {
         let data_dir = env.path_or("DATA_DIR", "./data");
         let mut c = Self::new(data_dir);
         c.layout.host_data_dir = env.path("HOST_DATA_DIR");
-        c.program_copies = true;
+        c.program_copies = env.bool_or("RUNED_PROGRAM_COPIES", true)?;
         if let Some(app) = env.path("HAKO_APP_DIR") {
             c.layout.app_dir = absolute(app);
         }

@@ -108,7 +108,11 @@ impl Rig {
         let own = |v: &[(&str, &str)]| -> Vec<(String, String)> {
             v.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect()
         };
-        let mut runed_env = own(runed_env);
+        // No program copies (runner/src/programs.rs) unless a test asks: each test's runed
+        // would copy Claude Code's or Codex's binary again, load the suites do not need.
+        let mut env = vec![("RUNED_PROGRAM_COPIES".into(), "0".into())];
+        env.extend(own(runed_env));
+        let mut runed_env = env;
         runed_env.push(("CONTAINER_IMAGE".into(), image));
         let install = {
             let mut b = [0u8; 6];

@@ -58,6 +58,7 @@ pub fn runed_config(
         ("RUNED_STOP_GRACE".into(), "1s".into()),
         // These tests count a run's containers; the warm-box tests turn warming on.
         ("RUNED_WARM_MAX".into(), "0".into()),
+        ("RUNED_PROGRAM_COPIES".into(), "0".into()),
     ];
     pairs.extend(extra.iter().cloned());
     hako_runed::Config::from_env(&Env::from_pairs(pairs)).expect("config")
