@@ -396,22 +396,13 @@ impl Drop for Rig {
         if !unstopped || self.sim.is_some() {
             return;
         }
-        let runner = self.runner();
-        let sweep = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async {
-                for _ in 0..3 {
-                    let _ = runner.cleanup_orphans(&HashSet::new()).await;
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            });
-        });
-        let _ = sweep.join();
+        let install = self.runner().config().install_id.clone();
+        for pass in 0..3 {
+            if pass > 0 {
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            hako_deploy::remove_install_containers(&install);
+        }
     }
 }
 
