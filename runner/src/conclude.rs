@@ -82,7 +82,11 @@ impl Runner {
             if !report.sidecars {
                 return errors;
             }
-            match self.engine.list(&self.cfg.install_id, t).await {
+            match self
+                .engine
+                .list(labels::INSTALL, &self.cfg.install_id, t)
+                .await
+            {
                 Ok(list) => {
                     let removals = list
                         .iter()

@@ -25,7 +25,7 @@ use futures_util::stream::BoxStream;
 
 use super::engine::{
     Attached, BoxControl, ContainerSpec, Engine, EngineError, Frame, FrameStream, ImageInfo,
-    Inspected, Listed, ProcessState, labels,
+    Inspected, Listed, ProcessState,
 };
 
 /// Docker as hako's engine: a client of the daemon's Engine API. Everything of a box goes
@@ -190,12 +190,13 @@ impl BoxControl for DockerEngine {
 
     fn list(
         &self,
-        install: &str,
+        label: &'static str,
+        value: &str,
         limit: Duration,
     ) -> BoxFuture<'static, Result<Vec<Listed>, EngineError>> {
         let docker = self.0.clone();
-        let install = install.to_owned();
-        Box::pin(async move { list_install(&docker, &install, limit).await })
+        let value = value.to_owned();
+        Box::pin(async move { list_by(&docker, label, &value, limit).await })
     }
 
     fn remove(
@@ -413,34 +414,49 @@ pub async fn remove(docker: &Docker, id: &str, limit: Duration) -> Result<(), En
     }
 }
 
-/// Lists every container (running or not) carrying this install's label.
-pub async fn list_install(
+/// Lists every container (running or not) whose label `label` is `value`.
+async fn list_by(
     docker: &Docker,
-    install: &str,
+    label: &str,
+    value: &str,
     limit: Duration,
 ) -> Result<Vec<Listed>, EngineError> {
-    let filters = HashMap::from([(
-        "label".to_owned(),
-        vec![format!("{}={install}", labels::INSTALL)],
-    )]);
+    let filters = HashMap::from([("label".to_owned(), vec![format!("{label}={value}")])]);
     let opts = ListContainersOptionsBuilder::new()
         .all(true)
         .filters(&filters)
         .build();
-    let list = bounded("list", limit, install, docker.list_containers(Some(opts))).await?;
+    let list = bounded("list", limit, value, docker.list_containers(Some(opts))).await?;
     Ok(list
         .into_iter()
         .filter_map(|c| {
             let labels = c.labels.unwrap_or_default();
             // Belt and braces: the filter is the daemon's; re-check it here.
-            (labels.get(labels::INSTALL).map(String::as_str) == Some(install)).then(|| Listed {
-                id: c.id.unwrap_or_default(),
-                state: c.state.map(|s| s.to_string()).unwrap_or_default(),
-                labels,
-            })
+            (labels.get(label).map(String::as_str) == Some(value))
+                .then(|| listed(c.id, c.names, c.state, labels))
         })
         .filter(|c| !c.id.is_empty())
         .collect())
+}
+
+fn listed(
+    id: Option<String>,
+    names: Option<Vec<String>>,
+    state: Option<impl ToString>,
+    labels: HashMap<String, String>,
+) -> Listed {
+    let name = names
+        .unwrap_or_default()
+        .into_iter()
+        .next()
+        .map(|n| n.trim_start_matches('/').to_owned())
+        .unwrap_or_default();
+    Listed {
+        id: id.unwrap_or_default(),
+        name,
+        state: state.map(|s| s.to_string()).unwrap_or_default(),
+        labels,
+    }
 }
 
 /// The OCI runtimes the Docker daemon lists.
@@ -467,11 +483,9 @@ pub async fn list_labelled(
         .into_iter()
         .filter_map(|c| {
             let labels = c.labels.unwrap_or_default();
-            labels.contains_key(label).then(|| Listed {
-                id: c.id.unwrap_or_default(),
-                state: c.state.map(|s| s.to_string()).unwrap_or_default(),
-                labels,
-            })
+            labels
+                .contains_key(label)
+                .then(|| listed(c.id, c.names, c.state, labels))
         })
         .filter(|c| !c.id.is_empty())
         .collect())

@@ -177,11 +177,13 @@ pub struct ProcessState {
     pub exit_code: Option<i64>,
 }
 
-/// A container of this install, as listed.
+/// A container, as listed.
 #[derive(Debug, Clone)]
 pub struct Listed {
     /// Container id.
     pub id: String,
+    /// Its name (without Docker's leading `/`).
+    pub name: String,
     /// Labels.
     pub labels: HashMap<String, String>,
     /// `running`, `exited`, …
@@ -226,10 +228,12 @@ pub trait BoxControl: Send + Sync {
         limit: Duration,
     ) -> BoxFuture<'static, Result<ProcessState, EngineError>>;
 
-    /// Every box (running or not) labelled with `install`, and no other install's.
+    /// Every box (running or not) whose label `label` is `value` (this install's boxes:
+    /// [`labels::INSTALL`] and the install id), and no other.
     fn list(
         &self,
-        install: &str,
+        label: &'static str,
+        value: &str,
         limit: Duration,
     ) -> BoxFuture<'static, Result<Vec<Listed>, EngineError>>;
 

@@ -546,7 +546,7 @@ impl Runner {
         let t = self.cfg.docker_timeout;
         let orphans: Vec<_> = self
             .engine
-            .list(&self.cfg.install_id, t)
+            .list(labels::INSTALL, &self.cfg.install_id, t)
             .await?
             .into_iter()
             // The egress proxy belongs to the install, not to a run.
@@ -566,6 +566,7 @@ impl Runner {
             .collect()
             .await;
         let removed = results.iter().filter(|r| r.is_ok()).count();
+        self.remove_stale_copy_boxes().await;
         if let Some(e) = &self.egress
             && let Err(err) = e.cleanup_networks(live).await
         {
@@ -582,7 +583,11 @@ impl Runner {
     pub async fn list_agents(&self) -> Result<Vec<engine::Listed>, EngineError> {
         let all = self
             .engine
-            .list(&self.cfg.install_id, self.cfg.docker_timeout)
+            .list(
+                labels::INSTALL,
+                &self.cfg.install_id,
+                self.cfg.docker_timeout,
+            )
             .await?;
         Ok(all
             .into_iter()
@@ -763,6 +768,23 @@ mod tests {
             left,
             "the live run's box, the proxy, the run in a warm box and another install's stay"
         );
+    }
+
+    #[tokio::test]
+    async fn a_killed_processs_copy_boxes_are_swept_but_not_a_copy_being_taken() {
+        use crate::programs::LABEL_COPY_FOR;
+        let sim = SimEngine::new();
+        let stale = sim.plant(&[(LABEL_COPY_FOR, "i-1")], false);
+        let taking = sim.plant(&[(LABEL_COPY_FOR, "i-1")], false);
+        let other_install = sim.plant(&[(LABEL_COPY_FOR, "i-2")], false);
+        let (r, _tmp) = runner(&sim);
+        // The sim names a planted box by its id.
+        assert!(r.programs.enter(&taking));
+        r.cleanup_orphans(&HashSet::new()).await.unwrap();
+        assert_eq!(sim.removals(), vec![(stale, Some(Duration::ZERO))]);
+        let mut left = vec![taking, other_install];
+        left.sort();
+        assert_eq!(sim.boxes(), left);
     }
 
     #[tokio::test]

@@ -75,7 +75,7 @@ impl Programs {
     }
 
     /// Registers a copy box about to be created; `false` once the runner drained.
-    fn enter(&self, name: &str) -> bool {
+    pub(super) fn enter(&self, name: &str) -> bool {
         let mut b = lock(&self.boxes);
         if !b.drained {
             b.names.push(name.to_owned());
@@ -111,6 +111,43 @@ impl Runner {
                 .map(|n| self.engine.remove(n, Some(std::time::Duration::ZERO), t)),
         )
         .await;
+    }
+}
+
+impl Runner {
+    /// Removes the copy boxes of this install that no copy of this process is taking (a
+    /// killed process's, whose image may since have changed, so no later copy of the same
+    /// name would meet them). Failures are logged: the next sweep tries again.
+    pub(super) async fn remove_stale_copy_boxes(&self) {
+        let t = self.cfg.docker_timeout;
+        let listed = match self
+            .engine
+            .list(LABEL_COPY_FOR, &self.cfg.install_id, t)
+            .await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "listing program copy boxes failed");
+                return;
+            }
+        };
+        let stale: Vec<_> = {
+            let b = lock(&self.programs.boxes);
+            listed
+                .into_iter()
+                .filter(|c| !b.names.contains(&c.name))
+                .collect()
+        };
+        for c in stale {
+            tracing::info!(container = %c.id, name = %c.name, "removing a stale program copy box");
+            if let Err(e) = self
+                .engine
+                .remove(&c.id, Some(std::time::Duration::ZERO), t)
+                .await
+            {
+                tracing::warn!(container = %c.id, error = %e, "removing a program copy box failed");
+            }
+        }
     }
 }
 

@@ -33,7 +33,7 @@ use hako_shared::contract::{Markers, OutputBlock};
 
 use crate::engine::{
     Attached, BoxControl, ContainerSpec, Engine, EngineError, Frame, FrameStream, ImageInfo,
-    Inspected, Listed, ProcessState, labels,
+    Inspected, Listed, ProcessState,
 };
 
 /// What a box of an image does, given its I/O; returns its exit code.
@@ -544,7 +544,8 @@ impl BoxControl for SimEngine {
 
     fn list(
         &self,
-        install: &str,
+        label: &'static str,
+        value: &str,
         _limit: Duration,
     ) -> BoxFuture<'static, Result<Vec<Listed>, EngineError>> {
         let r = self.fault(Op::List, None).map(|()| {
@@ -552,9 +553,10 @@ impl BoxControl for SimEngine {
             let mut v: Vec<Listed> = st
                 .boxes
                 .iter()
-                .filter(|(_, b)| b.labels.get(labels::INSTALL).map(String::as_str) == Some(install))
+                .filter(|(_, b)| b.labels.get(label).map(String::as_str) == Some(value))
                 .map(|(id, b)| Listed {
                     id: id.clone(),
+                    name: b.spec.name.clone(),
                     labels: b.labels.clone(),
                     state: match b.status {
                         Status::Created => "created",

@@ -560,7 +560,8 @@ mod tests {
 
         fn list(
             &self,
-            _install: &str,
+            _label: &'static str,
+            _value: &str,
             _limit: Duration,
         ) -> BoxFuture<'static, Result<Vec<crate::engine::Listed>, EngineError>> {
             Box::pin(async { Err(EngineError::api("not scripted")) })
