@@ -7,12 +7,10 @@ use std::io::{IsTerminal as _, Read as _};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use hako_shared::chat::GroupList;
-use hako_shared::secrets::{SecretList, SecretName, SecretValueRequest};
-use reqwest::Method;
+use hako_client::{routd, runed};
+use hako_shared::secrets::{SecretName, SecretValueRequest};
 use serde_json::{Value, json};
 
-use crate::daemons::Daemon;
 use crate::ops::OpsArgs;
 
 /// `hako secrets …`.
@@ -109,14 +107,8 @@ pub async fn secrets(args: SecretsArgs) -> anyhow::Result<ExitCode> {
                 Err(e) => return Ok(bad(format!("{e:#}"))),
             };
             let token = d.operator_token().await?;
-            let () = d
-                .send(
-                    Daemon::Runed,
-                    Method::PUT,
-                    &format!("/v1/secrets/{name}"),
-                    &token,
-                    &SecretValueRequest { value },
-                )
+            let set = SecretValueRequest { value };
+            d.call(runed::put_secret(name.as_str(), &set), &token)
                 .await?;
             let done = json!({"name": name, "set": true});
             if json {
@@ -127,9 +119,9 @@ pub async fn secrets(args: SecretsArgs) -> anyhow::Result<ExitCode> {
         }
         SecretsCommand::List => {
             let token = d.operator_token().await?;
-            let list: SecretList = d.get(Daemon::Runed, "/v1/secrets", &token).await?;
+            let list = d.call(runed::secrets(), &token).await?;
             // Who uses each, from routd's groups (a routd away leaves the column empty).
-            let groups: Option<GroupList> = d.get(Daemon::Routd, "/v1/groups", &token).await.ok();
+            let groups = d.call(routd::groups(), &token).await.ok();
             let uses = |name: &SecretName| -> Vec<Value> {
                 groups
                     .iter()
@@ -190,15 +182,7 @@ pub async fn secrets(args: SecretsArgs) -> anyhow::Result<ExitCode> {
                 Err(e) => return Ok(bad(e)),
             };
             let token = d.operator_token().await?;
-            let () = d
-                .call(
-                    Daemon::Runed,
-                    Method::DELETE,
-                    &format!("/v1/secrets/{name}"),
-                    &token,
-                    None,
-                )
-                .await?;
+            d.call(runed::delete_secret(name.as_str()), &token).await?;
             let done = json!({"name": name, "removed": true});
             if json {
                 println!("{done}");

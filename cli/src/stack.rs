@@ -16,12 +16,12 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use hako_client::routd;
 use hako_deploy::progress::Progress;
 use hako_deploy::{AGENT, AUTHD, EGRESS, Pipeline, ROUTD, RUNED};
-use hako_shared::chat::{GroupView, Posted};
-use serde_json::json;
+use hako_shared::chat::{GroupConfig, NewWebhook, PostMessage};
 
-use crate::daemons::{Daemon, Daemons, Endpoints};
+use crate::daemons::{Daemons, Endpoints};
 
 /// The daemons that get a service key, and who uses it.
 const KEYED: &[&str] = &["runed", "routd", "operator", "channel"];
@@ -363,25 +363,20 @@ async fn telegram_home(home: &Path, t: &TelegramArgs, token_file: &Path) -> anyh
 async fn telegram_webhook(ep: &Endpoints, home: &Path) -> anyhow::Result<()> {
     let d = Daemons::new(ep)?;
     let token = d.operator_token().await?;
-    let list: serde_json::Value = d
-        .get(Daemon::Routd, "/v1/webhooks", &token)
+    let list = d
+        .call(routd::webhooks(), &token)
         .await
         .context("listing routd's webhooks")?;
-    let exists = list["webhooks"]
-        .as_array()
-        .is_some_and(|w| w.iter().any(|h| h["prefix"] == "tg:"));
-    if exists {
+    if list.webhooks.iter().any(|h| h.prefix == "tg:") {
         return Ok(());
     }
     let secret = std::fs::read_to_string(home.join("secrets/telegram-webhook.secret"))?;
-    let _: serde_json::Value = d
-        .send(
-            Daemon::Routd,
-            reqwest::Method::POST,
-            "/v1/webhooks",
-            &token,
-            &json!({"prefix": "tg:", "url": "http://telegram:8190/v1/deliveries", "secret": secret.trim()}),
-        )
+    let hook = NewWebhook {
+        prefix: "tg:".into(),
+        url: "http://telegram:8190/v1/deliveries".into(),
+        secret: secret.trim().to_owned(),
+    };
+    d.call(routd::add_webhook(&hook), &token)
         .await
         .context("registering routd's webhook for tg: chats")?;
     eprintln!("  telegram: routd delivers tg: chats to the adapter");
@@ -515,21 +510,24 @@ pub async fn up_with(s: &StackArgs, t: &TelegramArgs) -> anyhow::Result<Endpoint
 pub async fn demo(ep: &Endpoints, text: &str) -> anyhow::Result<String> {
     let d = Daemons::new(ep)?;
     let token = d.operator_token().await?;
-    let _: GroupView = d
-        .send(
-            Daemon::Routd,
-            reqwest::Method::PUT,
-            "/v1/groups/demo",
-            &token,
-            &json!({"name": "demo", "system_prompt": "The demo group of `hako up`."}),
-        )
-        .await?;
-    let posted: Posted = d
-        .post_message(
-            &token,
-            &json!({"chat_jid": "web:demo", "sender": "hako-up", "content": text}),
-        )
-        .await?;
+    let demo = GroupConfig {
+        name: "demo".into(),
+        system_prompt: "The demo group of `hako up`.".into(),
+        grants: Vec::new(),
+        group: Default::default(),
+        approvals: Default::default(),
+    };
+    d.call(routd::put_group("demo", &demo), &token).await?;
+    let message = PostMessage {
+        id: None,
+        chat_jid: "web:demo".into(),
+        sender: "hako-up".into(),
+        sender_name: None,
+        content: text.to_owned(),
+        timestamp: None,
+        reply_to: None,
+    };
+    let posted = d.call(routd::post_message(&message), &token).await?;
     let reply = d
         .first_reply("web:demo", posted.seq, &token, REPLY_WAIT)
         .await?;

@@ -5,8 +5,9 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use serde_json::Value;
+use hako_client::{Client, Daemon, telegram};
 
+use crate::daemons::call_at;
 use crate::ops::{OpsArgs, telegram_url};
 
 /// `hako telegram …`.
@@ -47,30 +48,13 @@ pub async fn run(args: TelegramArgs) -> anyhow::Result<bool> {
     )?;
     let d = args.ops.daemons()?;
     let token = d.operator_token().await?;
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(10))
-        .build()?;
-    let (method, path) = match &args.command {
-        TelegramCommand::Pair { code } => (
-            reqwest::Method::POST,
-            format!("/v1/pairings/{}", hako_shared::path_segment(code.trim())),
-        ),
-        TelegramCommand::Pairings => (reqwest::Method::GET, "/v1/pairings".to_owned()),
-        TelegramCommand::Unpair { chat } => (reqwest::Method::DELETE, format!("/v1/paired/{chat}")),
+    let adapter = Client::new(Daemon::Telegram, &url, Duration::from_secs(10))?;
+    let op = match &args.command {
+        TelegramCommand::Pair { code } => telegram::pair(code.trim()),
+        TelegramCommand::Pairings => telegram::pairings(),
+        TelegramCommand::Unpair { chat } => telegram::unpair(*chat),
     };
-    let resp = http
-        .request(method, format!("{url}{path}"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .with_context(|| format!("the Telegram adapter at {url} does not answer"))?;
-    let status = resp.status();
-    let body: Value = resp.json().await.unwrap_or_default();
-    if !status.is_success() {
-        let msg = body["message"].as_str().unwrap_or("no reason given");
-        anyhow::bail!("the Telegram adapter refused ({status}): {msg}");
-    }
+    let body = call_at(&adapter, op, &token).await?;
     if args.ops.json {
         println!("{body}");
         return Ok(true);

@@ -3,12 +3,11 @@
 use std::time::Duration;
 
 use anyhow::bail;
-use hako_shared::auth::wire::{MintRequest, MintResponse};
+use hako_client::{authd, routd};
+use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{TokenType, scopes};
-use hako_shared::web::WebSessionList;
 use serde_json::json;
 
-use crate::daemons::Daemon;
 use crate::ops::OpsArgs;
 
 /// The scopes a page session needs: read and write chats, read groups and turns, see and
@@ -69,15 +68,7 @@ pub async fn web(args: WebArgs) -> anyhow::Result<bool> {
         typ: Some(TokenType::User),
         ..MintRequest::default()
     };
-    let t: MintResponse = d
-        .send(
-            Daemon::Authd,
-            reqwest::Method::POST,
-            "/v1/tokens",
-            &token,
-            &ask,
-        )
-        .await?;
+    let t = d.call(authd::mint(&ask), &token).await?;
     let link = format!(
         "{}/web/signin#{}",
         d.ep.routd.trim_end_matches('/'),
@@ -108,7 +99,7 @@ pub async fn web(args: WebArgs) -> anyhow::Result<bool> {
 async fn list(args: &WebArgs) -> anyhow::Result<bool> {
     let d = args.ops.daemons()?;
     let token = d.operator_token().await?;
-    let list: WebSessionList = d.get(Daemon::Routd, "/v1/web-sessions", &token).await?;
+    let list = d.call(routd::web_sessions(), &token).await?;
     if args.ops.json {
         println!("{}", serde_json::to_string(&list)?);
         return Ok(true);

@@ -8,9 +8,10 @@
 use std::time::Duration;
 
 use bollard::query_parameters::{ListContainersOptionsBuilder, RestartContainerOptionsBuilder};
-use hako_cli::daemons::{Daemon, Daemons, Endpoints};
+use hako_cli::daemons::{CallError, Daemons, Endpoints};
 use hako_cli::stack::{self, StackArgs};
-use hako_shared::chat::Posted;
+use hako_client::{Op, routd};
+use hako_shared::chat::PostMessage;
 use hako_shared::testing::eventually;
 use serde_json::{Value, json};
 
@@ -99,10 +100,14 @@ async fn restart(project: &str, service: &str) {
 /// error or a timeout) is logged and answered as `Err`, so the poll tries it again; a refusal
 /// fails the test at once. On a loaded 2-core CI machine the stack's containers have stalled
 /// past one call's 15 s.
-async fn routd_get(d: &Daemons, path: &str, token: &str) -> Result<Value, String> {
-    match d.get(Daemon::Routd, path, token).await {
+async fn routd_get<R>(d: &Daemons, op: &Op<R>, token: &str) -> Result<Value, String> {
+    let path = &op.path;
+    match d.call(op.clone().as_value(), token).await {
         Ok(v) => Ok(v),
-        Err(e) if e.downcast_ref::<hako_cli::daemons::Refused>().is_none() => {
+        Err(e)
+            if e.downcast_ref::<CallError>()
+                .is_none_or(|e| e.status().is_none()) =>
+        {
             eprintln!("routd GET {path}: {e}; trying again");
             Err(format!("routd GET {path}: {e}"))
         }
@@ -126,11 +131,8 @@ async fn operator_token(d: &Daemons) -> String {
 }
 
 async fn history(d: &Daemons, token: &str, chat: &str) -> Vec<Value> {
-    let path = format!(
-        "/v1/chats/{}/messages?limit=1000",
-        hako_cli::daemons::encode(chat)
-    );
-    let v = eventually("the chat's history", LIMIT, || routd_get(d, &path, token)).await;
+    let op = routd::chat_messages(chat).query("limit", 1000);
+    let v = eventually("the chat's history", LIMIT, || routd_get(d, &op, token)).await;
     v["messages"].as_array().cloned().unwrap_or_default()
 }
 
@@ -158,12 +160,14 @@ async fn wait_ready(d: &Daemons) {
 
 /// Waits until the turn that covers message `id` of `folder` runs; answers it.
 async fn running_turn(d: &Daemons, token: &str, folder: &str, id: &str) -> Value {
-    let path = format!("/v1/turns?folder={folder}&state=running");
+    let op = routd::turns()
+        .query("folder", folder)
+        .query("state", "running");
     eventually(
         &format!("a running turn for {id} in {folder}"),
         LIMIT,
         || async {
-            let v = routd_get(d, &path, token).await?;
+            let v = routd_get(d, &op, token).await?;
             let covering = v["turns"].as_array().and_then(|ts| {
                 ts.iter().find(|t| {
                     t["messages"]
@@ -183,8 +187,8 @@ async fn wait_idle(d: &Daemons, token: &str, folder: &str) {
     eventually(&format!("{folder} going idle"), LIMIT, || async {
         let mut live = Vec::new();
         for state in ["starting", "running", "waiting"] {
-            let path = format!("/v1/turns?folder={folder}&state={state}");
-            let v = routd_get(d, &path, token).await?;
+            let op = routd::turns().query("folder", folder).query("state", state);
+            let v = routd_get(d, &op, token).await?;
             live.extend(v["turns"].as_array().cloned().unwrap_or_default());
         }
         if live.is_empty() {
@@ -197,9 +201,9 @@ async fn wait_idle(d: &Daemons, token: &str, folder: &str) {
 }
 
 async fn turn_done(d: &Daemons, token: &str, turn_id: &str) -> Value {
-    let path = format!("/v1/turns/{turn_id}");
+    let op = routd::turn(turn_id);
     eventually("the turn's end", LIMIT, || async {
-        let v = routd_get(d, &path, token).await?;
+        let v = routd_get(d, &op, token).await?;
         if matches!(
             v["state"].as_str(),
             Some("starting" | "running" | "waiting")
@@ -292,14 +296,16 @@ async fn the_stack_answers_survives_restarts_and_never_answers_twice() {
     // runed restarted mid-turn: the run is re-adopted and answers exactly once.
     let chat = "web:demo";
     wait_idle(&d, &token, "demo").await;
-    let _: Posted = d
-        .post_message(
-            &token,
-            &json!({"id": "slow-1", "chat_jid": chat, "sender": "t",
-                "content": "/sleep 4\nafter the runed restart"}),
-        )
-        .await
-        .unwrap();
+    let slow = PostMessage {
+        id: Some("slow-1".into()),
+        chat_jid: chat.into(),
+        sender: "t".into(),
+        sender_name: None,
+        content: "/sleep 4\nafter the runed restart".into(),
+        timestamp: None,
+        reply_to: None,
+    };
+    d.call(routd::post_message(&slow), &token).await.unwrap();
     let turn = running_turn(&d, &token, "demo", "slow-1").await;
     restart(&args.project, "runed").await;
     let done = turn_done(&d, &token, turn["turn_id"].as_str().unwrap()).await;
