@@ -13,7 +13,7 @@
 use hako_shared::GroupFolder;
 use hako_shared::chat::MessageKind;
 
-use crate::Shared;
+use crate::state::Shared;
 
 /// A command routd handles.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,7 +87,9 @@ pub(crate) async fn handle(
             "This chat routes to no group: there is nothing to reset or stop.".to_owned()
         }
         (Command::New, Some(f)) => {
-            sh.store.set_session(f, chat, None, crate::now_ms()).await?;
+            sh.store
+                .set_session(f, chat, None, crate::state::now_ms())
+                .await?;
             "New session: the next message starts a fresh conversation.".to_owned()
         }
         (Command::Stop, Some(f)) => match GroupFolder::new(f) {

@@ -19,8 +19,8 @@ use std::time::Duration;
 use futures_util::StreamExt as _;
 use hako_shared::chat::{MessageView, WebhookDelivery};
 
+use crate::state::{Shared, now_ms};
 use crate::store::WebhookRow;
-use crate::{Shared, now_ms};
 
 /// The worker: delivers what is due, then sleeps until the next attempt or a wake.
 pub(crate) async fn worker(sh: Arc<Shared>) {

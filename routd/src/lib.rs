@@ -19,20 +19,21 @@ pub mod metrics;
 pub mod routing;
 pub mod runed;
 mod sockets;
+mod state;
 pub mod store;
 mod tasks;
 mod tools;
+mod turn_io;
 mod turns;
+mod waiters;
 mod web;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use hako_shared::auth::Verifier;
-use hako_shared::chat::MessageKind;
 use hako_shared::http::{Ops, Served, daemon_router};
-use hako_shared::time::unix_millis;
 use tokio::sync::{Notify, broadcast};
 use tokio_util::sync::CancellationToken;
 
@@ -41,7 +42,8 @@ pub use config::Config;
 use metrics::RoutdMetrics;
 use routing::Routing;
 use runed::RunedClient;
-use store::{NewOutbound, Store, WebhookRow};
+use state::Shared;
+use store::Store;
 
 /// routd's OpenAPI document as committed (`routd/openapi.json`); a test keeps it equal to
 /// [`openapi`], which the server serves.
@@ -67,132 +69,6 @@ pub enum StartError {
     /// The listener failed.
     #[error("listener: {0}")]
     Listener(std::io::Error),
-}
-
-/// A message appended to a chat: (chat, seq). Chat streams read the log from there.
-#[derive(Debug, Clone)]
-pub(crate) struct Appended {
-    pub chat: Arc<str>,
-}
-
-/// Everything the daemon's tasks share.
-pub(crate) struct Shared {
-    pub cfg: Config,
-    pub store: Store,
-    pub routing: Routing,
-    pub runed: RunedClient,
-    pub verifier: Verifier,
-    pub metrics: RoutdMetrics,
-    /// Wakes the turn scheduler (a message came in, a turn ended, a route appeared).
-    pub wake: Notify,
-    /// Wakes the webhook worker.
-    pub deliver: Notify,
-    /// A message was appended to a chat.
-    pub appended: broadcast::Sender<Appended>,
-    /// Turns a task is driving now (one driver per turn), with their memory.
-    pub live: Arc<live::LiveTurns>,
-    /// The webhooks, cached (the delivery decision is made for every outbound message).
-    pub webhooks: std::sync::RwLock<Vec<WebhookRow>>,
-    /// Open chat streams, bounded.
-    pub watchers: Arc<hako_shared::watchers::Gate>,
-    /// Cancelled at shutdown.
-    pub stopping: CancellationToken,
-    /// The client webhook deliveries go through.
-    pub webhook_http: reqwest::Client,
-    /// The client the LLM gateway forwards through (TLS; no overall timeout: streams are
-    /// bounded by the gateway's own idle and size limits).
-    pub llm_http: reqwest::Client,
-    /// The live turns' sockets (`mcp.sock`, `api.sock`).
-    pub sockets: sockets::TurnSockets,
-    /// Wakes the task loop (a task was scheduled or cancelled).
-    pub tasks_changed: Notify,
-    /// Tool calls held for a person's verdict, woken when it comes.
-    pub approval_waiters: approvals::Waiters,
-    /// Browser sessions signed out while this routd runs (their streams end).
-    pub signed_out: web::SignedOut,
-}
-
-/// The current time in Unix milliseconds.
-pub(crate) fn now_ms() -> i64 {
-    unix_millis(SystemTime::now())
-}
-
-impl Shared {
-    /// The webhook for a chat: the longest prefix that matches.
-    pub fn webhook_for(&self, chat: &str) -> Option<WebhookRow> {
-        self.webhooks
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|w| chat.starts_with(&w.prefix))
-            .max_by_key(|w| w.prefix.len())
-            .cloned()
-    }
-
-    /// Re-reads the webhooks from the store.
-    pub async fn reload_webhooks(&self) -> Result<(), hako_shared::db::DbError> {
-        let all = self.store.webhooks().await?;
-        *self.webhooks.write().unwrap_or_else(|p| p.into_inner()) = all;
-        Ok(())
-    }
-
-    /// Appends a row to the audit log; a failure to write it is logged, never the caller's.
-    pub async fn audit(
-        &self,
-        actor: &str,
-        action: hako_shared::audit::AuditAction,
-        folder: Option<&str>,
-        outcome: &str,
-        detail: String,
-    ) {
-        let r = store::AuditRow {
-            id: 0,
-            at: now_ms(),
-            actor: actor.to_owned(),
-            action: action.as_str().to_owned(),
-            folder: folder.map(str::to_owned),
-            outcome: outcome.to_owned(),
-            detail,
-        };
-        if let Err(e) = self.store.audit(r).await {
-            tracing::error!(error = %e, "writing the audit log failed");
-        }
-    }
-
-    /// Appends an outbound message (once per id: a replay appends nothing), tells the chat's
-    /// streams and the webhook worker. Returns the seq when it was appended now.
-    pub async fn say(
-        &self,
-        id: String,
-        chat: &str,
-        kind: MessageKind,
-        content: String,
-        turn_id: Option<String>,
-        reply_to: Option<String>,
-    ) -> Result<Option<i64>, hako_shared::db::DbError> {
-        let webhook = self.webhook_for(chat).is_some();
-        let seq = self
-            .store
-            .append_outbound(NewOutbound {
-                id,
-                chat_jid: chat.to_owned(),
-                kind,
-                content,
-                turn_id,
-                reply_to,
-                webhook,
-                now: now_ms(),
-            })
-            .await?;
-        if seq.is_some() {
-            self.metrics.message_out(kind.as_str());
-            let _ = self.appended.send(Appended { chat: chat.into() });
-            if webhook {
-                self.deliver.notify_one();
-            }
-        }
-        Ok(seq)
-    }
 }
 
 /// A running routd. [`Running::shutdown`] stops it; dropping it does too.
@@ -284,8 +160,8 @@ pub async fn start(
         llm_http,
         sockets: sockets::TurnSockets::default(),
         tasks_changed: Notify::new(),
-        approval_waiters: approvals::Waiters::default(),
-        signed_out: web::SignedOut::default(),
+        approval_waiters: waiters::Waiters::default(),
+        signed_out: state::SignedOut::default(),
     });
     shared.reload_webhooks().await?;
 
@@ -366,6 +242,22 @@ pub async fn start(
 
 #[cfg(test)]
 mod tests {
+    /// routd's modules depend on each other one way: `state` (what the tasks share) below
+    /// every module that uses it, above the leaves its fields come from; no module uses an
+    /// item of `lib.rs`.
+    #[test]
+    fn module_dependencies_have_no_cycle_and_no_upward_arrow() {
+        let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+        let edges = hako_shared::testing::module_graph(&src);
+        assert!(edges["turns"].contains("state"));
+        for leaf in ["store", "config", "runed", "live", "sockets", "waiters"] {
+            assert!(
+                !edges.get(leaf).is_some_and(|d| d.contains("state")),
+                "{leaf} is below state"
+            );
+        }
+    }
+
     /// The committed document is what the code generates (HAKO_BLESS=1 rewrites it), every
     /// route is in it with real schemas, and no route is mounted outside it.
     #[test]

@@ -13,17 +13,13 @@ use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use hako_mcp::ServeOptions;
 use tokio_util::sync::CancellationToken;
 
-use crate::Shared;
-use crate::tools::RoutdTools;
-
 /// A bound socket: its path and inode (removed at the end only if it is still this one).
-struct Bound {
-    path: PathBuf,
+pub(crate) struct Bound {
+    pub(crate) path: PathBuf,
     ino: u64,
 }
 
@@ -58,14 +54,16 @@ pub(crate) enum SocketError {
 }
 
 /// Removes a bound socket, unless another one took its place since.
-fn remove(s: &Bound) {
+pub(crate) fn remove(s: &Bound) {
     if std::fs::symlink_metadata(&s.path).is_ok_and(|m| m.ino() == s.ino) {
         let _ = std::fs::remove_file(&s.path);
     }
 }
 
 /// Binds a socket off the runtime (it checks and may remove files).
-async fn listen(path: PathBuf) -> Result<(tokio::net::UnixListener, Bound), SocketError> {
+pub(crate) async fn listen(
+    path: PathBuf,
+) -> Result<(tokio::net::UnixListener, Bound), SocketError> {
     let p = path.clone();
     let io = |source| SocketError::Io {
         path: path.clone(),
@@ -80,67 +78,15 @@ async fn listen(path: PathBuf) -> Result<(tokio::net::UnixListener, Bound), Sock
 }
 
 impl TurnSockets {
-    /// Binds and serves the turn's sockets (again, if routd restarted); a turn already open
-    /// is left as it is.
-    pub async fn open(&self, sh: &Arc<Shared>, turn_id: &TurnId) -> Result<(), SocketError> {
-        if self.lock().contains_key(turn_id) {
-            return Ok(());
-        }
-        let t = sh
-            .store
-            .turn(turn_id)
-            .await?
-            .ok_or_else(|| SocketError::Gone(format!("no turn {turn_id}")))?;
-        let scope = crate::tools::scope_of(sh, &t)
-            .await?
-            .ok_or_else(|| SocketError::Gone(format!("no group {}", t.folder)))?;
-        let folder = scope.folder.clone();
-        let scope = Arc::new(scope);
-        let (mcp, mcp_bound) = listen(sh.cfg.layout.mcp_socket(&folder)).await?;
-        let (api, api_bound) = match listen(sh.cfg.layout.api_socket(&folder)).await {
-            Ok(l) => l,
-            Err(e) => {
-                remove(&mcp_bound);
-                return Err(e);
-            }
-        };
-        let ended = CancellationToken::new();
-        tokio::spawn(hako_mcp::serve(
-            mcp,
-            Arc::new(RoutdTools { sh: sh.clone() }),
-            scope,
-            ended.clone(),
-            sh.stopping.clone(),
-            ServeOptions::default(),
-        ));
-        let gateway = crate::gateway::router(crate::gateway::turn(sh, &folder, turn_id));
-        let (stop_a, stop_b) = (ended.clone(), sh.stopping.clone());
-        // A gateway serves one agent: its calls in flight and a few more connections.
-        let limits = hako_shared::http::ServeLimits {
-            max_connections: sh.cfg.llm.max_calls + crate::gateway::SPARE_CONNECTIONS,
-            ..sh.cfg.serve
-        };
-        tokio::spawn(async move {
-            let shutdown = async move {
-                tokio::select! {
-                    () = stop_a.cancelled() => {},
-                    () = stop_b.cancelled() => {},
-                }
-            };
-            if let Err(e) = hako_shared::http::serve_with(api, gateway, shutdown, limits).await {
-                tracing::error!(error = %e, "the turn's gateway stopped");
-            }
-        });
-        let path = mcp_bound.path.clone();
-        tracing::info!(turn = %turn_id, socket = %path.display(), "the turn's tools are served");
-        self.lock().insert(
-            turn_id.clone(),
-            OpenTurn {
-                ended,
-                sockets: vec![mcp_bound, api_bound],
-            },
-        );
-        Ok(())
+    /// Whether the turn's sockets are open here.
+    pub fn is_open(&self, turn_id: &TurnId) -> bool {
+        self.lock().contains_key(turn_id)
+    }
+
+    /// Records the turn's bound sockets and the token that ends their connections.
+    pub fn insert(&self, turn_id: &TurnId, ended: CancellationToken, sockets: Vec<Bound>) {
+        self.lock()
+            .insert(turn_id.clone(), OpenTurn { ended, sockets });
     }
 
     /// Ends the turn's sockets: removed from `ipc/` (unless a later turn bound its own

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Appended, Shared, now_ms};
+use crate::state::{Appended, Shared, now_ms};
 
 /// The longest sleep without looking at the tasks (a clock jump is caught within it).
 const MAX_SLEEP: Duration = Duration::from_secs(60);

@@ -21,8 +21,8 @@ use hako_shared::time::{from_unix_millis, parse_rfc3339, rfc3339};
 use serde_json::{Value, json};
 
 use crate::live::Writes;
+use crate::state::{Appended, Shared, now_ms};
 use crate::store::{GroupRow, NewInbound, SetBy, TaskRow};
-use crate::{Appended, Shared, now_ms};
 
 /// The furthest a one-off task may be scheduled ahead.
 const MAX_AHEAD_MS: i64 = 366 * 24 * 3600 * 1000;

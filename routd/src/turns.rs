@@ -37,8 +37,8 @@ use sha2::{Digest, Sha256};
 
 use crate::live::LiveTurn;
 use crate::runed::RunedError;
+use crate::state::{Shared, now_ms};
 use crate::store::{Step, TurnRow};
-use crate::{Shared, now_ms};
 
 /// The turn id of a batch: `t-` and 24 hex digits of the SHA-256 of the chat and the first
 /// and last message ids.
@@ -269,7 +269,7 @@ pub(crate) fn spawn_driver(sh: &Arc<Shared>, turn_id: TurnId) {
         async move {
             // The turn's sockets exist before its run starts and go with the driver: a
             // restarted routd binds them again when it resumes the turn.
-            let _sockets = match sh.sockets.open(&sh, &turn_id).await {
+            let _sockets = match crate::turn_io::open(&sh, &turn_id).await {
                 Ok(()) => Some(SocketsGuard(&sh, &turn_id)),
                 Err(e) => {
                     tracing::error!(error = %e, "the turn's sockets could not be bound; its tools are unavailable");

@@ -258,66 +258,9 @@ mod tests {
     /// `crate::x` in module `m` is an edge m → x; the graph must have no cycle.
     #[test]
     fn module_dependencies_have_no_cycle() {
-        use std::collections::{BTreeMap, BTreeSet};
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-        let mut files = Vec::new();
-        let mut stack = vec![src.clone()];
-        while let Some(d) = stack.pop() {
-            for e in std::fs::read_dir(&d).unwrap() {
-                let p = e.unwrap().path();
-                if p.is_dir() {
-                    stack.push(p);
-                } else if p.extension().is_some_and(|x| x == "rs") {
-                    files.push(p);
-                }
-            }
-        }
-        let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for f in files {
-            let rel = f.strip_prefix(&src).unwrap();
-            let module = rel.iter().next().unwrap().to_string_lossy();
-            let module = module.trim_end_matches(".rs").to_owned();
-            if module == "lib" || module == "main" {
-                continue;
-            }
-            let text = std::fs::read_to_string(&f).unwrap();
-            // Test modules may reach anywhere.
-            let text = text.split("#[cfg(test)]").next().unwrap();
-            let deps = edges.entry(module.clone()).or_default();
-            for (i, _) in text.match_indices("crate::") {
-                let name: String = text[i + 7..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                if !name.is_empty() && name != module {
-                    deps.insert(name);
-                }
-            }
-        }
+        let edges = hako_shared::testing::module_graph(&src);
         assert!(edges.contains_key("state") && edges.contains_key("recover"));
-        // Depth-first search for a cycle, naming it.
-        fn visit(
-            m: &str,
-            edges: &BTreeMap<String, BTreeSet<String>>,
-            path: &mut Vec<String>,
-            done: &mut BTreeSet<String>,
-        ) {
-            if let Some(at) = path.iter().position(|p| p == m) {
-                panic!("module cycle: {} -> {m}", path[at..].join(" -> "));
-            }
-            if !done.insert(m.to_owned()) {
-                return;
-            }
-            path.push(m.to_owned());
-            for d in edges.get(m).into_iter().flatten() {
-                visit(d, edges, path, done);
-            }
-            path.pop();
-        }
-        let mut done = BTreeSet::new();
-        for m in edges.keys() {
-            visit(m, &edges, &mut Vec::new(), &mut done);
-        }
     }
 
     /// The committed document is what the code generates (HAKO_BLESS=1 rewrites it), and

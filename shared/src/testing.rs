@@ -459,3 +459,96 @@ mod tests {
         assert_eq!(fill_params("/v1/runs/{run_id}/events"), "/v1/runs/x/events");
     }
 }
+
+/// The module graph of the crate whose sources are in `src`: an edge `m -> x` for each
+/// `crate::x` (also in a `use crate::{x, ..}` group) in module `m` outside its tests. Panics
+/// naming a cycle, or naming an upward arrow: a module that uses an item of the crate root
+/// (`lib.rs`), which declares every module. Answers the edges, for callers' own checks.
+pub fn module_graph(
+    src: &std::path::Path,
+) -> std::collections::BTreeMap<String, std::collections::BTreeSet<String>> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut files = Vec::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files.push(p);
+            }
+        }
+    }
+    let module_of = |f: &std::path::Path| {
+        let rel = f.strip_prefix(src).unwrap();
+        let first = rel.iter().next().unwrap().to_string_lossy();
+        first.trim_end_matches(".rs").to_owned()
+    };
+    let modules: BTreeSet<String> = files.iter().map(|f| module_of(f)).collect();
+    let ident = |t: &str| -> String {
+        t.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut upward = Vec::new();
+    for f in &files {
+        let module = module_of(f);
+        if module == "lib" || module == "main" {
+            continue;
+        }
+        let text = std::fs::read_to_string(f).unwrap();
+        // Test modules may reach anywhere.
+        let text = text.split("#[cfg(test)]").next().unwrap();
+        let mut names = Vec::new();
+        for (i, _) in text.match_indices("crate::") {
+            let rest = &text[i + 7..];
+            match rest.strip_prefix('{') {
+                Some(group) => {
+                    let group = &group[..group.find('}').unwrap_or(group.len())];
+                    names.extend(group.split(',').map(|n| ident(n.trim())));
+                }
+                None => names.push(ident(rest)),
+            }
+        }
+        let deps = edges.entry(module.clone()).or_default();
+        for name in names {
+            if name.is_empty() || name == module {
+                continue;
+            }
+            if modules.contains(&name) {
+                deps.insert(name);
+            } else {
+                upward.push(format!("{} uses crate::{name}", f.display()));
+            }
+        }
+    }
+    assert!(
+        upward.is_empty(),
+        "upward arrows (items of lib.rs used by its modules): {upward:#?}"
+    );
+    fn visit(
+        m: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) {
+        if let Some(at) = path.iter().position(|p| p == m) {
+            panic!("module cycle: {} -> {m}", path[at..].join(" -> "));
+        }
+        if !done.insert(m.to_owned()) {
+            return;
+        }
+        path.push(m.to_owned());
+        for d in edges.get(m).into_iter().flatten() {
+            visit(d, edges, path, done);
+        }
+        path.pop();
+    }
+    let mut done = BTreeSet::new();
+    for m in edges.keys() {
+        visit(m, &edges, &mut Vec::new(), &mut done);
+    }
+    edges
+}

@@ -18,7 +18,7 @@ use tokio::sync::broadcast;
 use super::{AppState, chat_folder};
 use crate::error::ApiFailure;
 use crate::routing::check_jid;
-use crate::{Appended, Shared};
+use crate::state::{Appended, Shared};
 
 /// History paging.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

@@ -13,8 +13,8 @@ use hako_shared::runs::GroupSpec;
 
 use super::{AppState, audit_row, check_text, parse_folder};
 use crate::error::ApiFailure;
+use crate::state::{Shared, now_ms};
 use crate::store::{GroupRow, SetBy};
-use crate::{Shared, now_ms};
 
 /// The most chat sessions a group's view lists.
 pub(super) const VIEW_SESSIONS: usize = 20;

@@ -13,8 +13,8 @@ use super::{AppState, MAX_FIELD, check_text, is_channel, new_message_id};
 use crate::commands;
 use crate::error::ApiFailure;
 use crate::routing::check_jid;
+use crate::state::{Appended, now_ms};
 use crate::store::{Ingested, NewInbound};
-use crate::{Appended, now_ms};
 
 /// Append an inbound chat message. A message for a chat no route takes is stored all the
 /// same (`routed: false`) and answered once a route appears.

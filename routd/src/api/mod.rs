@@ -26,8 +26,8 @@ mod turns;
 mod web_sessions;
 mod webhooks;
 
-use crate::Shared;
 use crate::error::ApiFailure;
+use crate::state::Shared;
 
 /// What routd's document says of it.
 pub(crate) const INFO: ApiInfo = ApiInfo {

@@ -10,8 +10,8 @@ use hako_shared::http::{ApiJson, ErrorBody, NoToken};
 
 use super::{AppState, MAX_POSITION, audit_row};
 use crate::error::ApiFailure;
-use crate::now_ms;
 use crate::routing::check_jid;
+use crate::state::now_ms;
 
 /// Add a route rule (unbound callers: a route decides where any chat goes).
 #[utoipa::path(post, path = "/v1/routes", tag = "routes", security(("bearer" = [])),

@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::{AppState, audit_row, parse_folder};
 use crate::error::ApiFailure;
-use crate::now_ms;
+use crate::state::now_ms;
 
 /// Task filters.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]

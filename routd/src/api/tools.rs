@@ -10,9 +10,9 @@ use hako_shared::http::{ApiJson, ErrorBody, NoToken};
 use hako_shared::ids::{TurnId, TurnTry};
 
 use super::AppState;
-use crate::Shared;
 use crate::error::ApiFailure;
 use crate::gateway::claims_turn;
+use crate::state::Shared;
 
 /// The turn a spawn token may act for: only its own turn, in its own folder, while it is
 /// live. Anyone else gets 404 (the same answer as for no such turn).

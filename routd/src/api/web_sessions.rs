@@ -11,7 +11,7 @@ use hako_shared::web::{WebSessionList, WebSessionView};
 
 use super::{AppState, audit_row};
 use crate::error::ApiFailure;
-use crate::now_ms;
+use crate::state::now_ms;
 use crate::store::WebSession;
 
 impl From<WebSession> for WebSessionView {

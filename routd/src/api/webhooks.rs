@@ -10,7 +10,7 @@ use hako_shared::http::{ApiJson, ErrorBody, NoToken};
 
 use super::{AppState, audit_row, check_text};
 use crate::error::ApiFailure;
-use crate::now_ms;
+use crate::state::now_ms;
 
 /// Whether a webhook URL names a target inside the host or its network: a special address
 /// (loopback, link-local, private, …) or a `localhost` name.

@@ -34,8 +34,8 @@ use hako_shared::ids::{TurnId, TurnTry};
 use hako_shared::runs::LlmApi;
 use serde_json::Value;
 
-use crate::Shared;
 use crate::live::CutOff;
+use crate::state::Shared;
 use crate::store::UsageRow;
 use format::Format;
 use usage::{Meter, Usage};
@@ -413,7 +413,7 @@ async fn forward(
         .clone()
         .try_acquire_owned()
         .map_err(|_| GatewayError::TooManyCalls(cfg.max_calls))?;
-    let day = utc_day(crate::now_ms());
+    let day = utc_day(crate::state::now_ms());
     let (group_model, networked) = t.check_budgets(&day).await?;
     let body =
         match tokio::time::timeout(BODY_READ, axum::body::to_bytes(body, cfg.body_limit)).await {

@@ -14,11 +14,11 @@ use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use hako_shared::http::{ApiError, ApiJson};
 
-use crate::Shared;
+use crate::state::Shared;
 
 pub(crate) mod session;
 
-pub(crate) use session::{SignedOut, sweep_revoked};
+pub(crate) use session::sweep_revoked;
 
 /// The page's one policy: scripts, styles and everything else from routd itself only, no
 /// inline script or style, no frames, no plug-ins, forms only to routd.

@@ -4,20 +4,19 @@
 //! that does not carry the session's CSRF token.
 
 use hako_shared::audit::AuditAction;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use hako_shared::auth::{Authenticated, Principal, TokenType, now_secs, scopes};
+use hako_shared::auth::{Authenticated, Principal, TokenType, scopes};
 use hako_shared::http::ApiError;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::state::{Shared, now_ms};
 use crate::store::WebSession;
-use crate::{Shared, now_ms};
 
 /// The session cookie's name.
 pub(crate) const COOKIE: &str = "hako_session";
@@ -75,28 +74,6 @@ impl SessionView {
             expires_at: None,
             csrf: String::new(),
         }
-    }
-}
-
-/// Sessions signed out while this routd runs, by their link's token id, until they would
-/// have expired: open chat streams end on them as on a revocation.
-#[derive(Debug, Default)]
-pub(crate) struct SignedOut(Mutex<HashMap<String, i64>>);
-
-impl SignedOut {
-    pub(crate) fn add(&self, jti: &str, exp_secs: i64) {
-        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        let now = now_secs();
-        m.retain(|_, exp| *exp > now);
-        m.insert(jti.to_owned(), exp_secs);
-    }
-
-    /// Whether the session of this link's token was signed out.
-    pub(crate) fn contains(&self, jti: &str) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains_key(jti)
     }
 }
 

@@ -1,0 +1,170 @@
+//! What routd's tasks share: its configuration, store and clients, the registries of what is
+//! live in this process, and the bells between them. Below every module that uses it: it
+//! names only the leaf modules its fields come from (config, store, routing, runed, metrics,
+//! live, sockets, waiters), none of which uses it.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use hako_shared::auth::{Verifier, now_secs};
+use hako_shared::chat::MessageKind;
+use hako_shared::time::unix_millis;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use tokio::sync::{Notify, broadcast};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::metrics::RoutdMetrics;
+use crate::routing::Routing;
+use crate::runed::RunedClient;
+use crate::store::{self, NewOutbound, Store, WebhookRow};
+use crate::{live, sockets, waiters};
+
+/// A message appended to a chat: (chat, seq). Chat streams read the log from there.
+#[derive(Debug, Clone)]
+pub(crate) struct Appended {
+    pub chat: Arc<str>,
+}
+
+/// Everything the daemon's tasks share.
+pub(crate) struct Shared {
+    pub cfg: Config,
+    pub store: Store,
+    pub routing: Routing,
+    pub runed: RunedClient,
+    pub verifier: Verifier,
+    pub metrics: RoutdMetrics,
+    /// Wakes the turn scheduler (a message came in, a turn ended, a route appeared).
+    pub wake: Notify,
+    /// Wakes the webhook worker.
+    pub deliver: Notify,
+    /// A message was appended to a chat.
+    pub appended: broadcast::Sender<Appended>,
+    /// Turns a task is driving now (one driver per turn), with their memory.
+    pub live: Arc<live::LiveTurns>,
+    /// The webhooks, cached (the delivery decision is made for every outbound message).
+    pub webhooks: std::sync::RwLock<Vec<WebhookRow>>,
+    /// Open chat streams, bounded.
+    pub watchers: Arc<hako_shared::watchers::Gate>,
+    /// Cancelled at shutdown.
+    pub stopping: CancellationToken,
+    /// The client webhook deliveries go through.
+    pub webhook_http: reqwest::Client,
+    /// The client the LLM gateway forwards through (TLS; no overall timeout: streams are
+    /// bounded by the gateway's own idle and size limits).
+    pub llm_http: reqwest::Client,
+    /// The live turns' sockets (`mcp.sock`, `api.sock`).
+    pub sockets: sockets::TurnSockets,
+    /// Wakes the task loop (a task was scheduled or cancelled).
+    pub tasks_changed: Notify,
+    /// Tool calls held for a person's verdict, woken when it comes.
+    pub approval_waiters: waiters::Waiters,
+    /// Browser sessions signed out while this routd runs (their streams end).
+    pub signed_out: SignedOut,
+}
+
+/// The current time in Unix milliseconds.
+pub(crate) fn now_ms() -> i64 {
+    unix_millis(SystemTime::now())
+}
+
+impl Shared {
+    /// The webhook for a chat: the longest prefix that matches.
+    pub fn webhook_for(&self, chat: &str) -> Option<WebhookRow> {
+        self.webhooks
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|w| chat.starts_with(&w.prefix))
+            .max_by_key(|w| w.prefix.len())
+            .cloned()
+    }
+
+    /// Re-reads the webhooks from the store.
+    pub async fn reload_webhooks(&self) -> Result<(), hako_shared::db::DbError> {
+        let all = self.store.webhooks().await?;
+        *self.webhooks.write().unwrap_or_else(|p| p.into_inner()) = all;
+        Ok(())
+    }
+
+    /// Appends a row to the audit log; a failure to write it is logged, never the caller's.
+    pub async fn audit(
+        &self,
+        actor: &str,
+        action: hako_shared::audit::AuditAction,
+        folder: Option<&str>,
+        outcome: &str,
+        detail: String,
+    ) {
+        let r = store::AuditRow {
+            id: 0,
+            at: now_ms(),
+            actor: actor.to_owned(),
+            action: action.as_str().to_owned(),
+            folder: folder.map(str::to_owned),
+            outcome: outcome.to_owned(),
+            detail,
+        };
+        if let Err(e) = self.store.audit(r).await {
+            tracing::error!(error = %e, "writing the audit log failed");
+        }
+    }
+
+    /// Appends an outbound message (once per id: a replay appends nothing), tells the chat's
+    /// streams and the webhook worker. Returns the seq when it was appended now.
+    pub async fn say(
+        &self,
+        id: String,
+        chat: &str,
+        kind: MessageKind,
+        content: String,
+        turn_id: Option<String>,
+        reply_to: Option<String>,
+    ) -> Result<Option<i64>, hako_shared::db::DbError> {
+        let webhook = self.webhook_for(chat).is_some();
+        let seq = self
+            .store
+            .append_outbound(NewOutbound {
+                id,
+                chat_jid: chat.to_owned(),
+                kind,
+                content,
+                turn_id,
+                reply_to,
+                webhook,
+                now: now_ms(),
+            })
+            .await?;
+        if seq.is_some() {
+            self.metrics.message_out(kind.as_str());
+            let _ = self.appended.send(Appended { chat: chat.into() });
+            if webhook {
+                self.deliver.notify_one();
+            }
+        }
+        Ok(seq)
+    }
+}
+
+/// Sessions signed out while this routd runs, by their link's token id, until they would
+/// have expired: open chat streams end on them as on a revocation.
+#[derive(Debug, Default)]
+pub(crate) struct SignedOut(Mutex<HashMap<String, i64>>);
+
+impl SignedOut {
+    pub(crate) fn add(&self, jti: &str, exp_secs: i64) {
+        let mut m = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let now = now_secs();
+        m.retain(|_, exp| *exp > now);
+        m.insert(jti.to_owned(), exp_secs);
+    }
+
+    /// Whether the session of this link's token was signed out.
+    pub(crate) fn contains(&self, jti: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(jti)
+    }
+}
