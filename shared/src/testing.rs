@@ -424,42 +424,6 @@ fn fill_params(path: &str) -> String {
         .join("/")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_envelope_and_nothing_else() {
-        let ok = br#"{"error":"not_found","message":"no run x"}"#;
-        assert!(check_envelope(404, Some("application/json"), ok).is_ok());
-        assert!(check_envelope(200, Some("text/plain"), b"hi").is_ok());
-        for (ct, body) in [
-            (
-                Some("text/plain"),
-                &b"Failed to deserialize query string"[..],
-            ),
-            (Some("application/json"), &b""[..]),
-            (
-                Some("application/json"),
-                &br#"{"error":"Not Found","message":"x"}"#[..],
-            ),
-            (Some("application/json"), &br#"{"error":"x"}"#[..]),
-            (
-                Some("application/json"),
-                &br#"{"error":"x","message":"m","extra":1}"#[..],
-            ),
-            (None, &ok[..]),
-        ] {
-            assert!(
-                check_envelope(400, ct, body).is_err(),
-                "{ct:?} {}",
-                String::from_utf8_lossy(body)
-            );
-        }
-        assert_eq!(fill_params("/v1/runs/{run_id}/events"), "/v1/runs/x/events");
-    }
-}
-
 /// The module graph of the crate whose sources are in `src`: an edge `m -> x` for each
 /// `crate::x` (also in a `use crate::{x, ..}` group) in module `m` outside its tests. Panics
 /// naming a cycle, or naming an upward arrow: a module that uses an item of the crate root
@@ -551,4 +515,40 @@ pub fn module_graph(
         visit(m, &edges, &mut Vec::new(), &mut done);
     }
     edges
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_envelope_and_nothing_else() {
+        let ok = br#"{"error":"not_found","message":"no run x"}"#;
+        assert!(check_envelope(404, Some("application/json"), ok).is_ok());
+        assert!(check_envelope(200, Some("text/plain"), b"hi").is_ok());
+        for (ct, body) in [
+            (
+                Some("text/plain"),
+                &b"Failed to deserialize query string"[..],
+            ),
+            (Some("application/json"), &b""[..]),
+            (
+                Some("application/json"),
+                &br#"{"error":"Not Found","message":"x"}"#[..],
+            ),
+            (Some("application/json"), &br#"{"error":"x"}"#[..]),
+            (
+                Some("application/json"),
+                &br#"{"error":"x","message":"m","extra":1}"#[..],
+            ),
+            (None, &ok[..]),
+        ] {
+            assert!(
+                check_envelope(400, ct, body).is_err(),
+                "{ct:?} {}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        assert_eq!(fill_params("/v1/runs/{run_id}/events"), "/v1/runs/x/events");
+    }
 }
