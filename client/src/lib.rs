@@ -15,6 +15,8 @@ pub mod authd;
 pub mod routd;
 pub mod runed;
 pub mod telegram;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use call::{CallError, Client, EventStream};
 pub use op::{Body, Daemon, Events, Op, Text};

@@ -16,9 +16,12 @@ use std::time::Duration;
 use hako_authd::testing::TestAuthd;
 #[allow(unused_imports)] // each test file uses its own keys
 pub use hako_authd::testing::{CHANNEL_KEY, OPERATOR_KEY, ROUTD_KEY, RUNED_KEY};
+use hako_client::testing::send;
+use hako_client::{Op, routd, runed};
+use hako_shared::GroupFolder;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
-use hako_shared::chat::{MessageKind, MessageView};
+use hako_shared::chat::{GroupConfig, MessageKind, MessageView, NewRoute, PostMessage};
 use hako_shared::config::Env;
 use hako_shared::testing::ApiClient;
 pub use hako_shared::testing::eventually;
@@ -293,24 +296,14 @@ impl Rig {
 
     /// The operator's verdict on approval request `id`; asserts it was taken.
     pub async fn decide(&self, id: &str, approve: bool) -> Value {
-        let (s, v) = self
-            .api()
-            .post(
-                &self.operator,
-                &format!("/v1/approvals/{id}"),
-                json!({"approve": approve}),
-            )
-            .await;
+        let (s, v) = self.send(&self.operator, routd::decide(id, approve)).await;
         assert_eq!(s, 200, "{v}");
         v
     }
 
     /// An approval request as the operator sees it.
     pub async fn approval(&self, id: &str) -> Value {
-        self.api()
-            .get(&self.operator, &format!("/v1/approvals/{id}"))
-            .await
-            .1
+        self.send(&self.operator, routd::approval(id)).await.1
     }
 
     pub async fn spawn_routd_binary(&mut self) {
@@ -342,6 +335,11 @@ impl Rig {
 
     pub fn base(&self) -> String {
         format!("http://127.0.0.1:{}", self.routd_port)
+    }
+
+    /// An operation of routd's API with `token`: the status and body.
+    pub async fn send<R>(&self, token: &str, op: Op<R>) -> (u16, Value) {
+        send(&self.api(), token, op).await
     }
 
     pub fn api(&self) -> ApiClient {
@@ -396,9 +394,9 @@ impl Rig {
 
     /// Creates or replaces a group with the operator's token; answers its view.
     pub async fn put_group(&self, folder: &str, body: Value) -> Value {
+        let cfg: GroupConfig = serde_json::from_value(body).expect("a group's settings");
         let (s, v) = self
-            .api()
-            .put(&self.operator, &format!("/v1/groups/{}", enc(folder)), body)
+            .send(&self.operator, routd::put_group(folder, &cfg))
             .await;
         assert!(s == 201 || s == 200, "{v}");
         v
@@ -406,38 +404,19 @@ impl Rig {
 
     /// Adds a route with the operator's token.
     pub async fn route(&self, pattern: &str, folder: &str) {
-        let (s, v) = self
-            .api()
-            .post(
-                &self.operator,
-                "/v1/routes",
-                json!({"pattern": pattern, "folder": folder}),
-            )
-            .await;
+        let route = NewRoute {
+            pattern: pattern.to_owned(),
+            folder: GroupFolder::new(folder).expect("a folder"),
+            position: None,
+        };
+        let (s, v) = self.send(&self.operator, routd::add_route(&route)).await;
         assert_eq!(s, 201, "{v}");
     }
 
     /// A group and a route for `chat` to it.
     pub async fn group_for(&self, folder: &str, chat: &str) {
-        let f = folder.replace('/', "%2F");
-        let (s, v) = self
-            .api()
-            .put(
-                &self.operator,
-                &format!("/v1/groups/{f}"),
-                json!({"name": folder}),
-            )
-            .await;
-        assert!(s == 201 || s == 200, "{v}");
-        let (s, v) = self
-            .api()
-            .post(
-                &self.operator,
-                "/v1/routes",
-                json!({"pattern": chat, "folder": folder}),
-            )
-            .await;
-        assert_eq!(s, 201, "{v}");
+        self.put_group(folder, json!({"name": folder})).await;
+        self.route(chat, folder).await;
     }
 
     /// Posts a message as a person in `chat` would reach it: through the chat adapter (the
@@ -448,26 +427,23 @@ impl Rig {
         } else {
             &self.channel
         };
-        let (s, v) = self
-            .api()
-            .post(
-                token,
-                "/v1/messages",
-                json!({"id": id, "chat_jid": chat, "sender": "alice", "content": text}),
-            )
-            .await;
+        let m = PostMessage {
+            id: Some(id.to_owned()),
+            chat_jid: chat.to_owned(),
+            sender: "alice".into(),
+            sender_name: None,
+            content: text.to_owned(),
+            timestamp: None,
+            reply_to: None,
+        };
+        let (s, v) = self.send(token, routd::post_message(&m)).await;
         assert_eq!(s, 201, "{v}");
         v
     }
 
     pub async fn history(&self, chat: &str) -> Vec<MessageView> {
-        let (s, v) = self
-            .api()
-            .get(
-                &self.operator,
-                &format!("/v1/chats/{}/messages?limit=1000", enc(chat)),
-            )
-            .await;
+        let op = routd::chat_messages(chat).query("limit", 1000);
+        let (s, v) = self.send(&self.operator, op).await;
         assert_eq!(s, 200, "{v}");
         serde_json::from_value(v["messages"].clone()).unwrap()
     }
@@ -487,10 +463,7 @@ impl Rig {
     }
 
     pub async fn turn(&self, turn_id: &str) -> Value {
-        let (s, v) = self
-            .api()
-            .get(&self.operator, &format!("/v1/turns/{turn_id}"))
-            .await;
+        let (s, v) = self.send(&self.operator, routd::turn(turn_id)).await;
         assert_eq!(s, 200, "{v}");
         v
     }
@@ -511,12 +484,11 @@ impl Rig {
 
     /// The first running turn (of `folder`, or of any), once one runs.
     pub async fn first_running(&self, folder: Option<&str>) -> Value {
-        let running = match folder {
-            Some(f) => format!("/v1/turns?folder={f}&state=running"),
-            None => "/v1/turns?state=running".to_owned(),
-        };
+        let running = routd::turns()
+            .query_opt("folder", folder)
+            .query("state", "running");
         eventually("a turn runs", LIMIT, || async {
-            let (_, v) = self.api().get(&self.operator, &running).await;
+            let (_, v) = self.send(&self.operator, running.clone()).await;
             v["turns"]
                 .as_array()
                 .and_then(|t| t.first())
@@ -529,15 +501,17 @@ impl Rig {
     /// Waits until `folder`'s turn runs and its container has started; answers the turn's
     /// and the run's ids.
     pub async fn live_run(&self, folder: &str) -> (String, String) {
-        let runed = ApiClient::new(self.runed_url());
-        let running = format!("/v1/turns?folder={folder}&state=running");
+        let runed_api = ApiClient::new(self.runed_url());
+        let running = routd::turns()
+            .query("folder", folder)
+            .query("state", "running");
         eventually(&format!("{folder}'s turn runs"), LIMIT, || async {
-            let (_, v) = self.api().get(&self.operator, &running).await;
+            let (_, v) = self.send(&self.operator, running.clone()).await;
             let Some(t) = v["turns"].as_array().and_then(|t| t.first()) else {
                 return Err(v);
             };
             let run = t["run_id"].as_str().unwrap_or_default().to_owned();
-            let (_, r) = runed.get(&self.operator, &format!("/v1/runs/{run}")).await;
+            let (_, r) = send(&runed_api, &self.operator, runed::run(&run)).await;
             if r["state"] == "running" {
                 Ok((t["turn_id"].as_str().unwrap().to_owned(), run))
             } else {
@@ -553,13 +527,8 @@ impl Rig {
         eventually(&format!("{folder} goes idle"), LIMIT, || async {
             let mut live = Vec::new();
             for state in ["starting", "running", "waiting"] {
-                let (_, v) = self
-                    .api()
-                    .get(
-                        &self.operator,
-                        &format!("/v1/turns?folder={folder}&state={state}"),
-                    )
-                    .await;
+                let op = routd::turns().query("folder", folder).query("state", state);
+                let (_, v) = self.send(&self.operator, op).await;
                 live.extend(v["turns"].as_array().cloned().unwrap_or_default());
             }
             if live.is_empty() { Ok(()) } else { Err(live) }

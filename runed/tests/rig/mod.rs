@@ -8,10 +8,13 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use hako_authd::testing::{RUNED_KEY, TestAuthd};
+use hako_client::runed;
+use hako_client::testing::send;
 use hako_runner::sim::SimEngine;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::config::Env;
+use hako_shared::runs::RunRequest;
 use hako_shared::testing::{ApiClient, eventually};
 use serde_json::{Value, json};
 
@@ -174,15 +177,16 @@ impl Rig {
         self.api().get(token, path).await
     }
 
+    /// A run's status, as routd's token reads it: the HTTP status and the body.
+    pub async fn status(&self, run: &str) -> (u16, Value) {
+        send(&self.api(), &self.routd, runed::run(run)).await
+    }
+
     pub async fn run(&self, folder: &str, turn: &str, text: &str) -> String {
-        let (s, v) = self
-            .post(
-                &self.routd,
-                "/v1/runs",
-                json!({"folder": folder, "turn_id": turn,
-                       "messages": [{"role": "user", "content": text}]}),
-            )
-            .await;
+        let req: RunRequest = serde_json::from_value(json!({"folder": folder, "turn_id": turn,
+                       "messages": [{"role": "user", "content": text}]}))
+        .expect("a run request");
+        let (s, v) = send(&self.api(), &self.routd, runed::create_run(&req)).await;
         assert_eq!(s, 202, "{v}");
         v["run_id"].as_str().unwrap().to_owned()
     }
@@ -190,9 +194,8 @@ impl Rig {
     pub async fn wait(&self, run: &str) -> Value {
         let deadline = Instant::now() + Duration::from_secs(180);
         loop {
-            let (s, v) = self
-                .get(&self.routd, &format!("/v1/runs/{run}?wait=30s"))
-                .await;
+            let op = runed::run(run).query("wait", "30s");
+            let (s, v) = send(&self.api(), &self.routd, op).await;
             assert_eq!(s, 200, "waiting for {run}: {v}");
             if ["exited", "error", "killed", "timed_out"].contains(&v["state"].as_str().unwrap()) {
                 return v;
@@ -204,7 +207,7 @@ impl Rig {
     pub async fn wait_state(&self, run: &str, state: &str) {
         let what = format!("run {run} reaches {state}");
         eventually(&what, Duration::from_secs(60), || async {
-            let (_, v) = self.get(&self.routd, &format!("/v1/runs/{run}")).await;
+            let (_, v) = self.status(run).await;
             if v["state"] == state { Ok(()) } else { Err(v) }
         })
         .await
@@ -310,7 +313,7 @@ impl Rig {
     pub async fn wait_outputs(&self, run: &str, n: usize) -> Value {
         let what = format!("run {run} has {n} blocks");
         eventually(&what, Duration::from_secs(60), || async {
-            let (_, v) = self.get(&self.routd, &format!("/v1/runs/{run}")).await;
+            let (_, v) = self.status(run).await;
             if v["outputs"].as_array().map_or(0, Vec::len) >= n {
                 Ok(v)
             } else {
@@ -462,7 +465,7 @@ impl Rig {
 
     /// A run's creation time, Unix ms.
     pub async fn run_created_ms(&self, run: &str) -> i64 {
-        let (_, v) = self.get(&self.routd, &format!("/v1/runs/{run}")).await;
+        let (_, v) = self.status(run).await;
         hako_shared::time::parse_rfc3339(v["created_at"].as_str().unwrap()).unwrap()
     }
 }

@@ -14,6 +14,10 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::routing::post;
 use hako_authd::testing::{CHANNEL_KEY, ROUTD_KEY, RUNED_KEY, TestAuthd};
+use hako_client::routd;
+use hako_client::testing::send;
+use hako_shared::GroupFolder;
+use hako_shared::chat::{GroupConfig, NewRoute, NewWebhook};
 use hako_shared::config::Env;
 use hako_shared::testing::ApiClient;
 pub use hako_shared::testing::eventually;
@@ -451,14 +455,12 @@ impl Stack {
             install,
         };
         // routd's deliveries for every tg: chat go to the adapter (the operator's one step).
-        let (s, v) = stack
-            .api()
-            .post(
-                &stack.operator,
-                "/v1/webhooks",
-                json!({"prefix": "tg:", "url": format!("http://127.0.0.1:{}/v1/deliveries", stack.adapter_port), "secret": SECRET}),
-            )
-            .await;
+        let hook = NewWebhook {
+            prefix: "tg:".into(),
+            url: format!("http://127.0.0.1:{}/v1/deliveries", stack.adapter_port),
+            secret: SECRET.into(),
+        };
+        let (s, v) = send(&stack.api(), &stack.operator, routd::add_webhook(&hook)).await;
         assert_eq!(s, 201, "{v}");
         stack
     }
@@ -473,31 +475,22 @@ impl Stack {
         if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
             b.extend(e.clone());
         }
-        let (s, v) = self
-            .api()
-            .put(&self.operator, &format!("/v1/groups/{folder}"), body)
-            .await;
+        let cfg: GroupConfig = serde_json::from_value(body).expect("a group's settings");
+        let (s, v) = send(&self.api(), &self.operator, routd::put_group(folder, &cfg)).await;
         assert!(s == 200 || s == 201, "{v}");
-        let (s, v) = self
-            .api()
-            .post(
-                &self.operator,
-                "/v1/routes",
-                json!({"pattern": chat, "folder": folder}),
-            )
-            .await;
+        let route = NewRoute {
+            pattern: chat.to_owned(),
+            folder: GroupFolder::new(folder).expect("a folder"),
+            position: None,
+        };
+        let (s, v) = send(&self.api(), &self.operator, routd::add_route(&route)).await;
         assert_eq!(s, 201, "{v}");
     }
 
     /// The chat's log as the operator reads it.
     pub async fn history(&self, chat: &str) -> Vec<Value> {
-        let (s, v) = self
-            .api()
-            .get(
-                &self.operator,
-                &format!("/v1/chats/{}/messages?limit=200", chat.replace(':', "%3A")),
-            )
-            .await;
+        let op = routd::chat_messages(chat).query("limit", 200);
+        let (s, v) = send(&self.api(), &self.operator, op).await;
         assert_eq!(s, 200, "{v}");
         v["messages"].as_array().cloned().unwrap_or_default()
     }
