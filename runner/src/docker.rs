@@ -12,11 +12,14 @@ use std::time::Duration;
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::errors::Error as BollardError;
-use bollard::models::{ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType};
+use bollard::models::{
+    ContainerCreateBody, EndpointSettings, HostConfig, HostConfigLogConfig, Mount, MountType,
+    NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest,
+};
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, KillContainerOptionsBuilder,
-    ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
-    StopContainerOptionsBuilder, WaitContainerOptionsBuilder,
+    ListContainersOptionsBuilder, ListNetworksOptionsBuilder, LogsOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder, WaitContainerOptionsBuilder,
 };
 use bytes::Bytes;
 use futures_util::StreamExt;
@@ -24,8 +27,8 @@ use futures_util::future::BoxFuture;
 use futures_util::stream::BoxStream;
 
 use super::engine::{
-    Attached, BoxControl, ContainerSpec, Engine, EngineError, Frame, FrameStream, ImageInfo,
-    Inspected, Listed, ProcessState,
+    Attached, BoxControl, BoxKind, ContainerSpec, Engine, EngineError, Frame, FrameStream,
+    ImageInfo, Inspected, Listed, ListedNetwork, NetworkSpec, ProcessState,
 };
 
 /// Docker as hako's engine: a client of the daemon's Engine API. Everything of a box goes
@@ -292,7 +295,8 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         security_opt: Some(vec!["no-new-privileges:true".into()]),
         privileged: Some(false),
         readonly_rootfs: Some(true),
-        tmpfs: Some(HashMap::from([("/tmp".to_owned(), TMPFS_TMP.to_owned())])),
+        tmpfs: (spec.kind == BoxKind::Agent)
+            .then(|| HashMap::from([("/tmp".to_owned(), TMPFS_TMP.to_owned())])),
         memory: Some(spec.limits.memory),
         memory_swap: Some(spec.limits.memory),
         nano_cpus: Some((spec.limits.cpus * 1e9) as i64),
@@ -313,7 +317,7 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         env: Some(spec.env.clone()),
         cmd: spec.cmd.clone(),
         labels: Some(spec.labels.clone()),
-        working_dir: Some(super::mounts::WORKSPACE.into()),
+        working_dir: (spec.kind == BoxKind::Agent).then(|| super::mounts::WORKSPACE.into()),
         open_stdin: Some(spec.stdin),
         stdin_once: Some(spec.stdin),
         attach_stdin: Some(spec.stdin),
@@ -549,12 +553,22 @@ impl Engine for DockerEngine {
         Box::pin(async move {
             let info = bounded("inspect", limit, &id, docker.inspect_container(&id, None)).await?;
             let state = info.state.unwrap_or_default();
+            let config = info.config.unwrap_or_default();
+            let addresses = info
+                .network_settings
+                .and_then(|n| n.networks)
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|(net, e)| Some((net, e.ip_address.filter(|ip| !ip.is_empty())?)))
+                .collect();
             Ok(Inspected {
                 state: ProcessState {
                     running: state.running.unwrap_or(false),
                     exit_code: state.exit_code,
                 },
-                labels: info.config.and_then(|c| c.labels).unwrap_or_default(),
+                labels: config.labels.unwrap_or_default(),
+                image: config.image.unwrap_or_default(),
+                addresses,
             })
         })
     }
@@ -618,6 +632,165 @@ impl Engine for DockerEngine {
             Ok(v.api_version.unwrap_or_default())
         })
     }
+
+    fn create_network(
+        &self,
+        spec: &NetworkSpec,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        let docker = self.0.clone();
+        let mut options = HashMap::new();
+        if spec.host_unreachable {
+            // The host gets no address on the bridge: a box cannot reach the host (an internal
+            // network still routes to its gateway, which is the host).
+            options.insert(
+                "com.docker.network.bridge.inhibit_ipv4".to_owned(),
+                "true".to_owned(),
+            );
+            options.insert(
+                "com.docker.network.bridge.enable_ip_masquerade".to_owned(),
+                "false".to_owned(),
+            );
+        }
+        let req = NetworkCreateRequest {
+            name: spec.name.clone(),
+            driver: Some("bridge".into()),
+            internal: Some(spec.internal),
+            attachable: Some(false),
+            options: Some(options),
+            labels: Some(spec.labels.clone()),
+            ..Default::default()
+        };
+        Box::pin(async move {
+            let name = req.name.clone();
+            match bounded("network create", limit, &name, docker.create_network(req)).await {
+                Ok(_) => Ok(()),
+                // A retry after a partial failure: the network is there.
+                Err(e @ EngineError::Api { .. })
+                    if e.is_status(409) || e.to_string().contains("already exists") =>
+                {
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn connect(
+        &self,
+        network: &str,
+        id: &str,
+        alias: Option<&str>,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        let docker = self.0.clone();
+        let network = network.to_owned();
+        let req = NetworkConnectRequest {
+            container: id.to_owned(),
+            endpoint_config: Some(EndpointSettings {
+                aliases: alias.map(|a| vec![a.to_owned()]),
+                ..Default::default()
+            }),
+        };
+        Box::pin(async move {
+            match bounded(
+                "network connect",
+                limit,
+                &network,
+                docker.connect_network(&network, req),
+            )
+            .await
+            {
+                Ok(()) => Ok(()),
+                // Joined already (a retry after a partial failure).
+                Err(EngineError::Api { message, .. }) if message.contains("already exists") => {
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn disconnect(
+        &self,
+        network: &str,
+        id: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        let docker = self.0.clone();
+        let network = network.to_owned();
+        let req = NetworkDisconnectRequest {
+            container: id.to_owned(),
+            force: Some(true),
+        };
+        Box::pin(async move {
+            match bounded(
+                "network disconnect",
+                limit,
+                &network,
+                docker.disconnect_network(&network, req),
+            )
+            .await
+            {
+                Ok(()) | Err(EngineError::NotFound(_)) => Ok(()),
+                // Not connected.
+                Err(e @ EngineError::Api { .. })
+                    if e.is_status(403) || e.to_string().contains("not connected") =>
+                {
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn remove_network(
+        &self,
+        name: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        let docker = self.0.clone();
+        let name = name.to_owned();
+        Box::pin(async move {
+            match bounded("network remove", limit, &name, docker.remove_network(&name)).await {
+                Ok(()) | Err(EngineError::NotFound(_)) => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+    }
+
+    fn networks(
+        &self,
+        label: &'static str,
+        value: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<Vec<ListedNetwork>, EngineError>> {
+        let docker = self.0.clone();
+        let value = value.to_owned();
+        Box::pin(async move {
+            let filters = HashMap::from([("label".to_owned(), vec![format!("{label}={value}")])]);
+            let opts = ListNetworksOptionsBuilder::new().filters(&filters).build();
+            let list = bounded(
+                "network list",
+                limit,
+                &value,
+                docker.list_networks(Some(opts)),
+            )
+            .await?;
+            Ok(list
+                .into_iter()
+                .filter_map(|n| {
+                    let labels = n.labels.unwrap_or_default();
+                    // The filter is the daemon's; check it again.
+                    (labels.get(label) == Some(&value)).then_some(())?;
+                    Some(ListedNetwork {
+                        name: n.name?,
+                        labels,
+                    })
+                })
+                .collect())
+        })
+    }
 }
 
 #[cfg(test)]
@@ -648,6 +821,7 @@ mod tests {
             labels: HashMap::new(),
             stdin: true,
             runtime: None,
+            kind: crate::engine::BoxKind::Agent,
         };
         let body = create_body(&spec);
         let h = body.host_config.unwrap();

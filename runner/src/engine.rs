@@ -71,6 +71,42 @@ pub struct ContainerSpec {
     pub stdin: bool,
     /// The OCI runtime (`None`: the engine's default).
     pub runtime: Option<String>,
+    /// What the box is for.
+    pub kind: BoxKind,
+}
+
+/// What a box is for: the security profile is the same; the working directory and scratch
+/// space differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BoxKind {
+    /// An agent's box (or a copy box of its image): it works in `/workspace` and has a small
+    /// `/tmp` in memory.
+    Agent,
+    /// A service of the install (the egress proxy): its image's own working directory, no
+    /// scratch space.
+    Service,
+}
+
+/// A network for boxes to meet on (a run's network to the egress proxy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NetworkSpec {
+    /// Unique name.
+    pub name: String,
+    /// No route out of it.
+    pub internal: bool,
+    /// The host has no address on it: a box on it cannot reach the host either.
+    pub host_unreachable: bool,
+    /// Labels.
+    pub labels: HashMap<String, String>,
+}
+
+/// A network, as listed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedNetwork {
+    /// Its name.
+    pub name: String,
+    /// Its labels.
+    pub labels: HashMap<String, String>,
 }
 
 /// Container engine failures, classified.
@@ -157,6 +193,10 @@ pub struct Inspected {
     pub state: ProcessState,
     /// Its labels (its image's included).
     pub labels: HashMap<String, String>,
+    /// The image reference it was created from.
+    pub image: String,
+    /// Its address on each network it joined, by network name.
+    pub addresses: HashMap<String, String>,
 }
 
 /// An image, as the engine has it.
@@ -293,6 +333,45 @@ pub trait Engine: BoxControl {
 
     /// It answers: its API version.
     fn version(&self, limit: Duration) -> BoxFuture<'static, Result<String, EngineError>>;
+
+    /// Creates a network; one of that name already there is done.
+    fn create_network(
+        &self,
+        spec: &NetworkSpec,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>>;
+
+    /// Joins box `id` to `network`, known there also as `alias`; joined already is done.
+    fn connect(
+        &self,
+        network: &str,
+        id: &str,
+        alias: Option<&str>,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>>;
+
+    /// Takes box `id` off `network`; not on it (or either gone) is done.
+    fn disconnect(
+        &self,
+        network: &str,
+        id: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>>;
+
+    /// Removes a network; gone already is done.
+    fn remove_network(
+        &self,
+        name: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>>;
+
+    /// Every network whose label `label` is `value`.
+    fn networks(
+        &self,
+        label: &'static str,
+        value: &str,
+        limit: Duration,
+    ) -> BoxFuture<'static, Result<Vec<ListedNetwork>, EngineError>>;
 }
 
 /// An engine to hand to a daemon's configuration (which is `Debug` and `Clone`).

@@ -218,6 +218,7 @@ impl Runner {
             labels: self.base_labels(&spec.run_id, &spec.folder, "sidecar"),
             stdin: false,
             runtime: None,
+            kind: crate::engine::BoxKind::Agent,
         }
     }
 
@@ -294,6 +295,7 @@ impl Runner {
             labels,
             stdin: true,
             runtime,
+            kind: crate::engine::BoxKind::Agent,
         })
     }
 

@@ -389,29 +389,23 @@ pub struct Runner {
 
 impl Runner {
     /// A runner on Docker over `cfg`, creating the data root and its top-level directories.
-    /// The egress proxy of `cfg.egress` runs on the same daemon.
     pub fn on_docker(docker: docker::DockerEngine, cfg: RunnerConfig) -> Result<Runner, RunError> {
+        Self::new(Arc::new(docker), cfg)
+    }
+
+    /// A runner on `engine` (Docker, or the simulated one in logic tests). The egress proxy
+    /// of `cfg.egress` and the runs' networks are on the same engine.
+    pub fn new(engine: Arc<dyn Engine>, cfg: RunnerConfig) -> Result<Runner, RunError> {
         let egress = cfg.egress.clone().map(|e| {
             Arc::new(proxy_container::Egress::new(
-                docker.client().clone(),
+                engine.clone(),
                 e,
                 cfg.install_id.clone(),
                 cfg.docker_timeout,
                 cfg.layout.clone(),
             ))
         });
-        Self::build(Arc::new(docker), egress, cfg)
-    }
-
-    /// A runner on `engine` (the simulated one, in logic tests). The egress proxy and its
-    /// networks are Docker's: a configuration that asks for them is refused.
-    pub fn new(engine: Arc<dyn Engine>, cfg: RunnerConfig) -> Result<Runner, RunError> {
-        if cfg.egress.is_some() {
-            return Err(RunError::Invalid(
-                "the egress proxy runs on the Docker engine only (Runner::on_docker)".into(),
-            ));
-        }
-        Self::build(engine, None, cfg)
+        Self::build(engine, egress, cfg)
     }
 
     fn build(

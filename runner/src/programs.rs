@@ -311,6 +311,7 @@ async fn copy(
         labels: HashMap::from([(LABEL_COPY_FOR.to_owned(), cfg.install_id.clone())]),
         stdin: false,
         runtime: None,
+        kind: crate::engine::BoxKind::Agent,
     };
     if !programs.enter(&spec.name) {
         return Err(EngineError::api("the runner is shutting down"));

@@ -1,4 +1,4 @@
-//! The egress proxy's Docker side (`specs/egress.md`): one proxy container per install
+//! The egress proxy's engine side (`specs/egress.md`): one proxy container per install
 //! (`hako-<install>-egress`), kept running by runed, and one internal network per
 //! `allowlist` run whose only other member is the proxy (alias `hako-egress`).
 //!
@@ -7,15 +7,8 @@
 //! proxy reaches targets through the install's egress networks (`RUNED_EGRESS_NETWORKS`).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-use bollard::Docker;
-use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HostConfig, Mount, MountType, NetworkConnectRequest,
-    NetworkCreateRequest, NetworkDisconnectRequest,
-};
-use bollard::query_parameters::{CreateContainerOptionsBuilder, ListNetworksOptionsBuilder};
 
 use hako_shared::allowlist::{NO_PROXY_VARS, PROXY_VARS};
 use hako_shared::config::{ConfigError, Env};
@@ -23,9 +16,10 @@ use hako_shared::ids::RunId;
 use hako_shared::secrets::SecretClaim;
 use sha2::{Digest, Sha256};
 
-use super::docker;
-use super::engine::{EngineError, labels};
-use super::mounts::{CA_BUNDLE, Layout};
+use super::engine::{
+    BoxKind, ContainerSpec, Engine, EngineError, Inspected, Limits, NetworkSpec, labels,
+};
+use super::mounts::{CA_BUNDLE, Layout, MountEntry};
 use super::secret_store::{SecretStore, proxy_owner};
 
 /// The name every run network gives the proxy.
@@ -140,9 +134,9 @@ impl EgressConfig {
     }
 }
 
-/// The install's proxy: its container and the run networks.
+/// The install's proxy: its container and the run networks, on the runner's engine.
 pub struct Egress {
-    docker: Docker,
+    engine: Arc<dyn Engine>,
     cfg: EgressConfig,
     install: String,
     timeout: Duration,
@@ -179,7 +173,7 @@ pub enum Checked {
 impl Egress {
     /// The proxy of `install`, as `cfg` describes it, its files under `layout`'s data root.
     pub fn new(
-        docker: Docker,
+        engine: Arc<dyn Engine>,
         cfg: EgressConfig,
         install: String,
         timeout: Duration,
@@ -191,7 +185,7 @@ impl Egress {
             .build()
             .unwrap_or_default();
         Self {
-            docker,
+            engine,
             cfg,
             install,
             timeout,
@@ -280,42 +274,25 @@ impl Egress {
         let _one = self.gate.lock().await;
         let name = self.container_name();
         let t = self.timeout;
-        let found = match docker::bounded(
-            "inspect",
-            t,
-            &name,
-            self.docker.inspect_container(&name, None),
-        )
-        .await
-        {
+        let found: Option<Inspected> = match self.engine.inspect(&name, t).await {
             Ok(info) => Some(info),
             Err(EngineError::NotFound(_)) => None,
             Err(e) => return Err(e),
         };
-        let running = found
-            .as_ref()
-            .and_then(|i| i.state.as_ref())
-            .and_then(|s| s.running)
-            .unwrap_or(false);
-        let stale_image = found
-            .as_ref()
-            .and_then(|i| i.config.as_ref())
-            .and_then(|c| c.image.as_deref())
-            .is_some_and(|img| img != self.cfg.image);
-        let (body, digest) = self.body()?;
-        let stale_spec = found
-            .as_ref()
-            .and_then(|i| i.config.as_ref())
-            .and_then(|c| c.labels.as_ref())
-            .is_some_and(|l| l.get(LABEL_SPEC) != Some(&digest));
-        let stale_image = stale_image || stale_spec;
+        let running = found.as_ref().is_some_and(|i| i.state.running);
+        let (spec, digest) = self.spec();
+        // Made from another image, or by another configuration (another runed, no store
+        // mounted): made again.
+        let stale = found.as_ref().is_some_and(|i| {
+            i.image != self.cfg.image || i.labels.get(LABEL_SPEC) != Some(&digest)
+        });
         let mut recreated = false;
-        if !running || stale_image {
+        if !running || stale {
             if found.is_some() {
-                tracing::warn!(container = %name, running, stale_image, "the egress proxy is gone or stopped: recreating it");
-                docker::remove(&self.docker, &name, t).await?;
+                tracing::warn!(container = %name, running, stale, "the egress proxy is gone, stopped or stale: recreating it");
+                self.engine.remove(&name, None, t).await?;
             }
-            self.create(body).await?;
+            self.create(spec).await?;
             recreated = true;
         }
         let ip = self.admin_ip().await?;
@@ -390,48 +367,37 @@ impl Egress {
 
     /// The proxy's address on the first egress network (where runed reaches `/ready`).
     async fn admin_ip(&self) -> Result<Option<String>, EngineError> {
-        let name = self.container_name();
-        let info = docker::bounded(
-            "inspect",
-            self.timeout,
-            &name,
-            self.docker.inspect_container(&name, None),
-        )
-        .await?;
-        Ok(info
-            .network_settings
-            .and_then(|n| n.networks)
-            .and_then(|mut n| n.remove(&self.cfg.networks[0]))
-            .and_then(|e| e.ip_address)
-            .filter(|ip| !ip.is_empty()))
+        let mut info = self
+            .engine
+            .inspect(&self.container_name(), self.timeout)
+            .await?;
+        Ok(info.addresses.remove(&self.cfg.networks[0]))
     }
 
     /// What the proxy container is made of, and a digest of it (its label).
-    fn body(&self) -> Result<(ContainerCreateBody, String), EngineError> {
+    fn spec(&self) -> (ContainerSpec, String) {
         let mut env = vec![format!("AUTHD_URL={}", self.cfg.authd_url)];
         env.extend(self.cfg.env.iter().map(|(k, v)| format!("{k}={v}")));
         env.push(format!("EGRESS_SECRETS_DIR={SECRETS_TARGET}"));
         env.push(format!("EGRESS_CA_DIR={CA_TARGET}"));
         let owner = proxy_owner();
         let user = format!("{}:{}", owner.uid, owner.gid);
-        let bind = |source: std::path::PathBuf, target: &str, read_only: bool| Mount {
-            source: Some(self.layout.host_path(&source).display().to_string()),
-            target: Some(target.to_owned()),
-            typ: Some(MountType::BIND),
-            read_only: Some(read_only),
-            ..Default::default()
+        let bind = |source: std::path::PathBuf, target: &str, readonly: bool| MountEntry {
+            source: self.layout.host_path(&source),
+            target: target.to_owned(),
+            readonly,
         };
         // The store is read-only to the proxy; its CA directory is its own.
         let mounts = vec![
             bind(self.store.secrets_dir(), SECRETS_TARGET, true),
             bind(self.store.ca_dir(), CA_TARGET, false),
         ];
-        let mut h = Sha256::new();
-        for part in env
+        let sources: Vec<String> = mounts
             .iter()
-            .chain([&user])
-            .chain(mounts.iter().filter_map(|m| m.source.as_ref()))
-        {
+            .map(|m| m.source.display().to_string())
+            .collect();
+        let mut h = Sha256::new();
+        for part in env.iter().chain([&user]).chain(&sources) {
             h.update(part.as_bytes());
             h.update(b"\0");
         }
@@ -441,39 +407,34 @@ impl Egress {
             .take(8)
             .map(|b| format!("{b:02x}"))
             .collect();
-        let body = ContainerCreateBody {
-            image: Some(self.cfg.image.clone()),
-            env: Some(env),
-            user: Some(user),
-            labels: Some(HashMap::from([
+        let spec = ContainerSpec {
+            name: self.container_name(),
+            image: self.cfg.image.clone(),
+            user,
+            env,
+            cmd: None,
+            mounts,
+            network: self.cfg.networks[0].clone(),
+            limits: Limits {
+                memory: 256 << 20,
+                cpus: 1.0,
+                pids: 256,
+            },
+            labels: HashMap::from([
                 (labels::INSTALL.to_owned(), self.install.clone()),
                 (labels::ROLE.to_owned(), ROLE_PROXY.to_owned()),
                 (LABEL_SPEC.to_owned(), digest.clone()),
-            ])),
-            host_config: Some(HostConfig {
-                mounts: Some(mounts),
-                cap_drop: Some(vec!["ALL".into()]),
-                security_opt: Some(vec!["no-new-privileges:true".into()]),
-                privileged: Some(false),
-                readonly_rootfs: Some(true),
-                memory: Some(256 << 20),
-                memory_swap: Some(256 << 20),
-                nano_cpus: Some(1_000_000_000),
-                pids_limit: Some(256),
-                network_mode: Some(self.cfg.networks[0].clone()),
-                ipc_mode: Some("private".into()),
-                init: Some(true),
-                log_config: Some(docker::log_config()),
-                ..Default::default()
-            }),
-            ..Default::default()
+            ]),
+            stdin: false,
+            runtime: None,
+            kind: BoxKind::Service,
         };
-        Ok((body, digest))
+        (spec, digest)
     }
 
     /// Creates and starts the proxy container, on the egress networks and every live run
     /// network of this install. Its directories are made first (owned by its user).
-    async fn create(&self, body: ContainerCreateBody) -> Result<(), EngineError> {
+    async fn create(&self, spec: ContainerSpec) -> Result<(), EngineError> {
         let name = self.container_name();
         let t = self.timeout;
         let store = self.store.clone();
@@ -487,53 +448,22 @@ impl Egress {
                 status: None,
                 message: format!("the egress proxy's directories: {e}"),
             })?;
-        let opts = CreateContainerOptionsBuilder::new().name(&name).build();
-        let id = match docker::bounded(
-            "create",
-            t,
-            &self.cfg.image,
-            self.docker.create_container(Some(opts), body),
-        )
-        .await
-        {
-            Ok(r) => r.id,
-            Err(EngineError::NotFound(_)) => {
-                return Err(EngineError::ImageMissing(self.cfg.image.clone()));
-            }
-            Err(e) => return Err(e),
-        };
+        let id = self.engine.create(&spec, t).await?;
         for net in self.cfg.networks.iter().skip(1) {
             self.join(net, &id, false).await?;
         }
         for net in self.run_networks().await? {
             self.join(&net, &id, true).await?;
         }
-        docker::bounded("start", t, &id, self.docker.start_container(&id, None)).await?;
+        self.engine.start(&id, t).await?;
         tracing::info!(container = %name, image = %self.cfg.image, "egress proxy started");
         Ok(())
     }
 
     async fn join(&self, net: &str, container: &str, alias: bool) -> Result<(), EngineError> {
-        let req = NetworkConnectRequest {
-            container: container.to_owned(),
-            endpoint_config: Some(EndpointSettings {
-                aliases: alias.then(|| vec![PROXY_ALIAS.to_owned()]),
-                ..Default::default()
-            }),
-        };
-        match docker::bounded(
-            "network connect",
-            self.timeout,
-            net,
-            self.docker.connect_network(net, req),
-        )
-        .await
-        {
-            Ok(()) => Ok(()),
-            // Joined already (a retry after a partial failure).
-            Err(EngineError::Api { message, .. }) if message.contains("already exists") => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.engine
+            .connect(net, container, alias.then_some(PROXY_ALIAS), self.timeout)
+            .await
     }
 
     /// This install's run networks, by name.
@@ -548,30 +478,16 @@ impl Egress {
 
     /// This install's run networks: (name, run id).
     async fn run_networks_labelled(&self) -> Result<Vec<(String, String)>, EngineError> {
-        let filters = HashMap::from([(
-            "label".to_owned(),
-            vec![
-                format!("{}={}", labels::INSTALL, self.install),
-                format!("{}={ROLE_NETWORK}", labels::ROLE),
-            ],
-        )]);
-        let opts = ListNetworksOptionsBuilder::new().filters(&filters).build();
-        let list = docker::bounded(
-            "network list",
-            self.timeout,
-            &self.install,
-            self.docker.list_networks(Some(opts)),
-        )
-        .await?;
-        Ok(list
+        let listed = self
+            .engine
+            .networks(labels::INSTALL, &self.install, self.timeout)
+            .await?;
+        Ok(listed
             .into_iter()
-            .filter_map(|n| {
-                let l = n.labels.unwrap_or_default();
-                // The filter is the daemon's; check it again.
-                (l.get(labels::INSTALL) == Some(&self.install)
-                    && l.get(labels::ROLE).map(String::as_str) == Some(ROLE_NETWORK))
-                .then_some(())?;
-                Some((n.name?, l.get(labels::RUN).cloned().unwrap_or_default()))
+            .filter(|n| n.labels.get(labels::ROLE).map(String::as_str) == Some(ROLE_NETWORK))
+            .map(|n| {
+                let run = n.labels.get(labels::RUN).cloned().unwrap_or_default();
+                (n.name, run)
             })
             .collect())
     }
@@ -589,45 +505,19 @@ impl Egress {
             );
         }
         let name = self.network_name(run_id);
-        let req = NetworkCreateRequest {
+        let net = NetworkSpec {
             name: name.clone(),
-            driver: Some("bridge".into()),
-            internal: Some(true),
-            attachable: Some(false),
-            options: Some(HashMap::from([
-                // The host gets no address on this bridge: the agent cannot reach the host
-                // (an internal network still routes to its gateway, which is the host).
-                (
-                    "com.docker.network.bridge.inhibit_ipv4".to_owned(),
-                    "true".to_owned(),
-                ),
-                (
-                    "com.docker.network.bridge.enable_ip_masquerade".to_owned(),
-                    "false".to_owned(),
-                ),
-            ])),
-            labels: Some(HashMap::from([
+            // No route out, and no address on the host: the agent reaches the proxy only.
+            internal: true,
+            host_unreachable: true,
+            labels: HashMap::from([
                 (labels::INSTALL.to_owned(), self.install.clone()),
                 (labels::RUN.to_owned(), run_id.to_string()),
                 (labels::FOLDER.to_owned(), folder.to_owned()),
                 (labels::ROLE.to_owned(), ROLE_NETWORK.to_owned()),
-            ])),
-            ..Default::default()
+            ]),
         };
-        match docker::bounded(
-            "network create",
-            self.timeout,
-            &name,
-            self.docker.create_network(req),
-        )
-        .await
-        {
-            Ok(_) => {}
-            // A retry of the same run after a partial failure: the network is there.
-            Err(e @ EngineError::Api { .. })
-                if e.is_status(409) || e.to_string().contains("already exists") => {}
-            Err(e) => return Err(e),
-        }
+        self.engine.create_network(&net, self.timeout).await?;
         let proxy = self.container_name();
         if let Err(e) = self.join(&name, &proxy, true).await {
             let _ = self.remove_network(&name).await;
@@ -642,35 +532,11 @@ impl Egress {
     }
 
     async fn remove_network(&self, name: &str) -> Result<(), EngineError> {
-        let req = NetworkDisconnectRequest {
-            container: self.container_name(),
-            force: Some(true),
-        };
-        match docker::bounded(
-            "network disconnect",
-            self.timeout,
-            name,
-            self.docker.disconnect_network(name, req),
-        )
-        .await
-        {
-            Ok(()) | Err(EngineError::NotFound(_)) => {}
-            // Not connected (the proxy was recreated without it, or never joined).
-            Err(e @ EngineError::Api { .. })
-                if e.is_status(403) || e.to_string().contains("not connected") => {}
-            Err(e) => tracing::debug!(network = name, error = %e, "disconnecting the proxy"),
+        let proxy = self.container_name();
+        if let Err(e) = self.engine.disconnect(name, &proxy, self.timeout).await {
+            tracing::debug!(network = name, error = %e, "disconnecting the proxy");
         }
-        match docker::bounded(
-            "network remove",
-            self.timeout,
-            name,
-            self.docker.remove_network(name),
-        )
-        .await
-        {
-            Ok(()) | Err(EngineError::NotFound(_)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        self.engine.remove_network(name, self.timeout).await
     }
 
     /// Removes the run networks of this install whose run is not in `live`; returns how many.
@@ -691,7 +557,9 @@ impl Egress {
 
     /// Stops and removes the proxy container (an install being torn down).
     pub async fn remove(&self) -> Result<(), EngineError> {
-        docker::remove(&self.docker, &self.container_name(), self.timeout).await
+        self.engine
+            .remove(&self.container_name(), None, self.timeout)
+            .await
     }
 }
 
@@ -756,6 +624,65 @@ mod tests {
         for v in CA_BUNDLE_VARS {
             assert!(env.contains(&format!("{v}={CA_BUNDLE}")), "{v}");
         }
+    }
+
+    /// On the simulated engine: the proxy is made once (a `Service` box), each run's network
+    /// is internal, unreachable from the host and has the proxy on it under its alias, and a
+    /// network goes when its run is not live.
+    #[tokio::test]
+    async fn a_runs_network_has_the_proxy_alone_and_goes_with_the_run() {
+        use crate::sim::{SimEngine, agents};
+        let sim = SimEngine::new();
+        sim.image("hako-egress:t", &[], agents::hang());
+        let tmp = tempfile::tempdir().unwrap();
+        let mut cfg = crate::RunnerConfig::new(tmp.path());
+        cfg.install_id = "i-1".into();
+        cfg.egress = Some(EgressConfig {
+            image: "hako-egress:t".into(),
+            networks: vec!["uplink".into()],
+            authd_url: "http://authd:8181".into(),
+            check: Duration::from_secs(2),
+            env: Vec::new(),
+        });
+        let runner = crate::Runner::new(Arc::new(sim.clone()), cfg).unwrap();
+        let e = runner.egress().unwrap();
+        let run = RunId::new("run-1").unwrap();
+        let net = e.attach_run(&run, "team").await.unwrap();
+
+        let [proxy] = sim.running().try_into().unwrap();
+        let spec = sim.spec(&proxy).unwrap();
+        assert_eq!(spec.name, "hako-i-1-egress");
+        assert_eq!(
+            (spec.kind, spec.network.as_str()),
+            (BoxKind::Service, "uplink")
+        );
+        assert_eq!(spec.labels[labels::ROLE], ROLE_PROXY);
+        let nets = sim.networks();
+        let [(n, members)] = &nets[..] else {
+            panic!("{nets:?}")
+        };
+        assert_eq!(n.name, net);
+        assert!(n.internal && n.host_unreachable, "{n:?}");
+        assert_eq!(
+            (
+                n.labels[labels::RUN].as_str(),
+                n.labels[labels::ROLE].as_str()
+            ),
+            ("run-1", ROLE_NETWORK)
+        );
+        assert_eq!(members, &[(proxy.clone(), Some(PROXY_ALIAS.to_owned()))]);
+
+        // The same run again (a retry) is the same network, and a running proxy is kept.
+        assert_eq!(e.attach_run(&run, "team").await.unwrap(), net);
+        assert_eq!(sim.created(), 1);
+
+        // The sweep keeps a live run's network and removes the others'.
+        let live = HashSet::from(["run-1".to_owned()]);
+        assert_eq!(e.cleanup_networks(&live).await.unwrap(), 0);
+        assert_eq!(e.cleanup_networks(&HashSet::new()).await.unwrap(), 1);
+        assert!(sim.networks().is_empty());
+        // Gone already is done.
+        e.detach_run(&run).await.unwrap();
     }
 
     #[test]

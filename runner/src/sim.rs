@@ -33,7 +33,7 @@ use hako_shared::contract::{Markers, OutputBlock};
 
 use crate::engine::{
     Attached, BoxControl, ContainerSpec, Engine, EngineError, Frame, FrameStream, ImageInfo,
-    Inspected, Listed, ProcessState,
+    Inspected, Listed, ListedNetwork, NetworkSpec, ProcessState,
 };
 
 /// What a box of an image does, given its I/O; returns its exit code.
@@ -280,7 +280,12 @@ struct State {
     removals: Vec<(String, Option<Duration>)>,
     /// Every box ever created (the count of creates, for tests).
     created: u64,
+    /// Networks by name: their spec and the boxes on them (by id, with their alias).
+    networks: HashMap<String, (NetworkSpec, HashMap<String, Option<String>>)>,
 }
+
+/// A box on a network: its id, and the alias it is known by there.
+pub type Member = (String, Option<String>);
 
 /// The simulated engine. Cheap to clone: clones share their boxes.
 #[derive(Clone, Default)]
@@ -362,6 +367,7 @@ impl SimEngine {
             labels: labels.clone(),
             stdin: false,
             runtime: None,
+            kind: crate::engine::BoxKind::Agent,
         };
         self.lock().boxes.insert(
             id.clone(),
@@ -419,6 +425,34 @@ impl SimEngine {
     /// How many boxes were created so far.
     pub fn created(&self) -> u64 {
         self.lock().created
+    }
+
+    /// The networks that exist now: each spec, and the boxes on it (by id) with their alias,
+    /// sorted.
+    pub fn networks(&self) -> Vec<(NetworkSpec, Vec<Member>)> {
+        let mut v: Vec<_> = self
+            .lock()
+            .networks
+            .values()
+            .map(|(n, m)| {
+                let mut m: Vec<_> = m.iter().map(|(k, a)| (k.clone(), a.clone())).collect();
+                m.sort();
+                (n.clone(), m)
+            })
+            .collect();
+        v.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        v
+    }
+
+    /// A box's id from its id or its name, as Docker takes either.
+    fn resolve(st: &State, id_or_name: &str) -> String {
+        if st.boxes.contains_key(id_or_name) {
+            return id_or_name.to_owned();
+        }
+        st.boxes
+            .iter()
+            .find(|(_, b)| b.spec.name == id_or_name)
+            .map_or_else(|| id_or_name.to_owned(), |(id, _)| id.clone())
     }
 
     fn next_id(&self) -> String {
@@ -580,7 +614,7 @@ impl BoxControl for SimEngine {
     ) -> BoxFuture<'static, Result<(), EngineError>> {
         self.lock().removals.push((id.to_owned(), stop));
         let this = self.clone();
-        let id = id.to_owned();
+        let id = Self::resolve(&self.lock(), id);
         Box::pin(async move {
             this.fault(Op::Remove, Some(&id))?;
             if let Some(grace) = stop
@@ -590,8 +624,11 @@ impl BoxControl for SimEngine {
             }
             let mut st = this.lock();
             Self::end(&mut st, &id, 137);
-            // Gone already is done.
+            // Gone already is done; a box removed leaves its networks.
             st.boxes.remove(&id);
+            for (_, members) in st.networks.values_mut() {
+                members.remove(&id);
+            }
             Ok(())
         })
     }
@@ -708,10 +745,10 @@ impl Engine for SimEngine {
         id: &str,
         _limit: Duration,
     ) -> BoxFuture<'static, Result<Inspected, EngineError>> {
-        let r = self
-            .lock()
+        let st = self.lock();
+        let r = st
             .boxes
-            .get(id)
+            .get(&Self::resolve(&st, id))
             .map(|b| Inspected {
                 state: ProcessState {
                     running: b.status == Status::Running,
@@ -721,6 +758,9 @@ impl Engine for SimEngine {
                     },
                 },
                 labels: b.labels.clone(),
+                image: b.spec.image.clone(),
+                // Scripted boxes have no addresses: nothing listens in them.
+                addresses: HashMap::new(),
             })
             .ok_or_else(|| EngineError::NotFound(id.to_owned()));
         Box::pin(async move { r })
@@ -763,6 +803,93 @@ impl Engine for SimEngine {
     fn version(&self, _limit: Duration) -> BoxFuture<'static, Result<String, EngineError>> {
         let r = self.fault(Op::Version, None).map(|()| "sim".to_owned());
         Box::pin(async move { r })
+    }
+
+    fn create_network(
+        &self,
+        spec: &NetworkSpec,
+        _limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        self.lock()
+            .networks
+            .entry(spec.name.clone())
+            .or_insert_with(|| (spec.clone(), HashMap::new()));
+        Box::pin(async { Ok(()) })
+    }
+
+    fn connect(
+        &self,
+        network: &str,
+        id: &str,
+        alias: Option<&str>,
+        _limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        let mut st = self.lock();
+        let id = Self::resolve(&st, id);
+        let known = st.boxes.contains_key(&id);
+        let r = match st.networks.get_mut(network) {
+            Some((_, members)) if known => {
+                members.insert(id.clone(), alias.map(str::to_owned));
+                Ok(())
+            }
+            Some(_) => Err(EngineError::NotFound(id.to_owned())),
+            None => Err(EngineError::NotFound(network.to_owned())),
+        };
+        Box::pin(async move { r })
+    }
+
+    fn disconnect(
+        &self,
+        network: &str,
+        id: &str,
+        _limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        let mut st = self.lock();
+        let id = Self::resolve(&st, id);
+        if let Some((_, members)) = st.networks.get_mut(network) {
+            members.remove(&id);
+        }
+        Box::pin(async { Ok(()) })
+    }
+
+    fn remove_network(
+        &self,
+        name: &str,
+        _limit: Duration,
+    ) -> BoxFuture<'static, Result<(), EngineError>> {
+        let mut st = self.lock();
+        // As Docker: a network with a box still on it stays.
+        let r = match st.networks.get(name) {
+            Some((_, members)) if !members.is_empty() => Err(EngineError::Api {
+                status: Some(403),
+                message: format!("network {name} has active endpoints"),
+            }),
+            _ => {
+                st.networks.remove(name);
+                Ok(())
+            }
+        };
+        Box::pin(async move { r })
+    }
+
+    fn networks(
+        &self,
+        label: &'static str,
+        value: &str,
+        _limit: Duration,
+    ) -> BoxFuture<'static, Result<Vec<ListedNetwork>, EngineError>> {
+        let mut v: Vec<ListedNetwork> = self
+            .lock()
+            .networks
+            .values()
+            .filter(|(n, _)| n.labels.get(label).map(String::as_str) == Some(value))
+            .map(|(n, _)| ListedNetwork {
+                name: n.name.clone(),
+                labels: n.labels.clone(),
+            })
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        Box::pin(async move { Ok(v) })
     }
 }
 

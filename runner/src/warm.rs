@@ -504,6 +504,7 @@ mod tests {
             labels: HashMap::from([("io.hako.run".to_owned(), "run1".to_owned())]),
             stdin: true,
             runtime: None,
+            kind: crate::engine::BoxKind::Agent,
         }
     }
 
