@@ -45,10 +45,8 @@ async fn answers_refusals_shapes_limits_and_streams() {
         )
         .route(
             "/v1/turns",
-            get(|| async {
-                tokio::time::sleep(Duration::from_secs(30)).await;
-                "late"
-            }),
+            // Never answers.
+            get(std::future::pending::<&'static str>),
         )
         .route(
             "/v1/tasks",
