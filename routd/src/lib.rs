@@ -104,20 +104,31 @@ impl Running {
 }
 
 /// Starts routd on `listener`: opens (creating and migrating) `routd.db`, resumes the turns
-/// that were live when it stopped, and serves until [`Running::shutdown`].
+/// that were live when it stopped, and serves until [`Running::shutdown`]. It asks the runed
+/// at `config.runed_url`.
 pub async fn start(
     config: Config,
     listener: tokio::net::TcpListener,
 ) -> Result<Running, StartError> {
-    let addr = listener.local_addr().map_err(StartError::Listener)?;
-    let store = Store::open(&config.db_path).await?;
-    let verifier = Verifier::new(config.verifier.clone())?;
     let runed = RunedClient::new(
         &config.runed_url,
         config.verifier.authd_url.as_deref(),
         config.service_key.as_deref(),
         config.runed_timeout,
     )?;
+    start_with(config, listener, Arc::new(runed)).await
+}
+
+/// [`start`], asking `runed` for runs: the turn logic's tests answer with a scripted runed
+/// (no runed, no containers).
+pub async fn start_with(
+    config: Config,
+    listener: tokio::net::TcpListener,
+    runed: Arc<dyn runed::Runs>,
+) -> Result<Running, StartError> {
+    let addr = listener.local_addr().map_err(StartError::Listener)?;
+    let store = Store::open(&config.db_path).await?;
+    let verifier = Verifier::new(config.verifier.clone())?;
     if config.verifier.authd_url.is_none() {
         tracing::warn!(
             "OPEN MODE (HAKO_OPEN_DEV=1, no AUTHD_URL): routd's API accepts any caller on loopback, and routd calls runed without a token. Local development only."
@@ -177,8 +188,7 @@ pub async fn start(
                     .ping()
                     .await
                     .map_err(|e| format!("routd.db: {e}"))?;
-                sh.runed.authd_ready().await?;
-                sh.runed.health().await?;
+                sh.runed.reachable().await?;
                 Ok(())
             })
         }),

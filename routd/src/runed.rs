@@ -1,11 +1,18 @@
-//! routd's client of runed: start a run, follow its events, steer it, stop a folder's run,
-//! read a run. It authenticates with routd's own service token (refreshed from authd as it
-//! runs short), carries the request id, and tells "runed (or authd) is not answering" —
-//! wait and try again — from "runed refused" — a configuration problem — apart.
+//! What routd asks of runed ([`Runs`]: start a run, follow its events, steer it, stop a
+//! folder's run, read a run) and the client that asks the real one over HTTP
+//! ([`RunedClient`]). The client authenticates with routd's own service token (refreshed
+//! from authd as it runs short), carries the request id, and tells "runed (or authd) is not
+//! answering" — wait and try again — from "runed refused" — a configuration problem — apart.
+//!
+//! routd's turn logic sees runed through [`Runs`] alone, so its tests can put a scripted
+//! runed behind it ([`crate::start_with`]), as the runner's tests put a simulated engine
+//! behind the engine trait.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
+use futures_util::stream::{BoxStream, StreamExt};
 use hako_client::{CallError, Client, Daemon, Op, runed};
 use hako_shared::GroupFolder;
 use hako_shared::auth::{AuthdClient, ClientError, ServiceTokenSource};
@@ -80,6 +87,69 @@ impl RunedError {
     }
 }
 
+/// What routd asks of runed. [`RunedClient`] asks the real one; a test may answer itself.
+/// Every call answers a [`RunedError`] routd acts on: unavailable and busy wait and try
+/// again, a refusal is final.
+pub trait Runs: Send + Sync + 'static {
+    /// Starts (or, for a turn id it knows, finds) a run.
+    fn create_run<'a>(
+        &'a self,
+        req: &'a RunRequest,
+    ) -> BoxFuture<'a, Result<CreatedRun, RunedError>>;
+
+    /// A run's status, long-polling up to `wait` (at most 60 s) for its end.
+    fn run<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<RunStatus, RunedError>>;
+
+    /// A run's events: every stored block first (from index 0), then each new event, ending
+    /// after the terminal state.
+    fn events<'a>(&'a self, run_id: &'a RunId) -> BoxFuture<'a, Result<EventStream, RunedError>>;
+
+    /// Drops follow-up messages into a live run, once per `steer_id`.
+    fn steer<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        steer_id: &'a str,
+        messages: Vec<String>,
+    ) -> BoxFuture<'a, Result<SteerReply, RunedError>>;
+
+    /// Saves a file a chat sent into `folder`'s media directory.
+    fn put_media<'a>(
+        &'a self,
+        folder: &'a GroupFolder,
+        name: &'a str,
+        data: axum::body::Bytes,
+    ) -> BoxFuture<'a, Result<MediaSaved, RunedError>>;
+
+    /// Kills a folder's live run; with `retire`, also its warm box and its directory.
+    fn stop<'a>(
+        &'a self,
+        folder: &'a GroupFolder,
+        retire: bool,
+    ) -> BoxFuture<'a, Result<StopReply, RunedError>>;
+
+    /// Runs in `state` (newest first, at most 1000).
+    fn runs(&self, state: RunState) -> BoxFuture<'_, Result<RunList, RunedError>>;
+
+    /// Whether runed answers and routd can get its token: routd's own `/ready`.
+    fn reachable(&self) -> BoxFuture<'_, Result<(), String>>;
+
+    /// runed's readiness and authd's, for the watch page.
+    fn readiness(&self) -> BoxFuture<'_, Readiness>;
+}
+
+/// The daemons behind routd as the watch page shows them.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    /// runed's `/ready` (its database and its engine).
+    pub runed: Result<(), String>,
+    /// authd's `/ready`; `None` in open mode (no authd).
+    pub authd: Option<Result<(), String>>,
+}
+
 /// How routd authenticates to runed.
 #[derive(Clone, Debug)]
 enum Auth {
@@ -149,14 +219,21 @@ impl RunedClient {
             Err(e) => Err(self.refused(e).await),
         }
     }
+}
 
-    /// Starts (or, for a turn id it knows, finds) a run.
-    pub async fn create_run(&self, req: &RunRequest) -> Result<CreatedRun, RunedError> {
-        self.call(runed::create_run(req)).await
+impl Runs for RunedClient {
+    fn create_run<'a>(
+        &'a self,
+        req: &'a RunRequest,
+    ) -> BoxFuture<'a, Result<CreatedRun, RunedError>> {
+        Box::pin(self.call(runed::create_run(req)))
     }
 
-    /// A run's status, long-polling up to `wait` (at most 60 s) for its end.
-    pub async fn run(&self, run_id: &RunId, wait: Duration) -> Result<RunStatus, RunedError> {
+    fn run<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<RunStatus, RunedError>> {
         let secs = wait.as_secs().min(60);
         let op = runed::run(run_id.as_str());
         let op = if secs == 0 {
@@ -165,110 +242,127 @@ impl RunedClient {
             op.query("wait", format!("{secs}s"))
                 .limit(Duration::from_secs(secs + 15))
         };
-        self.call(op).await
+        Box::pin(self.call(op))
     }
 
-    /// Drops follow-up messages into a live run.
-    pub async fn steer(
-        &self,
-        run_id: &RunId,
-        steer_id: &str,
+    fn events<'a>(&'a self, run_id: &'a RunId) -> BoxFuture<'a, Result<EventStream, RunedError>> {
+        Box::pin(async move {
+            let token = self.token().await?;
+            match self
+                .client
+                .events(runed::run_events(run_id.as_str()), token.as_deref())
+                .await
+            {
+                Ok(inner) => Ok(EventStream::from_client(inner)),
+                Err(e) => Err(self.refused(e).await),
+            }
+        })
+    }
+
+    fn steer<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        steer_id: &'a str,
         messages: Vec<String>,
-    ) -> Result<SteerReply, RunedError> {
+    ) -> BoxFuture<'a, Result<SteerReply, RunedError>> {
         let body = SteerRequest {
             steer_id: Some(steer_id.to_owned()),
             messages: messages.into_iter().map(SteerMessage::Text).collect(),
         };
-        self.call(runed::steer(run_id.as_str(), &body)).await
+        Box::pin(async move { self.call(runed::steer(run_id.as_str(), &body)).await })
     }
 
-    /// Saves a file a chat sent into `folder`'s media directory.
-    pub async fn put_media(
-        &self,
-        folder: &GroupFolder,
-        name: &str,
+    fn put_media<'a>(
+        &'a self,
+        folder: &'a GroupFolder,
+        name: &'a str,
         data: axum::body::Bytes,
-    ) -> Result<MediaSaved, RunedError> {
-        self.call(runed::put_media(folder.as_str(), name, data))
-            .await
+    ) -> BoxFuture<'a, Result<MediaSaved, RunedError>> {
+        Box::pin(self.call(runed::put_media(folder.as_str(), name, data)))
     }
 
-    /// Kills a folder's live run; with `retire`, also its warm box and its directory (its
-    /// group was deleted).
-    pub async fn stop(&self, folder: &GroupFolder, retire: bool) -> Result<StopReply, RunedError> {
+    fn stop<'a>(
+        &'a self,
+        folder: &'a GroupFolder,
+        retire: bool,
+    ) -> BoxFuture<'a, Result<StopReply, RunedError>> {
         let body = StopRequest {
             folder: folder.clone(),
             retire,
         };
-        self.call(runed::stop(&body)).await
+        Box::pin(async move { self.call(runed::stop(&body)).await })
     }
 
-    /// Whether runed answers (for `/ready`).
-    pub async fn health(&self) -> Result<(), String> {
-        self.client
-            .call(runed::health(), None)
-            .await
-            .map(drop)
-            .map_err(|e| e.to_string())
-    }
-
-    /// runed's own readiness (`/ready`: its database and Docker), for the watch page.
-    pub async fn ready(&self) -> Result<(), String> {
-        self.client
-            .call(runed::ready(), None)
-            .await
-            .map(drop)
-            .map_err(|e| RunedError::from_call(e).to_string())
-    }
-
-    /// authd's readiness (`/ready`), through the client routd gets its token from; open mode
-    /// has no authd.
-    pub async fn authd_health(&self) -> Option<Result<(), String>> {
-        match &self.auth {
-            Auth::Open => None,
-            Auth::Service(src) => Some(src.client().ready().await.map_err(|e| e.to_string())),
-        }
-    }
-
-    /// Runs in `state` (newest first, at most 1000).
-    pub async fn runs(&self, state: RunState) -> Result<RunList, RunedError> {
-        self.call(
-            runed::runs()
-                .query("state", state.as_str())
-                .query("limit", 1000),
+    fn runs(&self, state: RunState) -> BoxFuture<'_, Result<RunList, RunedError>> {
+        Box::pin(
+            self.call(
+                runed::runs()
+                    .query("state", state.as_str())
+                    .query("limit", 1000),
+            ),
         )
-        .await
     }
 
-    /// Whether routd can get its service token (for `/ready`); open mode always can.
-    pub async fn authd_ready(&self) -> Result<(), String> {
-        self.token().await.map(drop).map_err(|e| e.to_string())
+    fn reachable(&self) -> BoxFuture<'_, Result<(), String>> {
+        Box::pin(async move {
+            self.token().await.map(drop).map_err(|e| e.to_string())?;
+            self.client
+                .call(runed::health(), None)
+                .await
+                .map(drop)
+                .map_err(|e| e.to_string())
+        })
     }
 
-    /// Opens a run's event stream: every stored block first (from index 0), then each new
-    /// event, ending after the terminal state.
-    pub async fn events(&self, run_id: &RunId) -> Result<EventStream, RunedError> {
-        let token = self.token().await?;
-        match self
-            .client
-            .events(runed::run_events(run_id.as_str()), token.as_deref())
-            .await
-        {
-            Ok(inner) => Ok(EventStream { inner }),
-            Err(e) => Err(self.refused(e).await),
-        }
+    fn readiness(&self) -> BoxFuture<'_, Readiness> {
+        Box::pin(async move {
+            let runed = async {
+                self.client
+                    .call(runed::ready(), None)
+                    .await
+                    .map(drop)
+                    .map_err(|e| RunedError::from_call(e).to_string())
+            };
+            let authd = async {
+                match &self.auth {
+                    Auth::Open => None,
+                    Auth::Service(src) => {
+                        Some(src.client().ready().await.map_err(|e| e.to_string()))
+                    }
+                }
+            };
+            let (runed, authd) = tokio::join!(runed, authd);
+            Readiness { runed, authd }
+        })
     }
 }
 
-/// A run's server-sent events, parsed.
-pub struct EventStream {
-    inner: hako_client::EventStream<RunStreamEvent>,
-}
+/// A run's events, parsed: from runed's server-sent events, or any stream a test makes.
+pub struct EventStream(BoxStream<'static, Result<RunStreamEvent, RunedError>>);
 
 impl EventStream {
-    /// The next event; `Ok(None)` when the stream ended. Keep-alive comments are skipped; an
-    /// event with data that does not parse is an error (the stream is dropped and reopened).
+    /// A stream of `events`; it ends where they end (an error ends it too).
+    pub fn new(
+        events: impl futures_util::Stream<Item = Result<RunStreamEvent, RunedError>> + Send + 'static,
+    ) -> Self {
+        Self(events.boxed())
+    }
+
+    /// runed's server-sent events: keep-alive comments are skipped; an event with data that
+    /// does not parse is an error (the stream is dropped and reopened).
+    fn from_client(inner: hako_client::EventStream<RunStreamEvent>) -> Self {
+        Self::new(futures_util::stream::unfold(Some(inner), |s| async move {
+            let mut s = s?;
+            match s.next().await {
+                Ok(Some(e)) => Some((Ok(e), Some(s))),
+                Ok(None) => None,
+                Err(e) => Some((Err(RunedError::from_call(e)), None)),
+            }
+        }))
+    }
+
+    /// The next event; `Ok(None)` when the stream ended.
     pub async fn next(&mut self) -> Result<Option<RunStreamEvent>, RunedError> {
-        self.inner.next().await.map_err(RunedError::from_call)
+        self.0.next().await.transpose()
     }
 }

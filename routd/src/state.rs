@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::metrics::RoutdMetrics;
 use crate::routing::Routing;
-use crate::runed::RunedClient;
+use crate::runed::Runs;
 use crate::store::{self, NewOutbound, Store, WebhookRow};
 use crate::{live, sockets, waiters};
 
@@ -32,7 +32,8 @@ pub(crate) struct Shared {
     pub cfg: Config,
     pub store: Store,
     pub routing: Routing,
-    pub runed: RunedClient,
+    /// runed, as routd asks it (the HTTP client, or a test's scripted runed).
+    pub runed: Arc<dyn Runs>,
     pub verifier: Verifier,
     pub metrics: RoutdMetrics,
     /// Wakes the turn scheduler (a message came in, a turn ended, a route appeared).

@@ -80,7 +80,7 @@ pub(super) async fn overview(
 ) -> Result<Json<Overview>, ApiFailure> {
     who.require(scopes::TURNS_READ)?;
     let routd = sh.store.ping().await.map_err(|e| format!("routd.db: {e}"));
-    let (authd, runed) = tokio::join!(sh.runed.authd_health(), sh.runed.ready());
+    let crate::runed::Readiness { runed, authd } = sh.runed.readiness().await;
     let mut daemons = vec![health("routd", routd)];
     if let Some(a) = authd {
         daemons.push(health("authd", a));
