@@ -19,6 +19,7 @@ use anyhow::{Context as _, bail};
 use hako_client::routd;
 use hako_deploy::progress::Progress;
 use hako_deploy::{AGENT, AUTHD, EGRESS, Pipeline, ROUTD, RUNED};
+use hako_runner::engine::Engine as _;
 use hako_shared::chat::{GroupConfig, NewWebhook, PostMessage};
 
 use crate::daemons::{Daemons, Endpoints};
@@ -311,10 +312,8 @@ pub async fn images() -> anyhow::Result<[String; 5]> {
 
 /// `runsc` when the Docker daemon lists it (gVisor), else `None`.
 async fn untrusted_runtime() -> Option<String> {
-    let docker = hako_deploy::connect_docker().ok()?;
-    let names = hako_runner::docker::runtimes(&docker, Duration::from_secs(10))
-        .await
-        .ok()?;
+    let engine = hako_runner::docker::DockerEngine::connect_default().ok()?;
+    let names = engine.runtimes(Duration::from_secs(10)).await.ok()?;
     names
         .iter()
         .any(|n| n == "runsc")

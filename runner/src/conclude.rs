@@ -84,7 +84,7 @@ impl Runner {
             }
             match self
                 .engine
-                .list(labels::INSTALL, &self.cfg.install_id, t)
+                .list(labels::INSTALL, Some(&self.cfg.install_id), t)
                 .await
             {
                 Ok(list) => {

@@ -194,12 +194,12 @@ impl BoxControl for DockerEngine {
     fn list(
         &self,
         label: &'static str,
-        value: &str,
+        value: Option<&str>,
         limit: Duration,
     ) -> BoxFuture<'static, Result<Vec<Listed>, EngineError>> {
         let docker = self.0.clone();
-        let value = value.to_owned();
-        Box::pin(async move { list_by(&docker, label, &value, limit).await })
+        let value = value.map(str::to_owned);
+        Box::pin(async move { list_by(&docker, label, value.as_deref(), limit).await })
     }
 
     fn remove(
@@ -422,22 +422,29 @@ pub async fn remove(docker: &Docker, id: &str, limit: Duration) -> Result<(), En
 async fn list_by(
     docker: &Docker,
     label: &str,
-    value: &str,
+    value: Option<&str>,
     limit: Duration,
 ) -> Result<Vec<Listed>, EngineError> {
-    let filters = HashMap::from([("label".to_owned(), vec![format!("{label}={value}")])]);
+    let filter = match value {
+        Some(value) => format!("{label}={value}"),
+        None => label.to_owned(),
+    };
+    let filters = HashMap::from([("label".to_owned(), vec![filter])]);
     let opts = ListContainersOptionsBuilder::new()
         .all(true)
         .filters(&filters)
         .build();
-    let list = bounded("list", limit, value, docker.list_containers(Some(opts))).await?;
+    let what = value.unwrap_or(label);
+    let list = bounded("list", limit, what, docker.list_containers(Some(opts))).await?;
     Ok(list
         .into_iter()
         .filter_map(|c| {
             let labels = c.labels.unwrap_or_default();
             // Belt and braces: the filter is the daemon's; re-check it here.
-            (labels.get(label).map(String::as_str) == Some(value))
-                .then(|| listed(c.id, c.names, c.state, labels))
+            let kept = labels
+                .get(label)
+                .is_some_and(|v| value.is_none_or(|want| v == want));
+            kept.then(|| listed(c.id, c.names, c.state, labels))
         })
         .filter(|c| !c.id.is_empty())
         .collect())
@@ -469,30 +476,6 @@ pub async fn runtimes(docker: &Docker, limit: Duration) -> Result<Vec<String>, E
     let mut names: Vec<String> = info.runtimes.unwrap_or_default().into_keys().collect();
     names.sort();
     Ok(names)
-}
-
-/// Every container (any install) that carries `label`, whatever its value.
-pub async fn list_labelled(
-    docker: &Docker,
-    label: &str,
-    limit: Duration,
-) -> Result<Vec<Listed>, EngineError> {
-    let filters = HashMap::from([("label".to_owned(), vec![label.to_owned()])]);
-    let opts = ListContainersOptionsBuilder::new()
-        .all(true)
-        .filters(&filters)
-        .build();
-    let list = bounded("list", limit, label, docker.list_containers(Some(opts))).await?;
-    Ok(list
-        .into_iter()
-        .filter_map(|c| {
-            let labels = c.labels.unwrap_or_default();
-            labels
-                .contains_key(label)
-                .then(|| listed(c.id, c.names, c.state, labels))
-        })
-        .filter(|c| !c.id.is_empty())
-        .collect())
 }
 
 impl Engine for DockerEngine {

@@ -269,11 +269,12 @@ pub trait BoxControl: Send + Sync {
     ) -> BoxFuture<'static, Result<ProcessState, EngineError>>;
 
     /// Every box (running or not) whose label `label` is `value` (this install's boxes:
-    /// [`labels::INSTALL`] and the install id), and no other.
+    /// [`labels::INSTALL`] and `Some(install id)`), or, with `None`, that carries `label` at
+    /// all (any install's: `hako chat` reaps its dead chats' boxes by [`labels::OWNER`]).
     fn list(
         &self,
         label: &'static str,
-        value: &str,
+        value: Option<&str>,
         limit: Duration,
     ) -> BoxFuture<'static, Result<Vec<Listed>, EngineError>>;
 

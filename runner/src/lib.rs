@@ -540,7 +540,7 @@ impl Runner {
         let t = self.cfg.docker_timeout;
         let orphans: Vec<_> = self
             .engine
-            .list(labels::INSTALL, &self.cfg.install_id, t)
+            .list(labels::INSTALL, Some(&self.cfg.install_id), t)
             .await?
             .into_iter()
             // The egress proxy belongs to the install, not to a run.
@@ -579,7 +579,7 @@ impl Runner {
             .engine
             .list(
                 labels::INSTALL,
-                &self.cfg.install_id,
+                Some(&self.cfg.install_id),
                 self.cfg.docker_timeout,
             )
             .await?;

@@ -122,7 +122,7 @@ impl Runner {
         let t = self.cfg.docker_timeout;
         let listed = match self
             .engine
-            .list(LABEL_COPY_FOR, &self.cfg.install_id, t)
+            .list(LABEL_COPY_FOR, Some(&self.cfg.install_id), t)
             .await
         {
             Ok(l) => l,

@@ -579,7 +579,7 @@ impl BoxControl for SimEngine {
     fn list(
         &self,
         label: &'static str,
-        value: &str,
+        value: Option<&str>,
         _limit: Duration,
     ) -> BoxFuture<'static, Result<Vec<Listed>, EngineError>> {
         let r = self.fault(Op::List, None).map(|()| {
@@ -587,7 +587,11 @@ impl BoxControl for SimEngine {
             let mut v: Vec<Listed> = st
                 .boxes
                 .iter()
-                .filter(|(_, b)| b.labels.get(label).map(String::as_str) == Some(value))
+                .filter(|(_, b)| {
+                    b.labels
+                        .get(label)
+                        .is_some_and(|v| value.is_none_or(|want| v == want))
+                })
                 .map(|(id, b)| Listed {
                     id: id.clone(),
                     name: b.spec.name.clone(),

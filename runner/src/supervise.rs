@@ -561,7 +561,7 @@ mod tests {
         fn list(
             &self,
             _label: &'static str,
-            _value: &str,
+            _value: Option<&str>,
             _limit: Duration,
         ) -> BoxFuture<'static, Result<Vec<crate::engine::Listed>, EngineError>> {
             Box::pin(async { Err(EngineError::api("not scripted")) })

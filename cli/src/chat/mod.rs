@@ -191,7 +191,7 @@ pub async fn chat(args: ChatArgs) -> anyhow::Result<ExitCode> {
     runner.ensure_running().await?;
     // What chats that died without cleaning up left running (a closed terminal's, a
     // SIGKILLed one's): gone before this chat starts its own.
-    match owner::reap_dead(limit).await {
+    match owner::reap_dead(runner.engine().as_ref(), limit).await {
         Ok(0) => {}
         Ok(n) => eprintln!("hako chat: removed {n} container(s) left by a chat that died"),
         Err(e) => eprintln!("hako chat: could not look for containers of dead chats: {e}"),

@@ -16,8 +16,7 @@ use std::io::{Read as _, Seek as _, Write as _};
 use std::path::Path;
 use std::time::Duration;
 
-use hako_runner::docker::{self, DockerEngine};
-use hako_runner::engine::{EngineError, labels};
+use hako_runner::engine::{Engine, EngineError, labels};
 
 /// The folder's chat lock, held while this chat lives.
 #[derive(Debug)]
@@ -107,11 +106,9 @@ pub fn alive(owner: &str) -> bool {
 
 /// Removes every container whose owning chat is dead (any folder, any data root). Answers how
 /// many were removed.
-pub async fn reap_dead(limit: Duration) -> Result<usize, EngineError> {
-    let engine = DockerEngine::connect_default()?;
-    let d = engine.client();
+pub async fn reap_dead(engine: &dyn Engine, limit: Duration) -> Result<usize, EngineError> {
     let mut n = 0;
-    for c in docker::list_labelled(d, labels::OWNER, limit).await? {
+    for c in engine.list(labels::OWNER, None, limit).await? {
         let owner = c
             .labels
             .get(labels::OWNER)
@@ -120,7 +117,10 @@ pub async fn reap_dead(limit: Duration) -> Result<usize, EngineError> {
         if alive(owner) {
             continue;
         }
-        match docker::stop_and_remove(d, &c.id, Duration::from_secs(1), limit).await {
+        match engine
+            .remove(&c.id, Some(Duration::from_secs(1)), limit)
+            .await
+        {
             Ok(()) => n += 1,
             Err(e) => {
                 tracing::warn!(container = c.id, error = %e, "removing a dead chat's container")
@@ -133,6 +133,27 @@ pub async fn reap_dead(limit: Duration) -> Result<usize, EngineError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A chat reaps the boxes of chats whose process is gone, of any install, and leaves a
+    /// living chat's boxes and boxes no chat owns.
+    #[tokio::test]
+    async fn only_a_dead_chats_boxes_are_reaped() {
+        let sim = hako_runner::sim::SimEngine::new();
+        let mine = sim.plant(&[(labels::OWNER, &me())], true);
+        let dead = sim.plant(
+            &[(labels::OWNER, "4194304.5"), (labels::INSTALL, "other")],
+            true,
+        );
+        let exited = sim.plant(&[(labels::OWNER, "garbage")], false);
+        let unowned = sim.plant(&[(labels::INSTALL, "other")], true);
+        let n = reap_dead(&sim, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(n, 2);
+        let mut left = vec![mine, unowned];
+        left.sort();
+        assert_eq!(sim.boxes(), left);
+        let removed: Vec<_> = sim.removals().into_iter().map(|(id, _)| id).collect();
+        assert!(removed.contains(&dead) && removed.contains(&exited));
+    }
 
     #[test]
     fn this_process_is_alive_and_a_made_up_one_is_not() {
