@@ -1757,6 +1757,7 @@ async fn every_route_answers_errors_as_envelopes() {
     let api = hako_shared::testing::ApiClient::new(a.url.clone());
     let sent = api.sweep_errors(hako_authd::OPENAPI, &op).await;
     assert!(sent > 20, "{sent}");
+    // raw on purpose: malformed, unknown and percent-encoded queries as they are sent.
     for (q, code) in [
         ("limit=x", 400),
         ("limit=0", 400),

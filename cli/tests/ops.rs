@@ -6,6 +6,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use hako_authd::testing::{CHANNEL_KEY, OPERATOR_KEY, ROUTD_KEY, RUNED_KEY, TestAuthd};
+use hako_client::{Client, Daemon, routd};
+use hako_shared::chat::PostMessage;
 use hako_shared::config::Env;
 use hako_shared::testing::eventually;
 use serde_json::{Value, json};
@@ -299,15 +301,16 @@ async fn every_operator_command_against_real_daemons() {
         .as_str()
         .unwrap()
         .to_owned();
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let posted = http
-        .post(format!("{}/v1/messages", d.urls[2]))
-        .bearer_auth(&token)
-        .json(&json!({"chat_jid": "web:team/dev", "sender": "t", "content": "/sleep 60"}))
-        .send()
+    let api = Client::new(Daemon::Routd, &d.urls[2], Duration::from_secs(120)).unwrap();
+    let m: PostMessage = serde_json::from_value(
+        json!({"chat_jid": "web:team/dev", "sender": "t", "content": "/sleep 60"}),
+    )
+    .unwrap();
+    let (posted, _) = api
+        .raw(&routd::post_message(&m), Some(&token))
         .await
         .unwrap();
-    assert_eq!(posted.status(), 201);
+    assert_eq!(posted, 201);
     let live = d.running_run().await;
     let killed = d.json(&["runs", "kill", &live]);
     assert_eq!(
@@ -320,14 +323,15 @@ async fn every_operator_command_against_real_daemons() {
     // A reply too large for runed's broadcast (it inlines blocks up to 4 KiB) still comes
     // whole when followed live: runed's stream reads it from its store.
     let big = "y".repeat(6000);
-    let posted = http
-        .post(format!("{}/v1/messages", d.urls[2]))
-        .bearer_auth(&token)
-        .json(&json!({"chat_jid": "web:team/dev", "sender": "t", "content": format!("/sleep 2\n{big}")}))
-        .send()
+    let m: PostMessage = serde_json::from_value(
+        json!({"chat_jid": "web:team/dev", "sender": "t", "content": format!("/sleep 2\n{big}")}),
+    )
+    .unwrap();
+    let (posted, _) = api
+        .raw(&routd::post_message(&m), Some(&token))
         .await
         .unwrap();
-    assert_eq!(posted.status(), 201);
+    assert_eq!(posted, 201);
     let big_run = d.running_run().await;
     let (code, out, err) = d.hako(&["runs", "logs", &big_run, "--follow", "--json"]);
     assert_eq!(code, 0, "{err}");
@@ -365,15 +369,14 @@ async fn every_operator_command_against_real_daemons() {
         "--file",
         file.to_str().unwrap(),
     ]);
-    let posted = http
-        .post(format!("{}/v1/messages", d.urls[2]))
-        .bearer_auth(&token)
-        .json(&json!({"chat_jid": "web:team/ask", "sender": "t",
+    let m: PostMessage = serde_json::from_value(json!({"chat_jid": "web:team/ask", "sender": "t",
                       "content": r#"/mcp send_message {"text":"ok by ops"}"#}))
-        .send()
+    .unwrap();
+    let (posted, _) = api
+        .raw(&routd::post_message(&m), Some(&token))
         .await
         .unwrap();
-    assert_eq!(posted.status(), 201);
+    assert_eq!(posted, 201);
     let held = eventually("an approval request", Duration::from_secs(60), || async {
         let v = d.json(&["approvals", "list"]);
         v["approvals"]

@@ -108,6 +108,23 @@ pub fn turn(id: &str) -> Op<TurnView> {
     Op::get(D, format!("/v1/turns/{}", seg(id)))
 }
 
+/// `POST /v1/turns/{turn_id}/tools/{tool}`: one of a turn's tools over HTTP, with the run's
+/// spawn token (`turn_id`: routd's id, or runed's `<turn>.<try>`); `args` are the tool's
+/// arguments, the answer its result.
+pub fn turn_tool(turn_id: &str, tool: &str, args: &serde_json::Value) -> Op<serde_json::Value> {
+    Op::new(
+        D,
+        Method::POST,
+        format!("/v1/turns/{}/tools/{}", seg(turn_id), seg(tool)),
+    )
+    .json(args)
+}
+
+/// `GET /v1/audit`: routd's audit log, newest first (query: `before`, `limit`).
+pub fn audit() -> Op<serde_json::Value> {
+    Op::get(D, "/v1/audit".into())
+}
+
 /// `GET /v1/tasks` (query: `all`, `folder`).
 pub fn tasks() -> Op<TaskList> {
     Op::get(D, "/v1/tasks".into())

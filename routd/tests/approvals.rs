@@ -6,6 +6,7 @@
 mod common;
 
 use common::*;
+use hako_client::routd;
 use hako_shared::chat::MessageView;
 use serde_json::{Value, json};
 
@@ -32,20 +33,14 @@ async fn post_as(rig: &Rig, chat: &str, id: &str, sender: &str, text: &str) {
     assert_eq!(s, 201, "{v}");
 }
 
-/// A verdict on request `id` posted by `who` (`body`: `{"approve": …}`): the status and
-/// the answer.
-async fn verdict(rig: &Rig, who: &str, id: &str, body: Value) -> (u16, Value) {
-    rig.api()
-        .post(who, &format!("/v1/approvals/{id}"), body)
-        .await
+/// A verdict on request `id` posted by `who`: the status and the answer.
+async fn verdict(rig: &Rig, who: &str, id: &str, approve: bool) -> (u16, Value) {
+    rig.send(who, routd::decide(id, approve)).await
 }
 
 /// The request as the API shows it to the operator.
 async fn request(rig: &Rig, id: &str) -> Value {
-    let (s, v) = rig
-        .api()
-        .get(&rig.operator, &format!("/v1/approvals/{id}"))
-        .await;
+    let (s, v) = rig.send(&rig.operator, routd::approval(id)).await;
     assert_eq!(s, 200, "{v}");
     v
 }
@@ -81,7 +76,7 @@ async fn an_ask_call_is_held_asked_and_approved_once() {
     let chat = "tg:ask-1";
     asking_group(&rig, "asking", chat, json!({})).await;
     let stream = {
-        let url = format!("{}/v1/chats/{}/events", rig.base(), enc(chat));
+        let url = format!("{}{}", rig.base(), routd::chat_events(chat).path);
         let token = rig.operator.clone();
         // The user's message, then the question.
         // From the log's start (`Last-Event-ID: 0`): the stream may connect after the post.
@@ -142,7 +137,7 @@ async fn an_ask_call_is_held_asked_and_approved_once() {
     );
 
     // Later verdicts change nothing.
-    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": false})).await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, false).await;
     assert_eq!(
         (s, v["error"].as_str()),
         (409, Some("already_decided")),
@@ -256,9 +251,9 @@ async fn racing_verdicts_give_exactly_one_effect() {
         let verb = if chat_approves { "approve" } else { "deny" };
         let api = rig.api();
         let (msg_id, verdict) = (format!("r-{i}-v"), format!("/{verb} {id}"));
-        let path = format!("/v1/approvals/{id}");
+        let op = routd::decide(&id, !chat_approves);
         let ((s, v), ()) = tokio::join!(
-            api.post(&rig.operator, &path, json!({"approve": !chat_approves})),
+            hako_client::testing::send(&api, &rig.operator, op),
             post_as(&rig, chat, &msg_id, "carol", &verdict),
         );
         let a = request(&rig, &id).await;
@@ -357,12 +352,9 @@ async fn verdicts_from_elsewhere_are_refused() {
             300,
         )
         .await;
-    let (s, v) = verdict(&rig, &foreign, &id, json!({"approve": true})).await;
+    let (s, v) = verdict(&rig, &foreign, &id, true).await;
     assert_eq!((s, v["error"].as_str()), (404, Some("not_found")), "{v}");
-    let (s, v) = rig
-        .api()
-        .get(&foreign, &format!("/v1/approvals/{id}"))
-        .await;
+    let (s, v) = rig.send(&foreign, routd::approval(&id)).await;
     assert_eq!(s, 404, "{v}");
     let (s, v) = rig.api().get(&foreign, "/v1/approvals").await;
     assert_eq!(
@@ -371,10 +363,17 @@ async fn verdicts_from_elsewhere_are_refused() {
         "{v}"
     );
     let no_scope = rig.mint(&["chats:read"], None, 300).await;
-    let (s, v) = verdict(&rig, &no_scope, &id, json!({"approve": true})).await;
+    let (s, v) = verdict(&rig, &no_scope, &id, true).await;
     assert_eq!(s, 403, "{v}");
-    // Malformed verdicts.
-    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": "yes"})).await;
+    // Malformed verdicts (raw on purpose: a body the typed verdict cannot hold).
+    let (s, v) = rig
+        .api()
+        .post(
+            &rig.operator,
+            &format!("/v1/approvals/{id}"),
+            json!({"approve": "yes"}),
+        )
+        .await;
     assert_eq!(s, 400, "{v}");
     assert_eq!(request(&rig, &id).await["state"], "pending");
     assert_eq!(sent(&rig.history(a).await, "refund 500"), 0);
@@ -394,7 +393,7 @@ async fn verdicts_from_elsewhere_are_refused() {
         .await;
     let id = nth_request(&rig, "tg:vault", 1).await;
     let tenant = rig.mint(&["approvals:write"], Some("vault"), 300).await;
-    let (s, v) = verdict(&rig, &tenant, &id, json!({"approve": true})).await;
+    let (s, v) = verdict(&rig, &tenant, &id, true).await;
     assert_eq!(
         (s, v["error"].as_str()),
         (403, Some("folder_forbidden")),
@@ -406,7 +405,7 @@ async fn verdicts_from_elsewhere_are_refused() {
     })
     .await;
     assert_eq!(request(&rig, &id).await["state"], "pending");
-    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": true})).await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, true).await;
     assert_eq!((s, v["state"].as_str()), (200, Some("approved")), "{v}");
     rig.wait_for("tg:vault", "the operator's approved send", |h| {
         sent(h, "open") == 1
@@ -436,7 +435,7 @@ async fn stop_during_a_hold_denies_it() {
     })
     .await;
     assert_eq!(request(&rig, &id).await["state"], "turn_ended");
-    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": true})).await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, true).await;
     assert_eq!(
         (s, v["error"].as_str()),
         (409, Some("already_decided")),
@@ -481,7 +480,7 @@ async fn a_held_call_outlives_a_routd_kill() {
     })
     .await;
     assert_eq!(request(&rig, &id).await["state"], "pending");
-    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": true})).await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, true).await;
     assert_eq!(s, 200, "{v}");
     let h = rig
         .wait_for(chat, "the approved call's effect", |h| {
@@ -509,8 +508,9 @@ async fn a_held_call_outlives_a_routd_kill() {
         .token;
     let api = rig.api();
     let held = tokio::spawn({
-        let path = format!("/v1/turns/{turn_id}.1/tools/send_message");
-        async move { api.post(&token, &path, json!({"text": "never"})).await }
+        let args = json!({"text": "never"});
+        let op = routd::turn_tool(&format!("{turn_id}.1"), "send_message", &args);
+        async move { hako_client::testing::send(&api, &token, op).await }
     });
     let gone = nth_request(&rig, "web:gone", 1).await;
     let (mut child, _) = rig.child.take().unwrap();
@@ -557,23 +557,27 @@ async fn a_call_over_http_is_held_by_the_same_gate() {
         .token;
     let chat = "web:http";
     let call = |text: &'static str| {
-        let (api, token, path) = (
+        let (api, token, op) = (
             rig.api(),
             token.clone(),
-            format!("/v1/turns/{turn_id}.1/tools/send_message"),
+            routd::turn_tool(
+                &format!("{turn_id}.1"),
+                "send_message",
+                &json!({"text": text}),
+            ),
         );
-        tokio::spawn(async move { api.post(&token, &path, json!({"text": text})).await })
+        tokio::spawn(async move { hako_client::testing::send(&api, &token, op).await })
     };
     let held = call("over http");
     let id = nth_request(&rig, chat, 1).await;
     assert!(!held.is_finished(), "the call waits for its verdict");
-    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": true})).await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, true).await;
     assert_eq!(s, 200, "{v}");
     let (s, v) = held.await.unwrap();
     assert_eq!(s, 200, "{v}");
     let refused = call("not this");
     let id = nth_request(&rig, chat, 2).await;
-    let (s, v) = verdict(&rig, &rig.operator, &id, json!({"approve": false})).await;
+    let (s, v) = verdict(&rig, &rig.operator, &id, false).await;
     assert_eq!(s, 200, "{v}");
     let (s, v) = refused.await.unwrap();
     assert_eq!((s, v["error"].as_str()), (403, Some("denied")), "{v}");

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use axum::http::HeaderMap;
 use common::*;
+use hako_client::routd;
+use hako_shared::chat::GroupConfig;
 use hako_shared::layout::FolderDir;
 use serde_json::{Value, json};
 
@@ -248,14 +250,13 @@ async fn rig(url: &str, runed_env: &[(&str, &str)]) -> Rig {
 
 /// A Claude Code group on `web:<folder>`.
 async fn claude_group(rig: &Rig, folder: &str) {
+    let cfg: GroupConfig = serde_json::from_value(
+        json!({"name": folder, "system_prompt": "You are hako's test agent.",
+               "group": {"agent": "claude", "llm": {"model": MODEL}}}),
+    )
+    .unwrap();
     let (s, v) = rig
-        .api()
-        .put(
-            &rig.operator,
-            &format!("/v1/groups/{folder}"),
-            json!({"name": folder, "system_prompt": "You are hako's test agent.",
-                   "group": {"agent": "claude", "llm": {"model": MODEL}}}),
-        )
+        .send(&rig.operator, routd::put_group(folder, &cfg))
         .await;
     assert_eq!(s, 201, "{v}");
 }
@@ -702,14 +703,7 @@ async fn claude_codes_own_tools_wait_for_a_persons_verdict() {
     let verdict = |id: String, approve: bool| {
         let rig = &rig;
         async move {
-            let (s, v) = rig
-                .api()
-                .post(
-                    &rig.operator,
-                    &format!("/v1/approvals/{id}"),
-                    json!({"approve": approve}),
-                )
-                .await;
+            let (s, v) = rig.send(&rig.operator, routd::decide(&id, approve)).await;
             assert_eq!(s, 200, "{v}");
             v
         }
@@ -759,10 +753,7 @@ async fn claude_codes_own_tools_wait_for_a_persons_verdict() {
     );
     // Claude Code (this version) ends the tool use on a denial: the call never ran, and no
     // result of it reached the model.
-    let (_, a) = rig
-        .api()
-        .get(&rig.operator, &format!("/v1/approvals/{id}"))
-        .await;
+    let (_, a) = rig.send(&rig.operator, routd::approval(&id)).await;
     assert_eq!(a["state"], "denied", "{a}");
     assert_eq!(
         tool_results(&stub.seen())
@@ -837,14 +828,7 @@ async fn settings_the_agent_writes_never_widen_claude_codes_grants() {
         !workspace.join("proof.txt").exists(),
         "Bash ran without a verdict"
     );
-    let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": false}),
-        )
-        .await;
+    let (s, v) = rig.send(&rig.operator, routd::decide(&id, false)).await;
     assert_eq!(s, 200, "{v}");
     rig.wait_for(chat, "the answer after the denial", |h| {
         replies(h).len() >= 2

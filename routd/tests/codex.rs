@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use axum::http::HeaderMap;
 use common::*;
+use hako_client::routd;
 use hako_shared::chat::MessageKind;
 use hako_shared::layout::FolderDir;
 use serde_json::{Value, json};
@@ -616,14 +617,7 @@ async fn codexs_commands_wait_for_a_persons_verdict() {
     let verdict = |id: String, approve: bool| {
         let rig = &rig;
         async move {
-            let (s, v) = rig
-                .api()
-                .post(
-                    &rig.operator,
-                    &format!("/v1/approvals/{id}"),
-                    json!({"approve": approve}),
-                )
-                .await;
+            let (s, v) = rig.send(&rig.operator, routd::decide(&id, approve)).await;
             assert_eq!(s, 200, "{v}");
             v
         }
@@ -668,10 +662,7 @@ async fn codexs_commands_wait_for_a_persons_verdict() {
         "from-codex\n",
         "the denied command did not run"
     );
-    let (_, a) = rig
-        .api()
-        .get(&rig.operator, &format!("/v1/approvals/{id}"))
-        .await;
+    let (_, a) = rig.send(&rig.operator, routd::approval(&id)).await;
     assert_eq!(a["state"], "denied", "{a}");
     rig.stop().await;
 }

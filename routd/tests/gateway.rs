@@ -12,8 +12,10 @@ use std::time::Duration;
 use axum::http::HeaderMap;
 use common::*;
 use futures_util::StreamExt as _;
+use hako_client::routd;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
+use hako_shared::chat::GroupConfig;
 use serde_json::{Value, json};
 
 const REAL_KEY: &str = "sk-ant-real-provider-key-0123456789";
@@ -403,13 +405,12 @@ async fn llm_group(rig: &Rig, folder: &str, chat: &str, daily_tokens: Option<u64
     if let Some(n) = daily_tokens {
         llm["daily_tokens"] = json!(n);
     }
+    let cfg: GroupConfig = serde_json::from_value(
+        json!({"name": folder, "system_prompt": "You are a test.", "group": {"llm": llm}}),
+    )
+    .unwrap();
     let (s, v) = rig
-        .api()
-        .put(
-            &rig.operator,
-            &format!("/v1/groups/{folder}"),
-            json!({"name": folder, "system_prompt": "You are a test.", "group": {"llm": llm}}),
-        )
+        .send(&rig.operator, routd::put_group(folder, &cfg))
         .await;
     assert!(s == 201 || s == 200, "{v}");
     rig.route(chat, folder).await;
@@ -762,14 +763,8 @@ async fn the_gateway_lets_only_the_turns_token_through() {
     .await;
     // A script-brain turn that stays live while the test calls its gateway.
     for f in ["live", "other"] {
-        let (s, v) = rig
-            .api()
-            .put(
-                &rig.operator,
-                &format!("/v1/groups/{f}"),
-                json!({"name": f}),
-            )
-            .await;
+        let cfg: GroupConfig = serde_json::from_value(json!({"name": f})).unwrap();
+        let (s, v) = rig.send(&rig.operator, routd::put_group(f, &cfg)).await;
         assert_eq!(s, 201, "{v}");
     }
     let turn = rig.running_turn("live").await;

@@ -9,6 +9,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use hako_client::routd;
+use hako_client::testing::send;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::chat::{MessageState, MessageView};
@@ -34,7 +36,7 @@ async fn a_message_in_and_the_reply_out_on_sse_and_webhook() {
     assert_eq!(s, 201, "{v}");
     assert!(v.get("secret").is_none(), "the secret is never shown: {v}");
     // A stream open before the message: it sees the message and the reply.
-    let events_url = format!("{}/v1/chats/{}/events", rig.base(), enc(chat));
+    let events_url = format!("{}{}", rig.base(), routd::chat_events(chat).path);
     let op = rig.operator.clone();
     let stream = tokio::spawn(async move { sse(&events_url, &op, None, 2).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -310,7 +312,7 @@ async fn sse_resumes_from_last_event_id() {
         .wait_for(chat, "reply two", |h| replies(h).len() == 2)
         .await;
     assert_eq!(h.len(), 4);
-    let url = format!("{}/v1/chats/{}/events", rig.base(), enc(chat));
+    let url = format!("{}{}", rig.base(), routd::chat_events(chat).path);
     let got = sse(&url, &rig.operator, Some(h[0].seq), 3).await;
     let ids: Vec<i64> = got.iter().map(|(id, _)| *id).collect();
     assert_eq!(ids, h[1..].iter().map(|m| m.seq).collect::<Vec<_>>());
@@ -525,12 +527,12 @@ async fn a_full_runed_queue_delays_the_turn_instead_of_failing_it() {
         if holds.is_empty() {
             // The first hold must have left the queue for the slot before the second is
             // asked for, or the second finds the queue (of one) already full.
-            let path = format!("/v1/runs/{id}");
+            let op = hako_client::runed::run(&id);
             eventually(
                 "the first hold running",
                 Duration::from_secs(30),
                 || async {
-                    let (_, v) = runed.get(&rig.operator, &path).await;
+                    let (_, v) = send(&runed, &rig.operator, op.clone()).await;
                     if v["state"] == "running" {
                         Ok(())
                     } else {
@@ -561,7 +563,7 @@ async fn a_full_runed_queue_delays_the_turn_instead_of_failing_it() {
     );
     assert_eq!(h[0].state, MessageState::Pending, "{h:?}");
     for id in &holds {
-        let (s, v) = runed.delete(&rig.operator, &format!("/v1/runs/{id}")).await;
+        let (s, v) = send(&runed, &rig.operator, hako_client::runed::kill_run(id)).await;
         assert_eq!(s, 200, "{v}");
     }
     let h = rig
@@ -870,6 +872,7 @@ async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
         let base = rig.base();
         let turn_id = turn_id.clone();
         async move {
+            // raw on purpose: the Idempotency-Key header, which an op does not carry.
             let r = reqwest::Client::builder()
                 .no_proxy()
                 .build()
@@ -917,22 +920,14 @@ async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
         .token;
     let (s, v) = send(user, "k-3", "x").await;
     assert_eq!((s, v["error"].as_str()), (404, Some("not_found")), "{v}");
+    let args = json!({"folder": "live/x", "prompt": "p"});
     let (s, v) = rig
-        .api()
-        .post(
-            &own,
-            &format!("/v1/turns/{turn_id}/tools/spawn_group"),
-            json!({"folder": "live/x", "prompt": "p"}),
-        )
+        .send(&own, routd::turn_tool(&turn_id, "spawn_group", &args))
         .await;
     assert_eq!((s, v["error"].as_str()), (403, Some("not_granted")), "{v}");
+    let args = json!({"limit": 0});
     let (s, v) = rig
-        .api()
-        .post(
-            &own,
-            &format!("/v1/turns/{turn_id}/tools/get_history"),
-            json!({"limit": 0}),
-        )
+        .send(&own, routd::turn_tool(&turn_id, "get_history", &args))
         .await;
     assert_eq!(
         (s, v["error"].as_str()),
@@ -940,8 +935,7 @@ async fn tools_over_http_and_the_python_sdk_on_a_live_turn() {
         "{v}"
     );
     let (s, v) = rig
-        .api()
-        .post(&own, &format!("/v1/turns/{turn_id}/tools/rm_rf"), json!({}))
+        .send(&own, routd::turn_tool(&turn_id, "rm_rf", &json!({})))
         .await;
     assert_eq!(s, 404, "{v}");
     // The chat saw each message once.

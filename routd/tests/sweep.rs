@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use hako_shared::chat::{Direction, MessageKind, MessageView};
+use hako_client::{Body, Op, routd};
+use hako_shared::auth::AuthdClient;
+use hako_shared::chat::{Direction, MessageKind, MessageView, PostMessage};
 use serde_json::{Value, json};
 
 /// runed's process (a program, not a test: see [`common::run_runed_child`]).
@@ -164,17 +166,23 @@ impl Drop for KillOnDrop {
     }
 }
 
-/// A call that may meet a daemon down (`Err`: try again).
-async fn call(
+/// An operation on the daemon at `base` that may meet it down (`Err`: try again).
+async fn call<R>(
     http: &reqwest::Client,
-    method: reqwest::Method,
-    url: String,
+    base: &str,
+    op: &Op<R>,
     token: &str,
-    body: Option<Value>,
 ) -> Result<(u16, Value), String> {
-    let mut req = http.request(method, &url).bearer_auth(token);
-    if let Some(b) = body {
-        req = req.json(&b);
+    let url = format!("{base}{}", op.path);
+    let mut req = http.request(op.method.clone(), &url).bearer_auth(token);
+    match &op.body {
+        Body::None => {}
+        Body::Json(b) => {
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(b.clone());
+        }
+        Body::Bytes(_) | Body::Invalid(_) => panic!("{}: not a JSON call", op.path),
     }
     let resp = req.send().await.map_err(|e| format!("{url}: {e}"))?;
     let status = resp.status().as_u16();
@@ -196,24 +204,16 @@ struct Conversation<'a> {
 const STEP: Duration = Duration::from_secs(180);
 
 impl Conversation<'_> {
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.rig.base())
-    }
-
     /// Posts a message until routd has it (a repeat after a kill is a duplicate, not a second
     /// message: the same id).
     async fn say(&self, id: &str, text: &str) {
-        let body = json!({"id": id, "chat_jid": self.chat, "sender": "alice", "content": text});
+        let m: PostMessage = serde_json::from_value(
+            json!({"id": id, "chat_jid": self.chat, "sender": "alice", "content": text}),
+        )
+        .unwrap();
+        let op = routd::post_message(&m);
         eventually(&format!("message {id} taken"), STEP, || async {
-            match call(
-                &self.http,
-                reqwest::Method::POST,
-                self.url("/v1/messages"),
-                &self.rig.channel,
-                Some(body.clone()),
-            )
-            .await?
-            {
+            match call(&self.http, &self.rig.base(), &op, &self.rig.channel).await? {
                 (200 | 201, v) => Ok(v),
                 (s, v) => Err(format!("{s} {v}")),
             }
@@ -221,16 +221,8 @@ impl Conversation<'_> {
         .await;
     }
 
-    async fn get(&self, path: &str) -> Result<Value, String> {
-        match call(
-            &self.http,
-            reqwest::Method::GET,
-            self.url(path),
-            &self.rig.operator,
-            None,
-        )
-        .await?
-        {
+    async fn get<R>(&self, op: &Op<R>) -> Result<Value, String> {
+        match call(&self.http, &self.rig.base(), op, &self.rig.operator).await? {
             (200, v) => Ok(v),
             (s, v) => Err(format!("{s} {v}")),
         }
@@ -238,7 +230,7 @@ impl Conversation<'_> {
 
     async fn history(&self) -> Result<Vec<MessageView>, String> {
         let v = self
-            .get(&format!("/v1/chats/{}/messages?limit=1000", enc(self.chat)))
+            .get(&routd::chat_messages(self.chat).query("limit", 1000))
             .await?;
         serde_json::from_value(v["messages"].clone()).map_err(|e| e.to_string())
     }
@@ -261,9 +253,11 @@ impl Conversation<'_> {
 
     /// Waits until the folder's turn runs (a message now is a follow-up into its run).
     async fn running(&self) {
-        let path = format!("/v1/turns?folder={}&state=running", self.folder);
+        let op = routd::turns()
+            .query("folder", self.folder)
+            .query("state", "running");
         eventually("the first turn runs", STEP, || async {
-            let v = self.get(&path).await?;
+            let v = self.get(&op).await?;
             match v["turns"].as_array() {
                 Some(t) if !t.is_empty() => Ok(()),
                 _ => Err(v.to_string()),
@@ -276,9 +270,10 @@ impl Conversation<'_> {
     async fn idle(&self) {
         eventually(&format!("{} goes idle", self.folder), STEP, || async {
             for state in ["starting", "running", "waiting"] {
-                let v = self
-                    .get(&format!("/v1/turns?folder={}&state={state}", self.folder))
-                    .await?;
+                let op = routd::turns()
+                    .query("folder", self.folder)
+                    .query("state", state);
+                let v = self.get(&op).await?;
                 if v["turns"].as_array().is_some_and(|t| !t.is_empty()) {
                     return Err(format!("a {state} turn"));
                 }
@@ -293,7 +288,8 @@ impl Conversation<'_> {
     /// was stored is the same verdict).
     async fn approve(&self) -> String {
         let id = eventually("the call is held", STEP, || async {
-            let v = self.get("/v1/approvals?all=true&limit=100").await?;
+            let op = routd::approvals().query("all", true).query("limit", 100);
+            let v = self.get(&op).await?;
             v["approvals"]
                 .as_array()
                 .and_then(|a| a.iter().find(|r| r["chat_jid"] == self.chat))
@@ -302,15 +298,8 @@ impl Conversation<'_> {
         })
         .await;
         eventually("the Approve taken", STEP, || async {
-            match call(
-                &self.http,
-                reqwest::Method::POST,
-                self.url(&format!("/v1/approvals/{id}")),
-                &self.rig.operator,
-                Some(json!({"approve": true})),
-            )
-            .await?
-            {
+            let op = routd::decide(&id, true);
+            match call(&self.http, &self.rig.base(), &op, &self.rig.operator).await? {
                 (200, _) => Ok(()),
                 (409, v) if v["error"] == "already_decided" => Ok(()),
                 (s, v) => Err(format!("{s} {v}")),
@@ -449,7 +438,10 @@ async fn sweep(failpoint: &'static str) {
         replies(&h)
     );
     // Every request decided, and at most once: one verdict applied per request.
-    let v = talk.get("/v1/approvals?all=true&limit=100").await.unwrap();
+    let v = talk
+        .get(&routd::approvals().query("all", true).query("limit", 100))
+        .await
+        .unwrap();
     let mine: Vec<&Value> = v["approvals"]
         .as_array()
         .unwrap()
@@ -460,7 +452,10 @@ async fn sweep(failpoint: &'static str) {
     for r in &mine {
         assert_ne!(r["state"], "pending", "{r}");
     }
-    let audit = talk.get("/v1/audit?limit=1000").await.unwrap();
+    let audit = talk
+        .get(&routd::audit().query("limit", 1000))
+        .await
+        .unwrap();
     let mut verdicts: HashMap<String, usize> = HashMap::new();
     for row in audit["entries"].as_array().into_iter().flatten() {
         if row["action"] == "approval.verdict" && row["outcome"] == "approved" {
@@ -541,20 +536,12 @@ async fn sweep(failpoint: &'static str) {
         "every finished run's token revoked at authd",
         STEP,
         || async {
-            let (_, v) = call(
-                &talk.http,
-                reqwest::Method::GET,
-                format!("{}/v1/revoked", rig.authd_url),
-                &rig.operator,
-                None,
-            )
-            .await?;
-            let revoked: HashSet<String> = v["revoked"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(|r| r["jti"].as_str().map(str::to_owned))
-                .collect();
+            let list = AuthdClient::new(&rig.authd_url)
+                .unwrap()
+                .revoked()
+                .await
+                .map_err(|e| format!("authd's revocation list: {e}"))?;
+            let revoked: HashSet<String> = list.revoked.into_iter().map(|r| r.jti).collect();
             let live: Vec<String> = ended_tokens()
                 .into_iter()
                 .filter(|j| !revoked.contains(j))

@@ -8,6 +8,8 @@
 mod common;
 
 use common::*;
+use hako_client::routd;
+use hako_shared::chat::GroupConfig;
 use serde_json::{Value, json};
 
 /// A glob route (`tg:*` → `support`) makes one group serve many customers. Each chat has
@@ -351,14 +353,8 @@ async fn one_turn_cannot_fill_the_disk() {
 async fn tasks_belong_to_their_group() {
     let rig = Rig::sim(&[], &[]).await;
     for f in ["jobs", "other"] {
-        let (s, v) = rig
-            .api()
-            .put(
-                &rig.operator,
-                &format!("/v1/groups/{f}"),
-                json!({"name": f}),
-            )
-            .await;
+        let cfg: GroupConfig = serde_json::from_value(json!({"name": f})).unwrap();
+        let (s, v) = rig.send(&rig.operator, routd::put_group(f, &cfg)).await;
         assert_eq!(s, 201, "{v}");
     }
     let script = [
@@ -385,19 +381,13 @@ async fn tasks_belong_to_their_group() {
         .await;
     let (s, v) = rig.api().get(&stranger, "/v1/tasks").await;
     assert_eq!((s, v["tasks"].clone()), (200, json!([])), "{v}");
-    let (s, v) = rig
-        .api()
-        .delete(&stranger, &format!("/v1/tasks/{later}"))
-        .await;
+    let (s, v) = rig.send(&stranger, routd::cancel_task(&later)).await;
     assert_eq!(s, 404, "{v}");
     // The tenant of the folder cancels one.
     let owner = rig
         .mint(&["groups:write", "groups:read"], Some("jobs"), 600)
         .await;
-    let (s, v) = rig
-        .api()
-        .delete(&owner, &format!("/v1/tasks/{later}"))
-        .await;
+    let (s, v) = rig.send(&owner, routd::cancel_task(&later)).await;
     assert_eq!((s, v["state"].as_str()), (200, Some("cancelled")), "{v}");
     // The group goes: so does its other task, before a new owner takes the folder.
     let (s, _) = rig.api().delete(&rig.operator, "/v1/groups/jobs").await;
@@ -442,20 +432,14 @@ async fn ends_within(resp: &mut reqwest::Response, within: std::time::Duration) 
 async fn chat_streams_end_with_their_token_and_tenants_are_counted_apart() {
     let rig = Rig::sim(&[], &[("ROUTD_MAX_STREAMS_PER_CALLER", "2")]).await;
     for f in ["red", "blue"] {
-        let (s, v) = rig
-            .api()
-            .put(
-                &rig.operator,
-                &format!("/v1/groups/{f}"),
-                json!({"name": f}),
-            )
-            .await;
+        let cfg: GroupConfig = serde_json::from_value(json!({"name": f})).unwrap();
+        let (s, v) = rig.send(&rig.operator, routd::put_group(f, &cfg)).await;
         assert_eq!(s, 201, "{v}");
     }
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let open = |token: String, chat: &'static str| {
         let http = http.clone();
-        let url = format!("{}/v1/chats/{}/events", rig.base(), enc(chat));
+        let url = format!("{}{}", rig.base(), routd::chat_events(chat).path);
         async move { http.get(url).bearer_auth(token).send().await.unwrap() }
     };
     // Revoked: the stream ends (within the revocation poll and a recheck).

@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::browser::{Browser, link, sign_in};
-use common::{Rig, enc, eventually};
+use common::{Rig, eventually};
+use hako_client::routd;
 use hako_shared::auth::AuthdClient;
 use serde_json::{Value, json};
 
@@ -306,12 +307,7 @@ async fn a_tenants_link_sees_its_folder_only_and_sessions_end_as_they_should() {
     let other = b
         .js_async(
             probe,
-            json!([
-                format!("/v1/chats/{}/messages", enc("web:other")),
-                "GET",
-                {},
-                null
-            ]),
+            json!([routd::chat_messages("web:other").path, "GET", {}, null]),
         )
         .await;
     assert_eq!(other, 404, "a tenant's session read another folder's chat");
@@ -428,9 +424,9 @@ async fn a_tenants_link_sees_its_folder_only_and_sessions_end_as_they_should() {
     );
     let mut stream = http()
         .get(format!(
-            "{}/v1/chats/{}/events?after=0",
+            "{}{}",
             rig.base(),
-            enc("web:acme")
+            routd::chat_events("web:acme").query("after", 0).path
         ))
         .header("cookie", format!("hako_session={cookie}"))
         .send()
@@ -447,10 +443,7 @@ async fn a_tenants_link_sees_its_folder_only_and_sessions_end_as_they_should() {
             .any(|x| x["link_jti"] == jti.as_str()),
         "{v}"
     );
-    let (s, v) = rig
-        .api()
-        .delete(&rig.operator, &format!("/v1/web-sessions/{}", enc(&jti)))
-        .await;
+    let (s, v) = rig.send(&rig.operator, routd::end_web_session(&jti)).await;
     assert_eq!((s, v["folder"].as_str()), (200, Some("acme")), "{v}");
     let ended = tokio::time::timeout(WAIT, async {
         while let Ok(Some(_)) = stream.chunk().await {}
@@ -471,10 +464,7 @@ async fn a_tenants_link_sees_its_folder_only_and_sessions_end_as_they_should() {
         (401, Some("session_ended")),
         "{v}"
     );
-    let (s, _) = rig
-        .api()
-        .delete(&rig.operator, &format!("/v1/web-sessions/{}", enc(&jti)))
-        .await;
+    let (s, _) = rig.send(&rig.operator, routd::end_web_session(&jti)).await;
     assert_eq!(s, 404);
 
     // A long-lived API token is not a link; a forged one is nothing; a page from elsewhere

@@ -9,7 +9,10 @@ mod rig;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use hako_client::runed;
+use hako_client::testing::send;
 use hako_shared::auth::AuthdClient;
+use hako_shared::runs::SteerRequest;
 use hako_shared::testing::eventually;
 use rig::*;
 use serde_json::{Value, json};
@@ -116,16 +119,10 @@ async fn daemon_tokens_and_bodies_are_checked_at_the_edge() {
         .await;
     let (s, _) = rig.post(&b, "/v1/runs", body.clone()).await;
     assert_eq!(s, 403);
-    let (s, v) = rig.get(&b, &format!("/v1/runs/{run}")).await;
+    let (s, v) = send(&rig.api(), &b, runed::run(&run)).await;
     assert_eq!((s, v["error"].as_str()), (404, Some("not_found")));
-    let r = rig
-        .http
-        .delete(rig.url(&format!("/v1/runs/{run}")))
-        .bearer_auth(&b)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 404);
+    let (s, _) = send(&rig.api(), &b, runed::kill_run(&run)).await;
+    assert_eq!(s, 404);
     // Folder-bound callers cannot widen the group.
     let a = rig.mint(&["runs:run", "runs:read"], Some("a"), 60).await;
     for group in [
@@ -223,15 +220,15 @@ async fn daemon_tokens_and_bodies_are_checked_at_the_edge() {
         (host.memory, host.nano_cpus, host.pids_limit),
         (Some(256 << 20), Some(500_000_000), Some(64))
     );
-    let (s, _) = rig.delete(&a, &format!("/v1/runs/{tight}")).await;
+    let (s, _) = send(&rig.api(), &a, runed::kill_run(&tight)).await;
     assert_eq!(s, 403, "a has no runs:kill");
-    let (s, _) = rig.delete(&rig.routd, &format!("/v1/runs/{tight}")).await;
+    let (s, _) = send(&rig.api(), &rig.routd, runed::kill_run(&tight)).await;
     assert_eq!(s, 200);
     // Expired: a 1 s token works until it expires (with the 1 s skew allowed), then it is
     // refused as expired, within a bound.
     let short = rig.mint(&["runs:read"], Some("a"), 1).await;
     let v = eventually("the 1 s token expires", Duration::from_secs(15), || async {
-        let (s, v) = rig.get(&short, &format!("/v1/runs/{run}")).await;
+        let (s, v) = send(&rig.api(), &short, runed::run(&run)).await;
         if s == 401 {
             return Ok(v);
         }
@@ -375,7 +372,7 @@ async fn daemon_waits_for_docker_at_start() {
     .await;
     assert_eq!(m.get("runed_queue_length"), Some(&2.0), "{m:?}");
     for r in [&a, &b] {
-        let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{r}")).await;
+        let (_, v) = rig.status(r).await;
         assert_eq!(v["state"], "queued", "{v}");
     }
     let r = rig.http.get(rig.url("/ready")).send().await.unwrap();
@@ -517,10 +514,10 @@ async fn daemon_survives_docker_going_away() {
     let mut polls = 0;
     loop {
         for r in [&q1, &q2] {
-            let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{r}")).await;
+            let (_, v) = rig.status(r).await;
             assert_eq!(v["state"], "queued", "while Docker is away: {v}");
         }
-        let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{long}")).await;
+        let (_, v) = rig.status(&long).await;
         assert_eq!(v["state"], "running", "the in-flight run, Docker away: {v}");
         polls += 1;
         // The agent's answer is written while Docker is away from runed.
@@ -971,13 +968,10 @@ async fn daemon_gvisor_runs_untrusted_groups() {
     );
     assert!(out.contains(r#""CapEff":"0000000000000000""#), "{out}");
     // A follow-up into the gVisor box.
-    let (s, v) = rig
-        .post(
-            &rig.routd,
-            &format!("/v1/runs/{a}/steer"),
-            json!({"steer_id": "gv-f", "messages": ["steered into gvisor"]}),
-        )
-        .await;
+    let steer: SteerRequest =
+        serde_json::from_value(json!({"steer_id": "gv-f", "messages": ["steered into gvisor"]}))
+            .unwrap();
+    let (s, v) = send(&rig.api(), &rig.routd, runed::steer(&a, &steer)).await;
     assert_eq!(s, 200, "{v}");
     let v = rig.wait(&a).await;
     assert_eq!(v["outcome"], "ok", "{v}");
@@ -1302,18 +1296,18 @@ async fn media_lands_in_the_workspace_and_planted_links_are_never_followed() {
     use std::os::unix::fs::MetadataExt;
     let rig = Rig::new(&[("RUNED_MEDIA_MAX", "4k"), ("RUNED_MEDIA_FOLDER_MAX", "10k")]).await;
     let api = rig.api();
+    // The op's path and bytes, sent as they are (`testing::send` sends JSON only).
     let put = |folder: &str, name: &str, token: &str, data: Vec<u8>| {
         let api = api.clone();
-        let path = format!(
-            "/v1/folders/{}/media/{}",
-            hako_shared::path_segment(folder),
-            hako_shared::path_segment(name)
-        );
+        let op = runed::put_media(folder, name, data.into());
+        let hako_client::Body::Bytes(data) = op.body else {
+            unreachable!("a media upload is bytes")
+        };
         let token = token.to_owned();
         async move {
             api.raw(
-                reqwest::Method::PUT,
-                &path,
+                op.method,
+                &op.path,
                 Some(&token),
                 "application/octet-stream",
                 data,

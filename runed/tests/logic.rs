@@ -9,6 +9,9 @@ mod rig;
 
 use std::time::{Duration, Instant};
 
+use hako_client::runed;
+use hako_client::testing::send;
+use hako_shared::runs::SteerRequest;
 use hako_shared::testing::eventually;
 use rig::*;
 use serde_json::{Value, json};
@@ -20,28 +23,14 @@ async fn daemon_kill_queued_and_running() {
     let queued = rig.run("k", "turn-kill-2", "never").await;
     rig.wait_state(&long, "running").await;
     // The queued one is killed before it starts: it never starts.
-    let r = rig
-        .http
-        .delete(rig.url(&format!("/v1/runs/{queued}")))
-        .bearer_auth(&rig.routd)
-        .send()
-        .await
-        .unwrap();
-    let v: Value = r.json().await.unwrap();
+    let (_, v) = send(&rig.api(), &rig.routd, runed::kill_run(&queued)).await;
     assert_eq!(
         (v["state"].as_str(), v["outcome"].as_str()),
         (Some("killed"), Some("killed"))
     );
     assert_eq!(v["started_at"], Value::Null);
     let t = Instant::now();
-    let r = rig
-        .http
-        .delete(rig.url(&format!("/v1/runs/{long}")))
-        .bearer_auth(&rig.routd)
-        .send()
-        .await
-        .unwrap();
-    let v: Value = r.json().await.unwrap();
+    let (_, v) = send(&rig.api(), &rig.routd, runed::kill_run(&long)).await;
     assert_eq!(
         (v["state"].as_str(), v["outcome"].as_str()),
         (Some("killed"), Some("killed")),
@@ -54,10 +43,10 @@ async fn daemon_kill_queued_and_running() {
     // queued one never started.
     let after = rig.run("k", "turn-kill-3", "after the kills").await;
     assert_eq!(rig.wait(&after).await["outcome"], "ok");
-    let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{queued}")).await;
+    let (_, v) = rig.status(&queued).await;
     assert_eq!(v["state"], "killed");
     assert_eq!(v["started_at"], Value::Null);
-    let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{long}")).await;
+    let (_, v) = rig.status(&long).await;
     assert_eq!(v["state"], "killed", "{v}");
     let n: i64 = rig
         .db()
@@ -162,11 +151,11 @@ async fn daemon_steer_delivers_a_follow_up_exactly_once() {
     let rig = Rig::sim(&[("RUNED_IDLE_TIMEOUT", "8s")]).await;
     let run = rig.run("st", "turn-steer-1", "first answer").await;
     rig.wait_outputs(&run, 1).await;
-    let body =
-        json!({"steer_id": "f-1", "messages": [{"role": "user", "content": "steered line"}]});
-    let (s, v) = rig
-        .post(&rig.routd, &format!("/v1/runs/{run}/steer"), body.clone())
-        .await;
+    let body: SteerRequest = serde_json::from_value(
+        json!({"steer_id": "f-1", "messages": [{"role": "user", "content": "steered line"}]}),
+    )
+    .unwrap();
+    let (s, v) = send(&rig.api(), &rig.routd, runed::steer(&run, &body)).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(
         (v["steer_id"].as_str(), v["state"].as_str()),
@@ -174,18 +163,12 @@ async fn daemon_steer_delivers_a_follow_up_exactly_once() {
         "{v}"
     );
     // A repeat (a caller that lost the answer) places nothing new.
-    let (s, v) = rig
-        .post(&rig.routd, &format!("/v1/runs/{run}/steer"), body)
-        .await;
+    let (s, v) = send(&rig.api(), &rig.routd, runed::steer(&run, &body)).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["steer_id"], "f-1", "{v}");
-    let (s, v) = rig
-        .post(
-            &rig.routd,
-            &format!("/v1/runs/{run}/steer"),
-            json!({"steer_id": "../x", "messages": ["bad id"]}),
-        )
-        .await;
+    let bad: SteerRequest =
+        serde_json::from_value(json!({"steer_id": "../x", "messages": ["bad id"]})).unwrap();
+    let (s, v) = send(&rig.api(), &rig.routd, runed::steer(&run, &bad)).await;
     assert_eq!(
         (s, v["error"].as_str()),
         (400, Some("invalid_request")),
@@ -211,20 +194,15 @@ async fn daemon_steer_delivers_a_follow_up_exactly_once() {
         rig.input_files("st")
     );
     // After the end: reported as not delivered, nothing left behind.
-    let (s, v) = rig
-        .post(
-            &rig.routd,
-            &format!("/v1/runs/{run}/steer"),
-            json!({"messages": ["too late"]}),
-        )
-        .await;
+    let late: SteerRequest = serde_json::from_value(json!({"messages": ["too late"]})).unwrap();
+    let (s, v) = send(&rig.api(), &rig.routd, runed::steer(&run, &late)).await;
     assert_eq!((s, v["error"].as_str()), (409, Some("not_live")), "{v}");
     assert!(
         rig.input_files("st").is_empty(),
         "{:?}",
         rig.input_files("st")
     );
-    let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{run}")).await;
+    let (_, v) = rig.status(&run).await;
     assert_eq!(results(&v).len(), out.len(), "nothing more was answered");
     rig.stop().await;
 }
@@ -296,7 +274,7 @@ async fn daemon_events_stream_states_and_blocks() {
     let run = rig.run("ev", "turn-ev-1", "/blocks 2").await;
     let mut r = rig
         .http
-        .get(rig.url(&format!("/v1/runs/{run}/events")))
+        .get(rig.url(&runed::run_events(&run).path))
         .bearer_auth(&rig.routd)
         .timeout(Duration::from_secs(60))
         .send()
@@ -359,9 +337,9 @@ async fn daemon_holds_and_stop() {
     // Another folder is not blocked.
     let other = rig.run("hd2", "turn-hd-2", "elsewhere").await;
     assert_eq!(rig.wait(&other).await["outcome"], "ok");
-    let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{run}")).await;
+    let (_, v) = rig.status(&run).await;
     assert_eq!(v["state"], "queued", "the hold blocks its folder: {v}");
-    let (s, v) = rig.delete(&rig.routd, &format!("/v1/runs/{hold}")).await;
+    let (s, v) = send(&rig.api(), &rig.routd, runed::kill_run(&hold)).await;
     assert_eq!(s, 200, "{v}");
     assert!(
         ["exited", "killed"].contains(&v["state"].as_str().unwrap()),
@@ -381,7 +359,7 @@ async fn daemon_holds_and_stop() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["killed"], json!([long, waiting]), "{v}");
     for id in [&long, &waiting] {
-        let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{id}")).await;
+        let (_, v) = rig.status(id).await;
         assert_eq!(
             (v["state"].as_str(), v["outcome"].as_str()),
             (Some("killed"), Some("killed")),
@@ -429,7 +407,7 @@ async fn daemon_streams_and_long_polls_are_bounded_per_caller() {
     let rig = Rig::sim(&[("RUNED_MAX_STREAMS_PER_CALLER", "2")]).await;
     let run = rig.run("streams", "turn-streams-1", "/sleep 20").await;
     let open = |token: String| {
-        let (http, url) = (rig.http.clone(), rig.url(&format!("/v1/runs/{run}/events")));
+        let (http, url) = (rig.http.clone(), rig.url(&runed::run_events(&run).path));
         async move { http.get(url).bearer_auth(token).send().await.unwrap() }
     };
     let a = open(rig.routd.clone()).await;
@@ -440,9 +418,8 @@ async fn daemon_streams_and_long_polls_are_bounded_per_caller() {
     let v: Value = c.json().await.unwrap();
     assert_eq!(v["error"], "too_many_streams", "{v}");
     // A long-poll counts too; another caller is not held back.
-    let (s, v) = rig
-        .get(&rig.routd, &format!("/v1/runs/{run}?wait=1s"))
-        .await;
+    let op = runed::run(&run).query("wait", "1s");
+    let (s, v) = send(&rig.api(), &rig.routd, op).await;
     assert_eq!(
         (s, v["error"].as_str()),
         (429, Some("too_many_streams")),
@@ -451,7 +428,7 @@ async fn daemon_streams_and_long_polls_are_bounded_per_caller() {
     let other = open(rig.operator.clone()).await;
     assert_eq!(other.status().as_u16(), 200);
     drop((a, b, other));
-    let (s, _) = rig.delete(&rig.routd, &format!("/v1/runs/{run}")).await;
+    let (s, _) = send(&rig.api(), &rig.routd, runed::kill_run(&run)).await;
     assert_eq!(s, 200);
     rig.stop().await;
 }
@@ -479,7 +456,7 @@ async fn daemon_one_tenant_cannot_take_every_slot() {
     let states: Vec<String> = {
         let mut s = Vec::new();
         for r in &acme {
-            let (_, v) = rig.get(&rig.routd, &format!("/v1/runs/{r}")).await;
+            let (_, v) = rig.status(r).await;
             s.push(v["state"].as_str().unwrap().to_owned());
         }
         s
@@ -490,7 +467,7 @@ async fn daemon_one_tenant_cannot_take_every_slot() {
         "acme holds one slot of two while beta runs: {states:?}"
     );
     for r in &acme {
-        let (s, _) = rig.delete(&rig.routd, &format!("/v1/runs/{r}")).await;
+        let (s, _) = send(&rig.api(), &rig.routd, runed::kill_run(r)).await;
         assert_eq!(s, 200);
     }
     rig.stop().await;
@@ -515,7 +492,7 @@ async fn daemon_every_route_answers_errors_as_envelopes() {
         .sweep_errors(hako_runed::OPENAPI, &rig.routd)
         .await;
     assert!(sent > 40, "{sent}");
-    // The review's examples, by name.
+    // The review's examples, by name (raw on purpose: malformed queries no op would build).
     for path in [
         "/v1/sessions?limit=x",
         "/v1/audit?limit=x",

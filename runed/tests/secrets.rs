@@ -14,8 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use egress_rig::{Forge, Rig, answer, rand_hex, sha256_hex};
+use hako_client::runed;
+use hako_client::testing::send;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
+use hako_shared::secrets::SecretValueRequest;
 use hako_shared::testing::eventually;
 use serde_json::{Value, json};
 
@@ -76,14 +79,8 @@ fn group(rig: &Rig) -> Value {
 }
 
 async fn put_secret(rig: &Rig, name: &str, v: &str) {
-    let (s, b) = rig
-        .api()
-        .put(
-            &rig.operator,
-            &format!("/v1/secrets/{name}"),
-            json!({"value": v}),
-        )
-        .await;
+    let req = SecretValueRequest { value: v.into() };
+    let (s, b) = send(&rig.api(), &rig.operator, runed::put_secret(name, &req)).await;
     assert_eq!(s, 204, "{b}");
 }
 

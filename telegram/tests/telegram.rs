@@ -8,7 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::{FakeTelegram, LIMIT, Stack, TOKEN, eventually};
-use serde_json::json;
+use hako_client::{Op, telegram};
+use serde_json::{Value, json};
 
 const ALICE: i64 = 111;
 const GROUP: i64 = -100_200;
@@ -171,6 +172,7 @@ async fn messages_in_and_replies_out() {
         (Some(sign("not-the-secret", now)), now),
         (Some(sign(common::SECRET, now - 600)), now - 600),
     ] {
+        // raw on purpose: forged signatures and timestamps on a delivery routd would sign.
         let mut req = http
             .post(format!("{}/v1/deliveries", adapter.url))
             .header("content-type", "application/json")
@@ -524,10 +526,10 @@ async fn a_stranger_is_paired_by_the_operator_and_let_out_again() {
     assert_eq!(code.len(), 9, "{refusal}");
 
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let call = |method: reqwest::Method, path: String, token: Option<String>| {
+    let call = |op: Op<Value>, token: Option<String>| {
         let (http, url) = (http.clone(), adapter.url.clone());
         async move {
-            let mut req = http.request(method, format!("{url}{path}"));
+            let mut req = http.request(op.method, format!("{url}{}", op.path));
             if let Some(t) = token {
                 req = req.bearer_auth(t);
             }
@@ -556,13 +558,13 @@ async fn a_stranger_is_paired_by_the_operator_and_let_out_again() {
                 .token
         }
     };
-    let pair = format!("/v1/pairings/{code}");
-    let (s, v) = call(reqwest::Method::POST, pair.clone(), None).await;
+    let pair = telegram::pair(&code);
+    let (s, v) = call(pair.clone(), None).await;
     assert_eq!((s, v["error"].as_str()), (401, Some("unauthorized")), "{v}");
     let tenant = mint(&["groups:write"], Some("alice")).await;
     let reader = mint(&["chats:read"], None).await;
     for t in [tenant, reader] {
-        let (s, v) = call(reqwest::Method::POST, pair.clone(), Some(t)).await;
+        let (s, v) = call(pair.clone(), Some(t)).await;
         assert_eq!(
             (s, v["error"].as_str()),
             (403, Some("insufficient_scope")),
@@ -570,26 +572,21 @@ async fn a_stranger_is_paired_by_the_operator_and_let_out_again() {
         );
     }
     let op = Some(stack.operator.clone());
-    let (s, v) = call(
-        reqwest::Method::POST,
-        "/v1/pairings/ABCD-EFGH".into(),
-        op.clone(),
-    )
-    .await;
+    let (s, v) = call(telegram::pair("ABCD-EFGH"), op.clone()).await;
     assert_eq!((s, v["error"].as_str()), (404, Some("not_found")), "{v}");
     assert!(stack.history("tg:999").await.is_empty(), "still no turn");
 
     // The operator accepts (in lower case, as a person might type it).
-    let (s, v) = call(reqwest::Method::POST, pair.to_lowercase(), op.clone()).await;
+    let (s, v) = call(telegram::pair(&code.to_lowercase()), op.clone()).await;
     assert_eq!((s, v["chat_id"].as_i64()), (200, Some(STRANGER)), "{v}");
     fake.wait_sent(STRANGER, "the chat is told", |t| t.contains("now allowed"))
         .await;
     fake.message(STRANGER, STRANGER as u64, "now let in");
     fake.wait_sent(STRANGER, "the reply", |t| t == "now let in")
         .await;
-    let (s, v) = call(reqwest::Method::POST, pair.clone(), op.clone()).await;
+    let (s, v) = call(pair.clone(), op.clone()).await;
     assert_eq!(s, 404, "a code is used once: {v}");
-    let (s, v) = call(reqwest::Method::GET, "/v1/pairings".into(), op.clone()).await;
+    let (s, v) = call(telegram::pairings(), op.clone()).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["paired"][0]["chat_id"], STRANGER, "{v}");
     assert_eq!(v["paired"][0]["by"], "operator", "{v}");
@@ -604,26 +601,20 @@ async fn a_stranger_is_paired_by_the_operator_and_let_out_again() {
     .await;
 
     // Let out: refused again, with a new code, and no turn.
-    let call = |method: reqwest::Method, path: String| {
-        let (http, url, op) = (http.clone(), adapter.url.clone(), stack.operator.clone());
+    let call = |op: Op<Value>| {
+        let (http, url, token) = (http.clone(), adapter.url.clone(), stack.operator.clone());
         async move {
             let r = http
-                .request(method, format!("{url}{path}"))
-                .bearer_auth(op)
+                .request(op.method, format!("{url}{}", op.path))
+                .bearer_auth(token)
                 .send()
                 .await
                 .unwrap();
             r.status().as_u16()
         }
     };
-    assert_eq!(
-        call(reqwest::Method::DELETE, format!("/v1/paired/{STRANGER}")).await,
-        204
-    );
-    assert_eq!(
-        call(reqwest::Method::DELETE, format!("/v1/paired/{STRANGER}")).await,
-        404
-    );
+    assert_eq!(call(telegram::unpair(STRANGER)).await, 204);
+    assert_eq!(call(telegram::unpair(STRANGER)).await, 404);
     fake.message(STRANGER, STRANGER as u64, "out again");
     let again = fake
         .wait_sent(STRANGER, "a second refusal", |t| {

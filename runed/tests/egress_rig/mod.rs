@@ -20,6 +20,8 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 pub use hako_authd::testing::RUNED_KEY;
 use hako_authd::testing::TestAuthd;
+use hako_client::runed;
+use hako_client::testing::send;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{AGENT_SCOPES, AuthdClient};
 use hako_shared::config::Env;
@@ -482,10 +484,7 @@ impl Rig {
     }
 
     pub async fn status(&self, run: &str) -> Value {
-        let (s, v) = self
-            .api()
-            .get(&self.routd, &format!("/v1/runs/{run}"))
-            .await;
+        let (s, v) = send(&self.api(), &self.routd, runed::run(run)).await;
         assert_eq!(s, 200, "{v}");
         v
     }
