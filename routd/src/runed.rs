@@ -5,7 +5,7 @@
 //! answering" — wait and try again — from "runed refused" — a configuration problem — apart.
 //!
 //! routd's turn logic sees runed through [`Runs`] alone, so its tests can put a scripted
-//! runed behind it ([`crate::start_with`]), as the runner's tests put a simulated engine
+//! runed behind it (`start_with`), as the runner's tests put a simulated engine
 //! behind the engine trait.
 
 use std::sync::Arc;

@@ -440,7 +440,7 @@ const CHAT: &str = "tg:42";
 const FOLDER: &str = "team";
 
 struct Rig {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     routd: Option<hako_routd::Running>,
     api: Client,
     sr: Scripted,
@@ -450,16 +450,7 @@ impl Rig {
     /// routd with one group and a route from [`CHAT`] to it; a failed try is tried again
     /// after 100 ms (doubling), at most `retries` times.
     async fn new(retries: u32) -> Rig {
-        let dir = tempfile::tempdir().unwrap();
-        let mut cfg = hako_routd::Config::new(dir.path());
-        cfg.max_turn_retries = retries;
-        cfg.retry_base = Duration::from_millis(100);
-        let sr = Scripted::default();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let routd = hako_routd::start_with(cfg, listener, Arc::new(sr.clone()))
-            .await
-            .unwrap();
-        let api = Client::new(Daemon::Routd, &routd.url(), Duration::from_secs(10)).unwrap();
+        let rig = Rig::start(tempfile::tempdir().unwrap(), Scripted::default(), retries).await;
         let group = GroupConfig {
             name: FOLDER.into(),
             system_prompt: String::new(),
@@ -467,7 +458,8 @@ impl Rig {
             group: Default::default(),
             approvals: Default::default(),
         };
-        api.call(routd::put_group(FOLDER, &group), None)
+        rig.api
+            .call(routd::put_group(FOLDER, &group), None)
             .await
             .unwrap();
         let route = NewRoute {
@@ -475,9 +467,22 @@ impl Rig {
             folder: GroupFolder::new(FOLDER).unwrap(),
             position: None,
         };
-        api.call(routd::add_route(&route), None).await.unwrap();
+        rig.api.call(routd::add_route(&route), None).await.unwrap();
+        rig
+    }
+
+    /// routd on the database in `dir`, asking `sr`.
+    async fn start(dir: tempfile::TempDir, sr: Scripted, retries: u32) -> Rig {
+        let mut cfg = hako_routd::Config::new(dir.path());
+        cfg.max_turn_retries = retries;
+        cfg.retry_base = Duration::from_millis(100);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let routd = hako_routd::start_with(cfg, listener, Arc::new(sr.clone()))
+            .await
+            .unwrap();
+        let api = Client::new(Daemon::Routd, &routd.url(), Duration::from_secs(10)).unwrap();
         Rig {
-            _dir: dir,
+            dir,
             routd: Some(routd),
             api,
             sr,
@@ -532,6 +537,13 @@ impl Rig {
             if t.state.is_over() { Ok(t) } else { Err(t) }
         })
         .await
+    }
+
+    /// Lets the scheduler look again: a run that should not be asked for would be by now. It
+    /// looks at every wake (a turn's end is one) and every second, so a claim that nothing
+    /// more happens waits out two of its passes; nothing else in this suite waits on time.
+    async fn quiet(&self) {
+        tokio::time::sleep(Duration::from_millis(2100)).await;
     }
 
     async fn stop(mut self) {
@@ -656,8 +668,7 @@ async fn a_refused_run_fails_the_turn_with_a_notice_and_is_not_asked_again() {
         notices(&h)
     );
     assert_eq!(inbound_state(&h, "m1"), MessageState::Failed);
-    // The scheduler runs every second: two seconds more, and still one ask.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    rig.quiet().await;
     assert_eq!(rig.sr.read(|s| s.asked.len()), 1);
     assert!(rig.sr.read(|s| s.runs.is_empty()));
     rig.stop().await;
@@ -714,7 +725,7 @@ async fn no_reply_is_tried_again_with_a_new_run_and_a_reply_then_fatal_stands() 
     assert_eq!(replies(&h), ["sorry, here it is"]);
     assert!(notices(&h).is_empty(), "{:?}", notices(&h));
     assert_eq!(inbound_state(&h, "m1"), MessageState::Answered);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    rig.quiet().await;
     assert_eq!(rig.sr.read(|s| s.runs.len()), 2, "no third run");
     rig.stop().await;
 }
@@ -755,7 +766,7 @@ async fn a_killed_run_ends_the_turn_and_is_not_retried() {
     let turn = rig.settled(&turn_of(&run)).await;
     assert_eq!(turn.state, TurnState::Killed);
     assert_eq!(notices(&rig.history().await), ["The agent was stopped."]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    rig.quiet().await;
     assert_eq!(rig.sr.read(|s| s.runs.len()), 1);
     rig.stop().await;
 }
@@ -800,7 +811,7 @@ async fn a_follow_up_the_agent_takes_is_answered_by_the_same_run() {
     let h = rig.history().await;
     assert_eq!(inbound_state(&h, "m1"), MessageState::Answered);
     assert_eq!(inbound_state(&h, "m2"), MessageState::Answered);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    rig.quiet().await;
     assert_eq!(rig.sr.read(|s| s.runs.len()), 1, "no second run");
     rig.stop().await;
 }
@@ -920,7 +931,7 @@ async fn an_error_outcome_is_told_once_and_not_retried() {
     let turn = rig.settled(&turn_of(&run)).await;
     assert_eq!(turn.state, TurnState::Done);
     assert_eq!(replies(&rig.history().await), ["Error: the tool failed"]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    rig.quiet().await;
     assert_eq!(rig.sr.read(|s| s.runs.len()), 1);
     rig.stop().await;
 }
@@ -929,59 +940,20 @@ async fn an_error_outcome_is_told_once_and_not_retried() {
 /// follows the same run (no second one) and each reply reaches the chat once.
 #[tokio::test]
 async fn a_restarted_routd_follows_the_same_run_and_says_nothing_twice() {
-    let dir = tempfile::tempdir().unwrap();
-    let sr = Scripted::default();
-    let start = |sr: Scripted| {
-        let mut cfg = hako_routd::Config::new(dir.path());
-        cfg.retry_base = Duration::from_millis(100);
-        async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            hako_routd::start_with(cfg, listener, Arc::new(sr))
-                .await
-                .unwrap()
-        }
-    };
-    let routd = start(sr.clone()).await;
-    let rig = Rig {
-        _dir: tempfile::tempdir().unwrap(),
-        api: Client::new(Daemon::Routd, &routd.url(), Duration::from_secs(10)).unwrap(),
-        routd: Some(routd),
-        sr: sr.clone(),
-    };
-    let group = GroupConfig {
-        name: FOLDER.into(),
-        system_prompt: String::new(),
-        grants: Vec::new(),
-        group: Default::default(),
-        approvals: Default::default(),
-    };
-    rig.api
-        .call(routd::put_group(FOLDER, &group), None)
-        .await
-        .unwrap();
-    let route = NewRoute {
-        pattern: CHAT.into(),
-        folder: GroupFolder::new(FOLDER).unwrap(),
-        position: None,
-    };
-    rig.api.call(routd::add_route(&route), None).await.unwrap();
+    let rig = Rig::new(3).await;
+    let sr = rig.sr.clone();
     rig.say("m1", "hello").await;
     let run = sr.run(0).await;
     sr.start(&run.id);
     sr.output(&run.id, OutputBlock::ok("one"));
     rig.wait_for("the first reply", |h| replies(h) == ["one"])
         .await;
-    rig.stop().await;
-
+    // routd is down while the run goes on and ends.
+    let Rig { dir, routd, sr, .. } = rig;
+    routd.unwrap().shutdown().await;
     sr.output(&run.id, OutputBlock::ok("two"));
     sr.end(&run.id, RunState::Exited, Outcome::Ok);
-    let routd = start(sr.clone()).await;
-    let rig = Rig {
-        _dir: tempfile::tempdir().unwrap(),
-        api: Client::new(Daemon::Routd, &routd.url(), Duration::from_secs(10)).unwrap(),
-        routd: Some(routd),
-        sr: sr.clone(),
-    };
+    let rig = Rig::start(dir, sr.clone(), 3).await;
     let turn = rig.settled(&turn_of(&run)).await;
     assert_eq!(turn.state, TurnState::Done);
     assert_eq!(replies(&rig.history().await), ["one", "two"]);
