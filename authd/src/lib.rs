@@ -208,7 +208,7 @@ async fn load_keys(store: &Store, verifier: &Verifier) -> Result<KeyRing, StartE
                 at_ms: now.saturating_mul(1000),
                 actor: "authd".into(),
                 actor_jti: None,
-                action: "key_created",
+                action: hako_shared::audit::AuditAction::KeyCreate,
                 outcome: "ok".into(),
                 detail: format!("kid={}", s.kid()),
             };

@@ -8,6 +8,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use hako_shared::GroupFolder;
+use hako_shared::audit::AuditAction;
 use hako_shared::auth::wire::{
     AuditList, MintRequest, MintResponse, RevokeResponse, RevokedList, RotateResponse,
     ServiceTokenRequest, ServiceTokenResponse,
@@ -136,7 +137,7 @@ fn mint_detail(child: &Claims) -> String {
 fn audit_row(
     actor: &str,
     actor_jti: Option<&str>,
-    action: &'static str,
+    action: AuditAction,
     outcome: &str,
     detail: String,
 ) -> AuditRow {
@@ -156,7 +157,7 @@ impl AppState {
         &self,
         actor: &str,
         actor_jti: Option<&str>,
-        action: &'static str,
+        action: AuditAction,
         err: ApiError,
         detail: String,
     ) -> ApiError {
@@ -164,12 +165,12 @@ impl AppState {
             .counter(
                 "authd_denials_total",
                 "Requests denied (401/403), by action.",
-                &[("action", action)],
+                &[("action", action.as_str())],
             )
             .inc();
         let row = audit_row(actor, actor_jti, action, &err.body.error, detail);
         if let Err(e) = self.store.write(vec![Row::Audit(row)]).await {
-            tracing::error!(error = %e, action, "cannot write the audit row of a denial");
+            tracing::error!(error = %e, %action, "cannot write the audit row of a denial");
         }
         err
     }
@@ -178,7 +179,7 @@ impl AppState {
     async fn authenticate(
         &self,
         headers: &HeaderMap,
-        action: &'static str,
+        action: AuditAction,
     ) -> Result<Arc<Claims>, ApiError> {
         match Principal::from_headers(&self.verifier, headers).await {
             Ok(Principal::Token(c)) => Ok(c),
@@ -202,7 +203,7 @@ impl AppState {
         &self,
         caller: &Claims,
         scope: &str,
-        action: &'static str,
+        action: AuditAction,
     ) -> Result<(), ApiError> {
         if caller.has_scope(scope) {
             return Ok(());
@@ -279,7 +280,13 @@ async fn service_token(
             None => ("unknown", "reason=unknown_daemon"),
         };
         return Err(app
-            .deny(actor, None, "service_token", err, reason.to_owned())
+            .deny(
+                actor,
+                None,
+                AuditAction::ServiceToken,
+                err,
+                reason.to_owned(),
+            )
             .await);
     };
     let now = now_secs();
@@ -314,7 +321,7 @@ async fn service_token(
         Row::Audit(audit_row(
             &claims.sub,
             None,
-            "service_token",
+            AuditAction::ServiceToken,
             "ok",
             format!("jti={} exp={}", claims.jti, claims.exp),
         )),
@@ -344,7 +351,7 @@ async fn mint_token(
     headers: HeaderMap,
     body: Result<ApiJson<MintRequest>, ApiError>,
 ) -> Result<Json<MintResponse>, ApiError> {
-    let parent = app.authenticate(&headers, "mint").await?;
+    let parent = app.authenticate(&headers, AuditAction::TokenMint).await?;
     let ApiJson(req) = body?;
     let now = now_secs();
     let limits = Limits {
@@ -380,7 +387,13 @@ async fn mint_token(
                 return Err(err);
             }
             return Err(app
-                .deny(&parent.sub, Some(&parent.jti), "mint", err, detail)
+                .deny(
+                    &parent.sub,
+                    Some(&parent.jti),
+                    AuditAction::TokenMint,
+                    err,
+                    detail,
+                )
                 .await);
         }
     };
@@ -411,7 +424,7 @@ async fn mint_token(
         Row::Audit(audit_row(
             &parent.sub,
             Some(&parent.jti),
-            "mint",
+            AuditAction::TokenMint,
             "ok",
             detail,
         )),
@@ -449,7 +462,7 @@ async fn revoke(
     headers: HeaderMap,
     jti: Result<Path<String>, axum::extract::rejection::PathRejection>,
 ) -> Result<Json<RevokeResponse>, ApiError> {
-    let caller = app.authenticate(&headers, "revoke").await?;
+    let caller = app.authenticate(&headers, AuditAction::TokenRevoke).await?;
     let Ok(Path(jti)) = jti else {
         return Err(Refusal::InvalidJti("jti is not valid UTF-8").into());
     };
@@ -488,7 +501,7 @@ async fn revoke(
             .deny(
                 &caller.sub,
                 Some(&caller.jti),
-                "revoke",
+                AuditAction::TokenRevoke,
                 err,
                 format!("jti={}", clean(&jti)),
             )
@@ -498,7 +511,7 @@ async fn revoke(
     let audit = audit_row(
         &caller.sub,
         Some(&caller.jti),
-        "revoke",
+        AuditAction::TokenRevoke,
         "ok",
         format!("jti={jti}"),
     );
@@ -526,8 +539,9 @@ async fn rotate(
     State(app): State<App>,
     headers: HeaderMap,
 ) -> Result<Json<RotateResponse>, ApiError> {
-    let caller = app.authenticate(&headers, "rotate").await?;
-    app.require(&caller, scopes::KEYS_ROTATE, "rotate").await?;
+    let caller = app.authenticate(&headers, AuditAction::KeyRotate).await?;
+    app.require(&caller, scopes::KEYS_ROTATE, AuditAction::KeyRotate)
+        .await?;
     let _one_at_a_time = app.rotate_lock.lock().await;
     let new = Signer::generate().map_err(ApiError::internal)?;
     let now = now_secs();
@@ -536,7 +550,7 @@ async fn rotate(
     let audit = audit_row(
         &caller.sub,
         Some(&caller.jti),
-        "rotate",
+        AuditAction::KeyRotate,
         "ok",
         format!(
             "kid={} previous={} drops_at={drop_after}",
@@ -605,8 +619,8 @@ async fn audit(
     headers: HeaderMap,
     ApiQuery(q): ApiQuery<AuditQuery>,
 ) -> Result<Json<AuditList>, ApiError> {
-    let caller = app.authenticate(&headers, "audit_read").await?;
-    app.require(&caller, scopes::AUDIT_READ, "audit_read")
+    let caller = app.authenticate(&headers, AuditAction::AuditRead).await?;
+    app.require(&caller, scopes::AUDIT_READ, AuditAction::AuditRead)
         .await?;
     // authd's audit spans every folder and every daemon: not for a folder-bound token.
     if caller.folder.is_some() {
@@ -619,7 +633,7 @@ async fn audit(
             .deny(
                 &caller.sub,
                 Some(&caller.jti),
-                "audit_read",
+                AuditAction::AuditRead,
                 err,
                 String::new(),
             )

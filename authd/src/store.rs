@@ -135,7 +135,7 @@ pub struct AuditRow {
     /// The acting token's jti.
     pub actor_jti: Option<String>,
     /// What was attempted.
-    pub action: &'static str,
+    pub action: hako_shared::audit::AuditAction,
     /// `ok` or the denial's error code.
     pub outcome: String,
     /// Short facts.
@@ -617,7 +617,7 @@ fn bind_audit(
     st.raw_bind_parameter(at, a.at_ms)?;
     st.raw_bind_parameter(at + 1, &a.actor)?;
     st.raw_bind_parameter(at + 2, &a.actor_jti)?;
-    st.raw_bind_parameter(at + 3, a.action)?;
+    st.raw_bind_parameter(at + 3, a.action.as_str())?;
     st.raw_bind_parameter(at + 4, &a.outcome)?;
     st.raw_bind_parameter(at + 5, &a.detail)
 }
@@ -785,7 +785,7 @@ mod tests {
                         at_ms: i as i64,
                         actor: "runed".into(),
                         actor_jti: Some(parent.into()),
-                        action: "mint",
+                        action: hako_shared::audit::AuditAction::TokenMint,
                         outcome: "ok".into(),
                         detail: format!("jti=t{i:03}"),
                     }),
@@ -899,7 +899,7 @@ mod tests {
             at_ms: 1,
             actor: "t".into(),
             actor_jti: None,
-            action: "revoke",
+            action: hako_shared::audit::AuditAction::TokenRevoke,
             outcome: "ok".into(),
             detail: String::new(),
         };
@@ -956,7 +956,7 @@ mod tests {
                 at_ms: at_s * 1000,
                 actor: "t".into(),
                 actor_jti: None,
-                action: "mint",
+                action: hako_shared::audit::AuditAction::TokenMint,
                 outcome: "ok".into(),
                 detail: String::new(),
             })

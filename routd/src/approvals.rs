@@ -153,7 +153,7 @@ pub(crate) async fn hold(
     let now = now_ms();
     let wait = policy.wait().as_millis() as i64;
     let row = ApprovalRow {
-        id: hako_shared::ids::random_id("ap-", 6),
+        id: hako_shared::ids::ApprovalId::random("ap-", 6),
         turn_id: scope.turn_id.clone(),
         folder: scope.folder.to_string(),
         chat_jid: scope.chat_jid.clone(),

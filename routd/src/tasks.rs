@@ -24,7 +24,7 @@ async fn fire_due(sh: &Shared) -> Result<bool, hako_shared::db::DbError> {
             && sh.routing.resolve(&t.chat_jid).as_deref() == Some(t.folder.as_str());
         if !owned {
             tracing::warn!(
-                task = t.id,
+                task = %t.id,
                 folder = t.folder,
                 chat = t.chat_jid,
                 "a task whose group or chat is no longer its own: cancelled"
@@ -48,7 +48,7 @@ async fn fire_due(sh: &Shared) -> Result<bool, hako_shared::db::DbError> {
             .await?;
         if !fits {
             tracing::warn!(
-                task = t.id,
+                task = %t.id,
                 folder = t.folder,
                 "a task's firing skipped: its group wrote its bytes of the day (ROUTD_GROUP_MAX_BYTES_PER_DAY)"
             );

@@ -294,7 +294,7 @@ impl RoutdTools {
             });
         }
         let row = TaskRow {
-            id: random_id("task-", 6),
+            id: hako_shared::ids::TaskId::random("task-", 6),
             folder: scope.folder.to_string(),
             chat_jid: chat,
             prompt: c.prompt,
@@ -312,7 +312,7 @@ impl RoutdTools {
             .await
             .map_err(internal)?;
         self.sh.tasks_changed.notify_one();
-        self.audit(scope, AuditAction::TaskSchedule, row.id.clone())
+        self.audit(scope, AuditAction::TaskSchedule, row.id.to_string())
             .await;
         Ok(task_json(&row))
     }

@@ -353,7 +353,10 @@ async fn drive(sh: &Arc<Shared>, mem: &LiveTurn, turn_id: &TurnId) -> Result<(),
                         outcome: None,
                         error: Some(format!("could not start: {e}")),
                     },
-                    Some(("failed", format!("The agent could not be started ({e})."))),
+                    Some((
+                        Notice::Failed,
+                        format!("The agent could not be started ({e})."),
+                    )),
                 ),
             },
             TurnState::Running => {
@@ -426,7 +429,7 @@ enum Next {
     /// Nothing changes yet: ask again after a while (runed or authd did not answer).
     Pause(Duration),
     /// The turn moves, and the chat may be told why (a notice's kind and text).
-    Step(Step, Option<(&'static str, String)>),
+    Step(Step, Option<(Notice, String)>),
 }
 
 impl Next {
@@ -644,10 +647,10 @@ async fn on_block(
 /// What the run's end does to the turn and its chat.
 fn settle(sh: &Shared, mem: &LiveTurn, t: &TurnRow, status: RunStatus) -> Next {
     let answered = t.replies > 0;
-    let outcome = status.outcome.map(|o| o.as_str().to_owned());
+    let outcome = status.outcome;
     let end = |state, error| Step::End {
         state,
-        outcome: outcome.clone(),
+        outcome,
         error,
     };
     // The model refused in a way no retry can fix (its key, no key, the budget): the turn
@@ -662,20 +665,20 @@ fn settle(sh: &Shared, mem: &LiveTurn, t: &TurnRow, status: RunStatus) -> Next {
             TurnState::Failed
         };
         let text = format!("The agent could not reach its model: {}", cut.message);
-        return Next::Step(end(state, Some(cut.message)), Some(("model", text)));
+        return Next::Step(end(state, Some(cut.message)), Some((Notice::Model, text)));
     }
     match status.outcome {
         Some(Outcome::Ok) => Next::step(end(TurnState::Done, None)),
         Some(Outcome::Error) => {
             let notice = (!answered).then(|| {
                 let why = status.error.as_deref().unwrap_or("no detail");
-                ("error", format!("The agent could not answer: {why}"))
+                (Notice::Error, format!("The agent could not answer: {why}"))
             });
             Next::Step(end(TurnState::Done, status.error.clone()), notice)
         }
         Some(Outcome::Killed) => Next::Step(
             end(TurnState::Killed, status.error.clone()),
-            Some(("killed", "The agent was stopped.".into())),
+            Some((Notice::Killed, "The agent was stopped.".into())),
         ),
         // A timeout or a fatal end after a reply: the reply stands, nothing is rolled back.
         Some(Outcome::TimedOut | Outcome::Fatal) | None if answered => {
@@ -685,7 +688,7 @@ fn settle(sh: &Shared, mem: &LiveTurn, t: &TurnRow, status: RunStatus) -> Next {
             let why = status.error.clone().unwrap_or_else(|| {
                 format!(
                     "the run ended {}",
-                    outcome.as_deref().unwrap_or("without an outcome")
+                    outcome.map_or("without an outcome", Outcome::as_str)
                 )
             });
             failed_try(sh, t, outcome, why)
@@ -695,7 +698,7 @@ fn settle(sh: &Shared, mem: &LiveTurn, t: &TurnRow, status: RunStatus) -> Next {
 
 /// A try that gave the chat nothing: wait and try again (a new run), or, after the last try,
 /// fail the turn's messages and tell the chat.
-fn failed_try(sh: &Shared, t: &TurnRow, outcome: Option<String>, why: String) -> Next {
+fn failed_try(sh: &Shared, t: &TurnRow, outcome: Option<Outcome>, why: String) -> Next {
     let tries = i64::from(sh.cfg.max_turn_retries) + 1;
     if t.attempt < tries {
         let exp = 2u32.saturating_pow(u32::try_from(t.attempt - 1).unwrap_or(u32::MAX));
@@ -715,7 +718,7 @@ fn failed_try(sh: &Shared, t: &TurnRow, outcome: Option<String>, why: String) ->
                 outcome,
                 error: Some(why),
             },
-            Some(("failed", text)),
+            Some((Notice::Failed, text)),
         )
     }
 }
@@ -731,8 +734,29 @@ fn jitter(max: Duration) -> Duration {
     Duration::from_millis(u64::from(u32::from_le_bytes(b)) % ms)
 }
 
+/// Why routd tells a turn's chat something itself. The kind is part of the notice's message
+/// id (`<turn>.notice.<kind>`): each is said once per turn, however often a driver gets there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Notice {
+    /// The turn failed: its run could not start, or its last try gave nothing.
+    Failed,
+    /// The model refused in a way no retry fixes (its key, the budget).
+    Model,
+    /// The run ended `error` without a reply.
+    Error,
+    /// The run was stopped.
+    Killed,
+}
+
+hako_shared::wire_names!(Notice {
+    Failed => "failed",
+    Model => "model",
+    Error => "error",
+    Killed => "killed",
+});
+
 /// A notice from routd to the turn's chat (once per turn and kind).
-async fn say_notice(sh: &Shared, t: &TurnRow, what: &str, text: String) -> Result<(), DbError> {
+async fn say_notice(sh: &Shared, t: &TurnRow, what: Notice, text: String) -> Result<(), DbError> {
     sh.say(
         format!("{}.notice.{what}", t.turn_id),
         &t.chat_jid,

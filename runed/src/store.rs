@@ -135,24 +135,7 @@ fn steer_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SteerRow> {
     Ok(SteerRow {
         steer_id: r.get("steer_id")?,
         file: r.get("file")?,
-        state: named(r, "state", SteerState::parse)?,
-    })
-}
-
-/// Column `col` read through `parse`: a value this build does not know is an error, never a
-/// guess (a row is not silently turned into another state or kind).
-fn named<T>(
-    r: &rusqlite::Row<'_>,
-    col: &str,
-    parse: impl FnOnce(&str) -> Option<T>,
-) -> rusqlite::Result<T> {
-    let raw: String = r.get(col)?;
-    parse(&raw).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(
-            r.as_ref().column_index(col).unwrap_or(0),
-            rusqlite::types::Type::Text,
-            format!("unknown {col} {raw:?}").into(),
-        )
+        state: r.get("state")?,
     })
 }
 
@@ -254,15 +237,12 @@ const COLS: &str = "run_id, kind, folder, turn_id, session_id, state, outcome, e
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SpawnRow> {
     Ok(SpawnRow {
         run_id: r.get("run_id")?,
-        kind: named(r, "kind", SpawnKind::parse)?,
+        kind: r.get("kind")?,
         folder: r.get("folder")?,
         turn_id: r.get("turn_id")?,
         session_id: r.get("session_id")?,
-        state: named(r, "state", RunState::parse)?,
-        outcome: match r.get::<_, Option<String>>("outcome")? {
-            None => None,
-            Some(_) => Some(named(r, "outcome", Outcome::parse)?),
-        },
+        state: r.get("state")?,
+        outcome: r.get("outcome")?,
         exit_code: r.get("exit_code")?,
         error: r.get("error")?,
         truncated: r.get::<_, i64>("truncated")? != 0,
@@ -797,7 +777,7 @@ impl Store {
                             new_session_id: r.get("new_session_id")?,
                             run_id: r.get("run_id")?,
                             turn_id: r.get("turn_id")?,
-                            outcome: named(r, "outcome", Outcome::parse)?,
+                            outcome: r.get("outcome")?,
                             at: r.get("at")?,
                         })
                     })?

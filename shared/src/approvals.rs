@@ -106,34 +106,16 @@ pub enum ApprovalState {
     Abandoned,
 }
 
+crate::wire_names!(ApprovalState {
+    Pending => "pending",
+    Approved => "approved",
+    Denied => "denied",
+    TimedOut => "timed_out",
+    TurnEnded => "turn_ended",
+    Abandoned => "abandoned",
+});
+
 impl ApprovalState {
-    /// Every state.
-    pub const ALL: [ApprovalState; 6] = [
-        ApprovalState::Pending,
-        ApprovalState::Approved,
-        ApprovalState::Denied,
-        ApprovalState::TimedOut,
-        ApprovalState::TurnEnded,
-        ApprovalState::Abandoned,
-    ];
-
-    /// The wire name (and the stored one).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ApprovalState::Pending => "pending",
-            ApprovalState::Approved => "approved",
-            ApprovalState::Denied => "denied",
-            ApprovalState::TimedOut => "timed_out",
-            ApprovalState::TurnEnded => "turn_ended",
-            ApprovalState::Abandoned => "abandoned",
-        }
-    }
-
-    /// The state named `s`.
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|x| x.as_str() == s)
-    }
-
     /// Whether the call may run.
     pub fn runs(self) -> bool {
         self == ApprovalState::Approved
@@ -145,7 +127,7 @@ impl ApprovalState {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ApprovalView {
     /// The request's id (`ap-…`): what `/approve` and `/deny` name.
-    pub id: String,
+    pub id: crate::ids::ApprovalId,
     /// The turn whose call is held.
     pub turn_id: crate::ids::TurnId,
     /// The group.

@@ -1,7 +1,8 @@
-//! What routd's and runed's audit logs say a caller did: one table of actions, so that each
-//! is named once (authd keeps its own log of tokens). A row's action is stored and served as
-//! its wire name; rows written before an action was renamed are read back as the text they
-//! hold.
+//! What the three daemons' audit logs say a caller did: one table of actions, so that each
+//! is named once (authd's log of tokens, routd's and runed's of what callers changed). A
+//! row's action is stored and served as its wire name; rows written before an action was
+//! renamed are read back as the text they hold. authd's names predate the dotted ones and
+//! are kept, so its log reads the same across the change.
 
 /// An action a caller took that the audit log records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -56,6 +57,18 @@ pub enum AuditAction {
     SecretRemove,
     /// runed: a media file written into a folder.
     MediaPut,
+    /// authd: a daemon exchanged its service key for a token.
+    ServiceToken,
+    /// authd: a token minted (a user's, a run's spawn token).
+    TokenMint,
+    /// authd: a token revoked (with its children).
+    TokenRevoke,
+    /// authd: the signing key rotated.
+    KeyRotate,
+    /// authd: its first signing key created.
+    KeyCreate,
+    /// authd: its audit log read.
+    AuditRead,
 }
 
 crate::wire_names!(AuditAction {
@@ -84,6 +97,12 @@ crate::wire_names!(AuditAction {
     SecretSet => "secret.set",
     SecretRemove => "secret.remove",
     MediaPut => "media.put",
+    ServiceToken => "service_token",
+    TokenMint => "mint",
+    TokenRevoke => "revoke",
+    KeyRotate => "rotate",
+    KeyCreate => "key_created",
+    AuditRead => "audit_read",
 });
 
 #[cfg(test)]

@@ -443,7 +443,7 @@ pub struct TurnView {
     /// The current (or last) run on runed.
     pub run_id: Option<crate::ids::RunId>,
     /// The last run's outcome.
-    pub outcome: Option<String>,
+    pub outcome: Option<crate::runs::Outcome>,
     /// What went wrong.
     pub error: Option<String>,
     /// Replies delivered to the chat.
@@ -471,7 +471,7 @@ pub struct TurnList {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TaskView {
     /// `task-<hex>`.
-    pub id: String,
+    pub id: crate::ids::TaskId,
     /// The group it belongs to.
     pub folder: String,
     /// The chat its prompt arrives in.

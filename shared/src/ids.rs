@@ -99,6 +99,14 @@ macro_rules! id_type {
             pub fn into_string(self) -> String {
                 self.0
             }
+
+            /// A fresh id: `prefix` (a constant of the code, in the grammar: `run-`, `ap-`)
+            /// and `2 * bytes` hex digits.
+            pub fn random(prefix: &'static str, bytes: usize) -> Self {
+                let id = random_id(prefix, bytes);
+                debug_assert!(is_valid_id(&id), "{id}");
+                Self(id)
+            }
         }
 
         /// Padded as text is (`{:<24}` in the CLI's tables).
@@ -201,15 +209,19 @@ id_type!(
     "run-0f3a9c2e7b41d856"
 );
 
-impl RunId {
-    /// A fresh run id: `prefix` (`run-`, `warm-`: a constant of the code, in the grammar) and
-    /// `2 * bytes` hex digits.
-    pub fn random(prefix: &'static str, bytes: usize) -> Self {
-        let id = random_id(prefix, bytes);
-        debug_assert!(is_valid_id(&id), "{id}");
-        RunId(id)
-    }
-}
+id_type!(
+    /// The id of an approval request (`ap-` and hex digits, made by routd): what `/approve`
+    /// and `/deny` name.
+    ApprovalId,
+    "approval id",
+    "ap-3f9a1c0b2e7d"
+);
+id_type!(
+    /// The id of a scheduled task (`task-` and hex digits, made by routd).
+    TaskId,
+    "task id",
+    "task-0a1b2c3d4e5f"
+);
 
 /// Try `attempt` of routd's turn `turn`: what runed knows as its turn, `<turn>.<attempt>`
 /// (routd asks runed for one run per try, and runed is idempotent on its turn id). The one

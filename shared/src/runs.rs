@@ -839,26 +839,11 @@ pub enum SteerState {
     Returned,
 }
 
-impl SteerState {
-    /// The name stored and shown.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SteerState::Placed => "placed",
-            SteerState::Taken => "taken",
-            SteerState::Returned => "returned",
-        }
-    }
-
-    /// The state a stored name stands for.
-    pub fn parse(s: &str) -> Option<SteerState> {
-        match s {
-            "placed" => Some(SteerState::Placed),
-            "taken" => Some(SteerState::Taken),
-            "returned" => Some(SteerState::Returned),
-            _ => None,
-        }
-    }
-}
+crate::wire_names!(SteerState {
+    Placed => "placed",
+    Taken => "taken",
+    Returned => "returned",
+});
 
 /// One follow-up of a run, as `GET /v1/runs/{run_id}` lists them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -12,7 +12,7 @@ use super::Store;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApprovalRow {
     /// `ap-…`.
-    pub id: String,
+    pub id: hako_shared::ids::ApprovalId,
     /// The turn whose call is held.
     pub turn_id: TurnId,
     /// The group.
@@ -66,7 +66,6 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRow> {
     let bad = |i: usize, what: String| {
         rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, what.into())
     };
-    let state: String = r.get("state")?;
     let arguments: String = r.get("arguments")?;
     Ok(ApprovalRow {
         id: r.get("id")?,
@@ -77,8 +76,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ApprovalRow> {
         target: r.get("target")?,
         arguments: serde_json::from_str(&arguments)
             .map_err(|e| bad(6, format!("approval arguments: {e}")))?,
-        state: ApprovalState::parse(&state)
-            .ok_or_else(|| bad(7, format!("unknown approval state {state:?}")))?,
+        state: r.get("state")?,
         decided_by: r.get("decided_by")?,
         requested_at: r.get("requested_at")?,
         expires_at: r.get("expires_at")?,

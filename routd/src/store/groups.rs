@@ -43,24 +43,12 @@ pub enum SetBy {
     Agent,
 }
 
-impl SetBy {
-    /// Every value.
-    pub const ALL: [SetBy; 3] = [SetBy::Operator, SetBy::Tenant, SetBy::Agent];
-
-    /// The stored name.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SetBy::Operator => "operator",
-            SetBy::Tenant => "tenant",
-            SetBy::Agent => "agent",
-        }
-    }
-
-    /// The value of a stored name.
-    pub fn parse(s: &str) -> Option<SetBy> {
-        SetBy::ALL.into_iter().find(|v| v.as_str() == s)
-    }
-}
+hako_shared::wire_names!(SetBy {
+    Operator => "operator",
+    Tenant => "tenant",
+    Agent => "agent",
+});
+hako_shared::wire_sql!(SetBy);
 
 /// The columns [`group_row`] reads, by name.
 pub(super) const GROUP_COLUMNS: &str =
@@ -77,16 +65,7 @@ pub(super) fn group_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<GroupRow> {
         spec: json_column(r, "groups", "spec")?,
         approvals: json_column(r, "groups", "approvals")?,
         updated_at: r.get("updated_at")?,
-        set_by: {
-            let raw: String = r.get("set_by")?;
-            SetBy::parse(&raw).ok_or_else(|| {
-                rusqlite::Error::FromSqlConversionFailure(
-                    0,
-                    rusqlite::types::Type::Text,
-                    format!("groups.set_by: unknown value {raw:?}").into(),
-                )
-            })?
-        },
+        set_by: r.get("set_by")?,
     })
 }
 

@@ -1,7 +1,7 @@
 //! The message log and each chat's cursor: inbound and outbound messages, their states,
 //! which turn covers them, and the follow-ups steered into a live run.
 
-use hako_shared::chat::{Direction, MessageKind, MessageState, MessageView};
+use hako_shared::chat::{MessageKind, MessageState, MessageView};
 use hako_shared::db::DbError;
 use hako_shared::ids::TurnId;
 use rusqlite::{OptionalExtension, params};
@@ -70,33 +70,21 @@ pub(super) const MSG_COLS: &str = "seq, id, chat_jid, direction, kind, sender, s
                         timestamp, reply_to, turn_id, state, version";
 
 pub(super) fn message(r: &rusqlite::Row<'_>) -> rusqlite::Result<MessageView> {
-    let direction: String = r.get("direction")?;
-    let kind: String = r.get("kind")?;
-    let state: String = r.get("state")?;
     Ok(MessageView {
         seq: r.get("seq")?,
         id: r.get("id")?,
         chat_jid: r.get("chat_jid")?,
-        direction: Direction::parse(&direction).ok_or_else(|| unknown("direction", &direction))?,
-        kind: MessageKind::parse(&kind).ok_or_else(|| unknown("kind", &kind))?,
+        direction: r.get("direction")?,
+        kind: r.get("kind")?,
         sender: r.get("sender")?,
         sender_name: r.get("sender_name")?,
         content: r.get("content")?,
         timestamp: r.get("timestamp")?,
         reply_to: r.get("reply_to")?,
         turn_id: r.get("turn_id")?,
-        state: MessageState::parse(&state).ok_or_else(|| unknown("state", &state))?,
+        state: r.get("state")?,
         version: r.get("version")?,
     })
-}
-
-/// A stored value this build does not know (a newer hako wrote it): an error, not a guess.
-fn unknown(column: &str, value: &str) -> rusqlite::Error {
-    rusqlite::Error::FromSqlConversionFailure(
-        0,
-        rusqlite::types::Type::Text,
-        format!("messages.{column}: unknown value {value:?}").into(),
-    )
 }
 
 impl Store {

@@ -22,12 +22,13 @@ hako_shared::wire_names!(TaskState {
     Done => "done",
     Cancelled => "cancelled",
 });
+hako_shared::wire_sql!(TaskState);
 
 /// A scheduled task.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskRow {
     /// `task-<hex>`.
-    pub id: String,
+    pub id: hako_shared::ids::TaskId,
     /// The group it belongs to.
     pub folder: String,
     /// The chat its prompt arrives in.
@@ -61,16 +62,7 @@ pub(super) fn task_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TaskRow> {
         prompt: r.get("prompt")?,
         cron: r.get("cron")?,
         next_at: r.get("next_at")?,
-        state: {
-            let raw: String = r.get("state")?;
-            TaskState::parse(&raw).ok_or_else(|| {
-                rusqlite::Error::FromSqlConversionFailure(
-                    6,
-                    rusqlite::types::Type::Text,
-                    format!("unknown task state {raw:?}").into(),
-                )
-            })?
-        },
+        state: r.get("state")?,
         fired: r.get("fired")?,
         last_fired_at: r.get("last_fired_at")?,
         created_by: r.get("created_by")?,

@@ -4,6 +4,7 @@
 use hako_shared::chat::{MessageState, TurnState, TurnView};
 use hako_shared::db::DbError;
 use hako_shared::ids::{RunId, TurnId};
+use hako_shared::runs::Outcome;
 use rusqlite::{OptionalExtension, params};
 
 use super::Store;
@@ -24,7 +25,7 @@ pub struct TurnRow {
     /// The current try's run (`None` until runed took it).
     pub run_id: Option<RunId>,
     /// The last try's outcome.
-    pub outcome: Option<String>,
+    pub outcome: Option<Outcome>,
     /// The last try's error.
     pub error: Option<String>,
     /// Replies delivered (blocks of the current try turned into messages).
@@ -52,7 +53,7 @@ pub enum Step {
     /// starts at `retry_at` (Unix ms).
     TryFailed {
         /// The try's outcome.
-        outcome: Option<String>,
+        outcome: Option<Outcome>,
         /// Why it failed.
         error: String,
         /// When the next try starts.
@@ -66,7 +67,7 @@ pub enum Step {
         /// `done`, `failed` or `killed`.
         state: TurnState,
         /// The last try's outcome.
-        outcome: Option<String>,
+        outcome: Option<Outcome>,
         /// What went wrong.
         error: Option<String>,
     },
@@ -92,7 +93,7 @@ impl TurnRow {
                 },
             ) => {
                 t.state = Waiting;
-                t.outcome.clone_from(outcome);
+                t.outcome = *outcome;
                 t.error = Some(error.clone());
                 t.next_try_at = Some(*retry_at);
             }
@@ -112,7 +113,7 @@ impl TurnRow {
                 },
             ) if state.is_over() => {
                 t.state = *state;
-                t.outcome.clone_from(outcome);
+                t.outcome = *outcome;
                 t.error.clone_from(error);
                 t.next_try_at = None;
                 t.ended_at = Some(now);
@@ -137,18 +138,11 @@ const TURN_COLS: &str = "turn_id, folder, chat_jid, state, attempt, run_id, outc
                          replies, next_try_at, first_in_at, created_at, ended_at";
 
 fn turn_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TurnRow> {
-    let state: String = r.get("state")?;
     Ok(TurnRow {
         turn_id: r.get("turn_id")?,
         folder: r.get("folder")?,
         chat_jid: r.get("chat_jid")?,
-        state: TurnState::parse(&state).ok_or_else(|| {
-            rusqlite::Error::FromSqlConversionFailure(
-                3,
-                rusqlite::types::Type::Text,
-                format!("unknown turn state {state:?}").into(),
-            )
-        })?,
+        state: r.get("state")?,
         attempt: r.get("attempt")?,
         run_id: r.get("run_id")?,
         outcome: r.get("outcome")?,
@@ -427,7 +421,7 @@ mod tests {
             state,
             attempt: 2,
             run_id: Some(RunId::new("run-2").unwrap()),
-            outcome: Some("fatal".into()),
+            outcome: Some(Outcome::Fatal),
             error: Some("before".into()),
             replies: 1,
             next_try_at: None,
@@ -444,7 +438,7 @@ mod tests {
         use TurnState::*;
         let end = |state| Step::End {
             state,
-            outcome: Some("ok".into()),
+            outcome: Some(Outcome::Ok),
             error: None,
         };
         let steps = [
