@@ -211,6 +211,7 @@ async fn load_keys(store: &Store, verifier: &Verifier) -> Result<KeyRing, StartE
                 action: hako_shared::audit::AuditAction::KeyCreate,
                 outcome: "ok".into(),
                 detail: format!("kid={}", s.kid()),
+                request_id: None,
             };
             store
                 .insert_active_key(s.kid().to_owned(), s.secret_bytes(), now, audit)

@@ -148,6 +148,7 @@ fn audit_row(
         action,
         outcome: outcome.to_owned(),
         detail,
+        request_id: hako_shared::audit::request_id(),
     }
 }
 

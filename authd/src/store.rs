@@ -88,6 +88,11 @@ CREATE INDEX issued_tokens_parent ON issued_tokens (parent_jti);
 DROP INDEX audit_log_at;
 "#,
     },
+    Migration {
+        version: 3,
+        name: "audit rows keyed by request",
+        sql: "ALTER TABLE audit_log ADD COLUMN request_id TEXT;",
+    },
 ];
 
 /// Deepest chain of downscopes [`Store::ancestors`] walks.
@@ -140,6 +145,8 @@ pub struct AuditRow {
     pub outcome: String,
     /// Short facts.
     pub detail: String,
+    /// The request it was written for (the `x-request-id` authd answered).
+    pub request_id: Option<String>,
 }
 
 /// Metadata of an issued token (never the token).
@@ -431,7 +438,7 @@ impl Store {
         self.db
             .call(move |c| {
                 let mut st = c.prepare_cached(
-                    "SELECT id, at, actor, actor_jti, action, outcome, detail FROM audit_log
+                    "SELECT id, at, actor, actor_jti, action, outcome, detail, request_id FROM audit_log
                      WHERE id < ?1 ORDER BY id DESC LIMIT ?2",
                 )?;
                 let rows = st.query_map(params![before.unwrap_or(i64::MAX), limit], |r| {
@@ -443,6 +450,7 @@ impl Store {
                         action: r.get(4)?,
                         outcome: r.get(5)?,
                         detail: r.get(6)?,
+                        request_id: r.get(7)?,
                     })
                 })?;
                 let entries = rows.collect::<Result<Vec<_>, _>>()?;
@@ -551,8 +559,8 @@ static ISSUED: Append = Append {
 };
 
 const AUDIT_HEAD: &str =
-    "INSERT INTO audit_log (at, actor, actor_jti, action, outcome, detail) VALUES ";
-const AUDIT_COLS: usize = 6;
+    "INSERT INTO audit_log (at, actor, actor_jti, action, outcome, detail, request_id) VALUES ";
+const AUDIT_COLS: usize = 7;
 static AUDIT: Append = Append {
     cols: AUDIT_COLS,
     one: LazyLock::new(|| values(AUDIT_HEAD, AUDIT_COLS, 1)),
@@ -619,7 +627,8 @@ fn bind_audit(
     st.raw_bind_parameter(at + 2, &a.actor_jti)?;
     st.raw_bind_parameter(at + 3, a.action.as_str())?;
     st.raw_bind_parameter(at + 4, &a.outcome)?;
-    st.raw_bind_parameter(at + 5, &a.detail)
+    st.raw_bind_parameter(at + 5, &a.detail)?;
+    st.raw_bind_parameter(at + 6, &a.request_id)
 }
 
 /// Writes one batch in one transaction; returns each job's outcome in order.
@@ -788,6 +797,7 @@ mod tests {
                         action: hako_shared::audit::AuditAction::TokenMint,
                         outcome: "ok".into(),
                         detail: format!("jti=t{i:03}"),
+                        request_id: None,
                     }),
                 ]
             })
@@ -902,6 +912,7 @@ mod tests {
             action: hako_shared::audit::AuditAction::TokenRevoke,
             outcome: "ok".into(),
             detail: String::new(),
+            request_id: None,
         };
         let mut gone: Vec<String> = store
             .revoke_tree("p".into(), 2, audit)
@@ -959,6 +970,7 @@ mod tests {
                 action: hako_shared::audit::AuditAction::TokenMint,
                 outcome: "ok".into(),
                 detail: String::new(),
+                request_id: None,
             })
         };
         store

@@ -587,6 +587,48 @@ async fn downscope_within_and_beyond_the_parent() {
     assert_eq!(minted_ok, 4);
 }
 
+/// An audit row names the request it was written for: a daemon minting for a request of its
+/// own sends that request's id (`AuthdClient` carries it), and authd's row carries it, for a
+/// mint and for a refused one alike.
+#[tokio::test]
+async fn audit_rows_name_the_request_that_minted() {
+    let a = Authd::new().await;
+    let routd = a.routd().await;
+    hako_shared::http::with_request_id(
+        Arc::from("req-mint-1"),
+        a.client.mint(&routd, &mint_req(&[scopes::RUNS_READ])),
+    )
+    .await
+    .expect("minted");
+    let too_long = MintRequest {
+        ttl_seconds: Some(301),
+        ..mint_req(&[scopes::RUNS_READ])
+    };
+    hako_shared::http::with_request_id(Arc::from("req-mint-2"), a.client.mint(&routd, &too_long))
+        .await
+        .expect_err("beyond the maximum");
+    let op = a.operator().await;
+    let audit = a.audit(&op).await;
+    let row = |id: &str| {
+        audit
+            .entries
+            .iter()
+            .find(|e| e.request_id.as_deref() == Some(id))
+            .unwrap_or_else(|| panic!("no row of {id}: {:?}", audit.entries))
+            .clone()
+    };
+    let minted = row("req-mint-1");
+    assert_eq!(
+        (minted.action.as_str(), minted.outcome.as_str()),
+        ("mint", "ok")
+    );
+    let refused = row("req-mint-2");
+    assert_eq!(
+        (refused.action.as_str(), refused.outcome.as_str()),
+        ("mint", "ttl_exceeds_max")
+    );
+}
+
 #[tokio::test]
 async fn a_parent_within_the_skew_window_past_expiry_cannot_mint() {
     let a = Authd::new_with(|c| {

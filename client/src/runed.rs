@@ -72,6 +72,11 @@ pub fn delete_secret(name: &str) -> Op<()> {
     Op::new(D, Method::DELETE, format!("/v1/secrets/{}", seg(name)))
 }
 
+/// `GET /v1/audit`: runed's audit log, newest first (query: `before`, `limit`).
+pub fn audit() -> Op<serde_json::Value> {
+    Op::get(D, "/v1/audit".into())
+}
+
 /// `GET /health`: whether it answers.
 pub fn health() -> Op<serde_json::Value> {
     Op::get(D, "/health".into())

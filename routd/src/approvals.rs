@@ -605,7 +605,8 @@ async fn audit(sh: &Shared, actor: &str, action: AuditAction, row: &ApprovalRow,
             .map(|t| format!(" on {t}"))
             .unwrap_or_default()
     );
-    sh.audit(actor, action, Some(&row.folder), outcome, detail)
+    let turn = Some(row.turn_id.as_str());
+    sh.audit_turn(actor, action, Some(&row.folder), turn, outcome, detail)
         .await;
 }
 

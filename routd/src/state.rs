@@ -89,12 +89,27 @@ impl Shared {
         Ok(())
     }
 
-    /// Appends a row to the audit log; a failure to write it is logged, never the caller's.
+    /// Appends a row to the audit log, keyed by the request being served; a failure to write
+    /// it is logged, never the caller's.
     pub async fn audit(
         &self,
         actor: &str,
         action: hako_shared::audit::AuditAction,
         folder: Option<&str>,
+        outcome: &str,
+        detail: String,
+    ) {
+        self.audit_turn(actor, action, folder, None, outcome, detail)
+            .await;
+    }
+
+    /// [`Shared::audit`] of what a turn's agent did.
+    pub async fn audit_turn(
+        &self,
+        actor: &str,
+        action: hako_shared::audit::AuditAction,
+        folder: Option<&str>,
+        turn: Option<&str>,
         outcome: &str,
         detail: String,
     ) {
@@ -106,6 +121,8 @@ impl Shared {
             folder: folder.map(str::to_owned),
             outcome: outcome.to_owned(),
             detail,
+            request_id: hako_shared::audit::request_id(),
+            turn_id: turn.map(str::to_owned),
         };
         if let Err(e) = self.store.audit(r).await {
             tracing::error!(error = %e, "writing the audit log failed");

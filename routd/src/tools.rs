@@ -147,8 +147,16 @@ impl RoutdTools {
 
     async fn audit(&self, scope: &Scope, action: AuditAction, detail: String) {
         let actor = format!("turn:{}", scope.turn_id);
+        let turn = Some(scope.turn_id.as_str());
         self.sh
-            .audit(&actor, action, Some(scope.folder.as_str()), "ok", detail)
+            .audit_turn(
+                &actor,
+                action,
+                Some(scope.folder.as_str()),
+                turn,
+                "ok",
+                detail,
+            )
             .await;
     }
 

@@ -1039,6 +1039,93 @@ async fn a_main_group_registers_and_spawns_a_sub_group() {
         (g["name"].as_str(), g["grants"].clone()),
         (Some("Helper"), json!(["send_message"]))
     );
+    // What the agent did is in routd's audit log under its turn.
+    let turn = boss
+        .iter()
+        .find_map(|m| m.turn_id.clone())
+        .expect("the answer's turn");
+    let (s, v) = rig
+        .send(&rig.operator, routd::audit().query("limit", 100))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let rows = v["entries"].as_array().unwrap();
+    for action in ["group.register", "group.spawn"] {
+        let row = rows
+            .iter()
+            .find(|r| r["action"] == action && r["outcome"] == "ok")
+            .unwrap_or_else(|| panic!("no {action} row: {v}"));
+        assert_eq!(row["turn_id"], turn.as_str(), "{row}");
+        assert_eq!(row["actor"], format!("turn:{turn}"), "{row}");
+    }
+    rig.stop().await;
+}
+
+/// Every audit row names the request it was written for, and the id travels with the
+/// request's own calls: a group deleted at routd has its folder retired at runed, and both
+/// daemons' rows carry the caller's `x-request-id`, so one id finds the whole story.
+#[tokio::test]
+async fn audit_rows_name_their_request_across_daemons() {
+    let rig = Rig::sim(&[], &[]).await;
+    rig.put_group("audited", json!({"name": "audited"})).await;
+    let client = hako_client::Client::new(
+        hako_client::Daemon::Routd,
+        &rig.base(),
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let id: std::sync::Arc<str> = "req-audit-1".into();
+    hako_shared::http::with_request_id(
+        id,
+        client.call(routd::delete_group("audited"), Some(&rig.operator)),
+    )
+    .await
+    .expect("the group is deleted");
+    let (s, v) = rig
+        .send(&rig.operator, routd::audit().query("limit", 100))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    let row = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["action"] == "group.delete")
+        .unwrap_or_else(|| panic!("no group.delete row: {v}"))
+        .clone();
+    assert_eq!(
+        (row["request_id"].as_str(), row["outcome"].as_str()),
+        (Some("req-audit-1"), Some("ok")),
+        "{row}"
+    );
+    assert!(row["turn_id"].is_null(), "an operator's act: {row}");
+    let runed = hako_shared::testing::ApiClient::new(rig.runed_url());
+    let (s, v) = send(
+        &runed,
+        &rig.operator,
+        hako_client::runed::audit().query("limit", 100),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let retired = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["action"] == "folder.retire" && r["folder"] == "audited")
+        .unwrap_or_else(|| panic!("no folder.retire row: {v}"))
+        .clone();
+    assert_eq!(retired["request_id"], "req-audit-1", "{retired}");
+    // A request that came with no id got one, and its row names that one.
+    let (_, v) = rig
+        .send(&rig.operator, routd::audit().query("limit", 100))
+        .await;
+    let put = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["action"] == "group.put")
+        .unwrap_or_else(|| panic!("no group.put row: {v}"))
+        .clone();
+    let made = put["request_id"].as_str().unwrap_or_default();
+    assert!(!made.is_empty() && made != "req-audit-1", "{put}");
     rig.stop().await;
 }
 

@@ -128,6 +128,12 @@ impl Scripted {
         self.update(id, |r| r.outputs.push(block));
     }
 
+    /// The run replies `text` and exits `ok`.
+    fn answer(&self, id: &RunId, text: &str) {
+        self.output(id, OutputBlock::ok(text));
+        self.end(id, RunState::Exited, Outcome::Ok);
+    }
+
     fn end(&self, id: &RunId, state: RunState, outcome: Outcome) {
         self.update(id, |r| {
             r.state = state;
@@ -546,6 +552,13 @@ impl Rig {
         tokio::time::sleep(Duration::from_millis(2100)).await;
     }
 
+    /// Once the scheduler has looked again, runed has still been asked for `n` runs in all.
+    async fn runs_stay(&self, n: usize) {
+        self.quiet().await;
+        let runs = self.sr.read(|s| s.runs.len());
+        assert_eq!(runs, n, "runs asked for");
+    }
+
     async fn stop(mut self) {
         if let Some(r) = self.routd.take() {
             r.shutdown().await;
@@ -636,8 +649,7 @@ async fn runed_down_then_busy_then_back_answers_the_message_once() {
         asked.iter().all(|t| t == &run.req.turn_id),
         "every ask is for the same try: {asked:?}"
     );
-    rig.sr.output(&run.id, OutputBlock::ok("here"));
-    rig.sr.end(&run.id, RunState::Exited, Outcome::Ok);
+    rig.sr.answer(&run.id, "here");
     let turn = rig.settled(&turn_of(&run)).await;
     assert_eq!(turn.state, TurnState::Done);
     assert_eq!(turn.attempt, 1, "an outage is not a failed try");
@@ -686,8 +698,7 @@ async fn a_stream_cut_mid_run_is_reopened_and_each_reply_goes_out_once() {
     rig.sr.output(&run.id, OutputBlock::ok("first"));
     rig.wait_for("the first reply", |h| replies(h) == ["first"])
         .await;
-    rig.sr.output(&run.id, OutputBlock::ok("second"));
-    rig.sr.end(&run.id, RunState::Exited, Outcome::Ok);
+    rig.sr.answer(&run.id, "second");
     // Every stream now ends after one block: routd reads the rest from the run's status.
     let turn = rig.settled(&turn_of(&run)).await;
     assert_eq!(turn.state, TurnState::Done);
@@ -725,8 +736,7 @@ async fn no_reply_is_tried_again_with_a_new_run_and_a_reply_then_fatal_stands() 
     assert_eq!(replies(&h), ["sorry, here it is"]);
     assert!(notices(&h).is_empty(), "{:?}", notices(&h));
     assert_eq!(inbound_state(&h, "m1"), MessageState::Answered);
-    rig.quiet().await;
-    assert_eq!(rig.sr.read(|s| s.runs.len()), 2, "no third run");
+    rig.runs_stay(2).await;
     rig.stop().await;
 }
 
@@ -766,8 +776,7 @@ async fn a_killed_run_ends_the_turn_and_is_not_retried() {
     let turn = rig.settled(&turn_of(&run)).await;
     assert_eq!(turn.state, TurnState::Killed);
     assert_eq!(notices(&rig.history().await), ["The agent was stopped."]);
-    rig.quiet().await;
-    assert_eq!(rig.sr.read(|s| s.runs.len()), 1);
+    rig.runs_stay(1).await;
     rig.stop().await;
 }
 
@@ -784,8 +793,7 @@ async fn a_run_runed_forgot_is_a_failed_try_and_runs_again() {
     });
     let second = rig.sr.run(1).await;
     assert!(second.req.turn_id.as_str().ends_with(".2"));
-    rig.sr.output(&second.id, OutputBlock::ok("back"));
-    rig.sr.end(&second.id, RunState::Exited, Outcome::Ok);
+    rig.sr.answer(&second.id, "back");
     let turn = rig.settled(&turn_of(&first)).await;
     assert_eq!(turn.state, TurnState::Done);
     assert_eq!(replies(&rig.history().await), ["back"]);
@@ -803,16 +811,14 @@ async fn a_follow_up_the_agent_takes_is_answered_by_the_same_run() {
     rig.say("m2", "and also this").await;
     assert_eq!(rig.sr.placed(&run.id).await, ["and also this"]);
     assert_eq!(rig.sr.take_steers(&run.id), ["and also this"]);
-    rig.sr.output(&run.id, OutputBlock::ok("both answered"));
-    rig.sr.end(&run.id, RunState::Exited, Outcome::Ok);
+    rig.sr.answer(&run.id, "both answered");
     let turn = rig.settled(&turn_of(&run)).await;
     assert_eq!(turn.state, TurnState::Done);
     assert_eq!(turn.messages, ["m1", "m2"]);
     let h = rig.history().await;
     assert_eq!(inbound_state(&h, "m1"), MessageState::Answered);
     assert_eq!(inbound_state(&h, "m2"), MessageState::Answered);
-    rig.quiet().await;
-    assert_eq!(rig.sr.read(|s| s.runs.len()), 1, "no second run");
+    rig.runs_stay(1).await;
     rig.stop().await;
 }
 
@@ -826,8 +832,7 @@ async fn a_follow_up_the_run_did_not_take_gets_a_turn_of_its_own() {
     rig.sr.start(&run.id);
     rig.say("m2", "second").await;
     rig.sr.placed(&run.id).await;
-    rig.sr.output(&run.id, OutputBlock::ok("answer to first"));
-    rig.sr.end(&run.id, RunState::Exited, Outcome::Ok);
+    rig.sr.answer(&run.id, "answer to first");
     let next = rig.sr.run(1).await;
     assert_ne!(turn_of(&next), turn_of(&run), "a turn of its own");
     let texts: Vec<_> = next
@@ -837,8 +842,7 @@ async fn a_follow_up_the_run_did_not_take_gets_a_turn_of_its_own() {
         .map(|m| m.content.as_str())
         .collect();
     assert_eq!(texts, ["second"]);
-    rig.sr.output(&next.id, OutputBlock::ok("answer to second"));
-    rig.sr.end(&next.id, RunState::Exited, Outcome::Ok);
+    rig.sr.answer(&next.id, "answer to second");
     rig.settled(&turn_of(&next)).await;
     let h = rig.history().await;
     assert_eq!(replies(&h), ["answer to first", "answer to second"]);
@@ -867,8 +871,7 @@ async fn a_follow_up_refused_as_too_late_waits_for_the_next_turn() {
         if left == 0 { Ok(()) } else { Err(left) }
     })
     .await;
-    rig.sr.output(&run.id, OutputBlock::ok("answer to first"));
-    rig.sr.end(&run.id, RunState::Exited, Outcome::Ok);
+    rig.sr.answer(&run.id, "answer to first");
     let next = rig.sr.run(1).await;
     let texts: Vec<_> = next
         .req
@@ -881,8 +884,7 @@ async fn a_follow_up_refused_as_too_late_waits_for_the_next_turn() {
         rig.sr.read(|s| s.runs[0].steers.is_empty()),
         "nothing was placed in the first run"
     );
-    rig.sr.output(&next.id, OutputBlock::ok("answer to second"));
-    rig.sr.end(&next.id, RunState::Exited, Outcome::Ok);
+    rig.sr.answer(&next.id, "answer to second");
     rig.settled(&turn_of(&next)).await;
     assert_eq!(
         replies(&rig.history().await),
@@ -908,8 +910,7 @@ async fn a_follow_up_runed_did_not_answer_is_asked_again_by_its_id_and_placed_on
     let steers = rig.sr.read(|s| s.runs[0].steers.clone());
     assert_eq!(steers.len(), 1, "placed once: {steers:?}");
     rig.sr.take_steers(&run.id);
-    rig.sr.output(&run.id, OutputBlock::ok("both"));
-    rig.sr.end(&run.id, RunState::Exited, Outcome::Ok);
+    rig.sr.answer(&run.id, "both");
     let turn = rig.settled(&turn_of(&run)).await;
     assert_eq!(turn.messages, ["m1", "m2"]);
     assert_eq!(replies(&rig.history().await), ["both"]);
@@ -931,8 +932,7 @@ async fn an_error_outcome_is_told_once_and_not_retried() {
     let turn = rig.settled(&turn_of(&run)).await;
     assert_eq!(turn.state, TurnState::Done);
     assert_eq!(replies(&rig.history().await), ["Error: the tool failed"]);
-    rig.quiet().await;
-    assert_eq!(rig.sr.read(|s| s.runs.len()), 1);
+    rig.runs_stay(1).await;
     rig.stop().await;
 }
 
@@ -951,8 +951,7 @@ async fn a_restarted_routd_follows_the_same_run_and_says_nothing_twice() {
     // routd is down while the run goes on and ends.
     let Rig { dir, routd, sr, .. } = rig;
     routd.unwrap().shutdown().await;
-    sr.output(&run.id, OutputBlock::ok("two"));
-    sr.end(&run.id, RunState::Exited, Outcome::Ok);
+    sr.answer(&run.id, "two");
     let rig = Rig::start(dir, sr.clone(), 3).await;
     let turn = rig.settled(&turn_of(&run)).await;
     assert_eq!(turn.state, TurnState::Done);

@@ -118,6 +118,13 @@ CREATE INDEX steers_placed ON steers (run_id) WHERE state = 'placed';
         name: "a run's deadline, for runs in warm boxes",
         sql: "ALTER TABLE spawns ADD COLUMN deadline_at INTEGER;",
     },
+    // The request an audit row was written for: routd's rows of the same request (a group
+    // deleted there, its folder retired here) carry the same id.
+    Migration {
+        version: 5,
+        name: "audit rows keyed by request",
+        sql: "ALTER TABLE audit_log ADD COLUMN request_id TEXT;",
+    },
 ];
 
 /// One row of `steers`: a follow-up placed into a run.
@@ -218,6 +225,9 @@ pub struct AuditRow {
     pub outcome: String,
     /// Short facts.
     pub detail: String,
+    /// The request it was written for (the `x-request-id` runed answered; routd's calls
+    /// carry the id of the request they serve).
+    pub request_id: Option<String>,
 }
 
 /// The result of inserting a run.
@@ -867,10 +877,18 @@ impl Store {
         self.db
             .call(move |c| {
                 c.execute(
-                    "INSERT INTO audit_log (at, actor, action, run_id, folder, outcome, detail) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    "INSERT INTO audit_log \
+                     (at, actor, action, run_id, folder, outcome, detail, request_id) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                     params![
-                        a.at, a.actor, a.action, a.run_id, a.folder, a.outcome, a.detail
+                        a.at,
+                        a.actor,
+                        a.action,
+                        a.run_id,
+                        a.folder,
+                        a.outcome,
+                        a.detail,
+                        a.request_id
                     ],
                 )?;
                 Ok(())
@@ -887,7 +905,8 @@ impl Store {
         self.db
             .call(move |c| {
                 let mut st = c.prepare(
-                    "SELECT id, at, actor, action, run_id, folder, outcome, detail FROM audit_log \
+                    "SELECT id, at, actor, action, run_id, folder, outcome, detail, request_id \
+                     FROM audit_log \
                      WHERE (?1 IS NULL OR id < ?1) ORDER BY id DESC LIMIT ?2",
                 )?;
                 let rows = st
@@ -901,6 +920,7 @@ impl Store {
                             folder: r.get(5)?,
                             outcome: r.get(6)?,
                             detail: r.get(7)?,
+                            request_id: r.get(8)?,
                         })
                     })?
                     .collect::<Result<Vec<_>, _>>()?;

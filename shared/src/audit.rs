@@ -4,6 +4,15 @@
 //! renamed are read back as the text they hold. authd's names predate the dotted ones and
 //! are kept, so its log reads the same across the change.
 
+/// The id of the request an audit row is written for: the `x-request-id` the daemon answers
+/// it with. The id travels on every call one daemon makes to another for that request, so a
+/// row leads to the request's log lines and to the other daemons' rows of the same request
+/// (a group deleted at routd, its folder retired at runed). `None` outside a request.
+#[cfg(feature = "server")]
+pub fn request_id() -> Option<String> {
+    crate::http::current_request_id().map(|id| id.to_string())
+}
+
 /// An action a caller took that the audit log records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AuditAction {

@@ -23,6 +23,11 @@ pub struct AuditRow {
     pub outcome: String,
     /// Short facts (never a secret).
     pub detail: String,
+    /// The request it was written for (the `x-request-id` routd answered): runed's and
+    /// authd's rows of the same request carry it too.
+    pub request_id: Option<String>,
+    /// The turn whose agent acted (its tools, its held calls).
+    pub turn_id: Option<String>,
 }
 
 impl Store {
@@ -31,9 +36,19 @@ impl Store {
         self.db
             .call(move |c| {
                 c.execute(
-                    "INSERT INTO audit_log (at, actor, action, folder, outcome, detail) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                    params![a.at, a.actor, a.action, a.folder, a.outcome, a.detail],
+                    "INSERT INTO audit_log \
+                     (at, actor, action, folder, outcome, detail, request_id, turn_id) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    params![
+                        a.at,
+                        a.actor,
+                        a.action,
+                        a.folder,
+                        a.outcome,
+                        a.detail,
+                        a.request_id,
+                        a.turn_id
+                    ],
                 )?;
                 Ok(())
             })
@@ -49,7 +64,8 @@ impl Store {
         self.db
             .call(move |c| {
                 let mut st = c.prepare_cached(
-                    "SELECT id, at, actor, action, folder, outcome, detail FROM audit_log \
+                    "SELECT id, at, actor, action, folder, outcome, detail, request_id, turn_id \
+                     FROM audit_log \
                      WHERE (?1 IS NULL OR id < ?1) ORDER BY id DESC LIMIT ?2",
                 )?;
                 let rows = st
@@ -62,6 +78,8 @@ impl Store {
                             folder: r.get(4)?,
                             outcome: r.get(5)?,
                             detail: r.get(6)?,
+                            request_id: r.get(7)?,
+                            turn_id: r.get(8)?,
                         })
                     })?
                     .collect::<Result<Vec<_>, _>>()?;

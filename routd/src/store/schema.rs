@@ -306,4 +306,12 @@ ALTER TABLE approvals ADD COLUMN call_key TEXT;
 CREATE UNIQUE INDEX approvals_call ON approvals (turn_id, call_key) WHERE call_key IS NOT NULL;
 "#,
     },
+    Migration {
+        version: 12,
+        name: "audit rows keyed by request and turn",
+        sql: r#"
+ALTER TABLE audit_log ADD COLUMN request_id TEXT;
+ALTER TABLE audit_log ADD COLUMN turn_id TEXT;
+"#,
+    },
 ];

@@ -104,6 +104,7 @@ async fn audit_row(
         folder: folder.map(str::to_owned),
         outcome: outcome.to_owned(),
         detail,
+        request_id: hako_shared::audit::request_id(),
     };
     if let Err(e) = sh.store.audit(r).await {
         tracing::error!(error = %e, "writing the audit log failed");

@@ -130,6 +130,9 @@ pub struct AuditEntry {
     pub outcome: String,
     /// Short facts (scopes, folder, jti, …).
     pub detail: String,
+    /// The request it was written for (the `x-request-id` authd answered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
 /// `GET /v1/audit` answer.
