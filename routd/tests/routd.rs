@@ -1126,6 +1126,25 @@ async fn audit_rows_name_their_request_across_daemons() {
         .clone();
     let made = put["request_id"].as_str().unwrap_or_default();
     assert!(!made.is_empty() && made != "req-audit-1", "{put}");
+    // A caller's id is kept only when it is a short plain token: anything else (too long,
+    // or carrying what a log or a page would render) is replaced by one routd makes.
+    for hostile in ["x".repeat(65), "<img src=x>".to_owned()] {
+        let cfg: hako_shared::chat::GroupConfig =
+            serde_json::from_value(json!({"name": "hostile"})).unwrap();
+        hako_shared::http::with_request_id(
+            hostile.as_str().into(),
+            client.call(routd::put_group("hostile", &cfg), Some(&rig.operator)),
+        )
+        .await
+        .expect("the group is put");
+        let (_, v) = rig
+            .send(&rig.operator, routd::audit().query("limit", 1))
+            .await;
+        let row = &v["entries"][0];
+        assert_eq!(row["action"], "group.put", "{row}");
+        let id = row["request_id"].as_str().unwrap_or_default();
+        assert!(id.starts_with("req-") && id.len() < 65, "{row}");
+    }
     rig.stop().await;
 }
 
