@@ -140,7 +140,7 @@ async fn record(
 /// A message's id, and its version once it was edited.
 fn idempotency_key(m: &MessageView) -> String {
     if m.version == 0 {
-        m.id.clone()
+        m.id.to_string()
     } else {
         format!("{}.v{}", m.id, m.version)
     }

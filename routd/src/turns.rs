@@ -499,7 +499,7 @@ async fn start_run(sh: &Shared, t: &TurnRow) -> Result<Result<RunId, RunedError>
         .iter()
         .map(|m| {
             let mut msg = Message::user(m.content.clone());
-            msg.extra.insert("id".into(), m.id.clone().into());
+            msg.extra.insert("id".into(), m.id.as_str().into());
             msg.extra.insert("sender".into(), m.sender.clone().into());
             if let Some(n) = &m.sender_name {
                 msg.extra.insert("sender_name".into(), n.clone().into());
@@ -621,7 +621,7 @@ async fn on_block(
         .covered_by(&t.turn_id)
         .await?
         .last()
-        .map(|m| m.id.clone());
+        .map(|m| m.id.to_string());
     let id = format!("{}.{}.{}", t.turn_id, t.attempt, index);
     let said = sh
         .say(

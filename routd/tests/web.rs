@@ -44,7 +44,7 @@ async fn wait_reply(b: &Browser, needle: &str) {
 /// What the page shows equals the chat's log, each message once, in order.
 async fn page_matches_log(rig: &Rig, b: &Browser, chat: &str) {
     let log = rig.history(chat).await;
-    let want: Vec<(String, i64)> = log.iter().map(|m| (m.id.clone(), m.seq)).collect();
+    let want: Vec<(String, i64)> = log.iter().map(|m| (m.id.to_string(), m.seq)).collect();
     eventually(
         &format!("the page showing the log's messages {want:?}"),
         WAIT,

@@ -210,7 +210,7 @@ pub struct MessageView {
     /// Its place in the log: increasing, the cursor of history pages and the SSE event id.
     pub seq: i64,
     /// The message id (outbound ones are stable: `<turn>.<attempt>.<block>` for replies).
-    pub id: String,
+    pub id: crate::ids::MessageId,
     /// The chat.
     pub chat_jid: String,
     /// In or out.
@@ -449,7 +449,7 @@ pub struct TurnView {
     /// Replies delivered to the chat.
     pub replies: i64,
     /// The ids of the messages it answers (its batch and what was steered in).
-    pub messages: Vec<String>,
+    pub messages: Vec<crate::ids::MessageId>,
     /// Unix ms.
     pub created_at: i64,
     /// Unix ms.

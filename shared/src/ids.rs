@@ -149,6 +149,18 @@ macro_rules! id_type {
             }
         }
 
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<$name> for String {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
+
         impl serde::Serialize for $name {
             fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
                 s.serialize_str(&self.0)
@@ -215,6 +227,13 @@ id_type!(
     ApprovalId,
     "approval id",
     "ap-3f9a1c0b2e7d"
+);
+id_type!(
+    /// The id of a message in a chat's log: the sender's (a chat adapter's, idempotent on it)
+    /// or one routd makes (`m-…`, a reply's `<turn>.<try>.<block>`).
+    MessageId,
+    "message id",
+    "tg:42:1001"
 );
 id_type!(
     /// The id of a scheduled task (`task-` and hex digits, made by routd).
