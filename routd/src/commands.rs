@@ -102,7 +102,7 @@ pub(crate) async fn handle(
         },
     };
     sh.say(
-        format!("{id}.answer"),
+        crate::store::keyed_message_id("", id, ".answer"),
         chat,
         MessageKind::Notice,
         text,
@@ -115,6 +115,7 @@ pub(crate) async fn handle(
 
 #[cfg(test)]
 mod tests {
+
     use super::*;
 
     #[test]

@@ -180,7 +180,7 @@ impl RoutdTools {
         .await?;
         // A caller's key makes the id stable: a retry appends nothing.
         let id = match &c.idempotency_key {
-            Some(k) => format!("{}.send.{k}", scope.turn_id),
+            Some(k) => crate::store::keyed_message_id(&format!("{}.send.", scope.turn_id), k, ""),
             None => random_id(&format!("{}.send.", scope.turn_id), 8),
         };
         let seq = self

@@ -8,6 +8,22 @@ use rusqlite::{OptionalExtension, params};
 
 use super::Store;
 
+/// The id of a message routd writes for a caller's `key` (a command message's id, an
+/// agent's idempotency key): `<prefix><key><suffix>` when that is in the id grammar, else
+/// `<prefix>k-<digest of key><suffix>`. The same key always gives the same id (a replay
+/// appends nothing), and no key, however long or strange, gives a message id the log
+/// cannot serve back.
+pub(crate) fn keyed_message_id(prefix: &str, key: &str, suffix: &str) -> String {
+    let plain = format!("{prefix}{key}{suffix}");
+    if hako_shared::ids::is_valid_id(&plain) {
+        return plain;
+    }
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(key.as_bytes());
+    let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    format!("{prefix}k-{hex}{suffix}")
+}
+
 /// A new inbound message.
 #[derive(Debug, Clone)]
 pub struct NewInbound {

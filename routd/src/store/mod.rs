@@ -24,6 +24,7 @@ mod webhooks;
 pub use approvals::{ApprovalRow, Decided};
 pub use audit::AuditRow;
 pub use groups::{GroupRow, SetBy};
+pub(crate) use messages::keyed_message_id;
 pub use messages::{Backlog, Ingested, NewInbound, NewOutbound};
 pub use routes::RouteRow;
 pub use schema::MIGRATIONS;
@@ -95,6 +96,59 @@ mod tests {
             body_hash: id.into(),
             now,
         }
+    }
+
+    /// A key of any text gives a message id in the grammar, the same one each time, and a
+    /// plain key keeps its readable id.
+    #[test]
+    fn keyed_message_ids_fit_the_grammar_and_are_stable() {
+        assert_eq!(keyed_message_id("t-1.send.", "k1", ""), "t-1.send.k1");
+        assert_eq!(keyed_message_id("", "tg:1:2", ".answer"), "tg:1:2.answer");
+        for key in [
+            "with space",
+            "ünïcode",
+            "a/b",
+            &"x".repeat(128),
+            "\u{202e}rtl",
+        ] {
+            let id = keyed_message_id("t-1.send.", key, "");
+            assert!(hako_shared::ids::is_valid_id(&id), "{key:?} -> {id}");
+            assert_eq!(id, keyed_message_id("t-1.send.", key, ""), "stable");
+        }
+        assert_ne!(
+            keyed_message_id("", "a b", ""),
+            keyed_message_id("", "a c", "")
+        );
+    }
+
+    /// A message an earlier routd stored under an id outside the grammar (an agent's key
+    /// with a space) is served after the upgrade under an id made from its seq; the chat's
+    /// history reads, and the other messages keep their ids.
+    #[tokio::test]
+    async fn the_upgrade_renames_message_ids_outside_the_grammar() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routd.db");
+        let before = &MIGRATIONS[..MIGRATIONS.len() - 1];
+        let c = hako_shared::db::open(&path, before).unwrap();
+        for (seq, id) in [(1, "tg:1:1"), (2, "t-1.send.a b"), (3, "tg:1:3")] {
+            c.execute(
+                "INSERT INTO messages (seq, id, chat_jid, direction, kind, sender, content, \
+                 timestamp, state, created_at) \
+                 VALUES (?1, ?2, 'tg:1', 'in', 'message', 'alice', 'x', 1, 'pending', 1)",
+                rusqlite::params![seq, id],
+            )
+            .unwrap();
+        }
+        drop(c);
+        let store = Store::open(&path).await.unwrap();
+        let ids: Vec<String> = store
+            .messages("tg:1", None, None, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|m| m.id.into_string())
+            .collect();
+        assert_eq!(ids, ["tg:1:1", "m-legacy-2", "tg:1:3"]);
     }
 
     async fn running_turn(store: &Store, seq: i64) -> TurnRow {

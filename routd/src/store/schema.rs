@@ -314,4 +314,15 @@ ALTER TABLE audit_log ADD COLUMN request_id TEXT;
 ALTER TABLE audit_log ADD COLUMN turn_id TEXT;
 "#,
     },
+    // Message ids are read back through the id grammar now. An agent's idempotency key or a
+    // long command id could make an outbound id outside it before; such a message keeps its
+    // place and text under an id made from its seq (a replay of its key would append anew).
+    Migration {
+        version: 13,
+        name: "message ids in the id grammar",
+        sql: r#"
+UPDATE messages SET id = 'm-legacy-' || seq
+    WHERE length(id) NOT BETWEEN 1 AND 128 OR id GLOB '*[^A-Za-z0-9._:-]*';
+"#,
+    },
 ];
