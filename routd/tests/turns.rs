@@ -545,18 +545,21 @@ impl Rig {
         .await
     }
 
-    /// Lets the scheduler look again: a run that should not be asked for would be by now. It
-    /// looks at every wake (a turn's end is one) and every second, so a claim that nothing
-    /// more happens waits out two of its passes; nothing else in this suite waits on time.
-    async fn quiet(&self) {
-        tokio::time::sleep(Duration::from_millis(2100)).await;
-    }
-
-    /// Once the scheduler has looked again, runed has still been asked for `n` runs in all.
+    /// Nothing more is asked for what was settled: after `n` runs, a probe message in the
+    /// chat gets run `n` (the scheduler has been round since), and that run holds the probe
+    /// alone (a message wrongly left uncovered would have joined its batch). Waits on the
+    /// probe's run, never on a pause.
     async fn runs_stay(&self, n: usize) {
-        self.quiet().await;
-        let runs = self.sr.read(|s| s.runs.len());
-        assert_eq!(runs, n, "runs asked for");
+        self.say("probe", "probe").await;
+        let probe = self.sr.run(n).await;
+        let texts: Vec<_> = probe
+            .req
+            .messages
+            .iter()
+            .map(|m| m.content.as_str())
+            .collect();
+        assert_eq!(texts, ["probe"], "the probe's run holds it alone");
+        assert_eq!(self.sr.read(|s| s.runs.len()), n + 1, "runs asked for");
     }
 
     async fn stop(mut self) {
@@ -680,9 +683,13 @@ async fn a_refused_run_fails_the_turn_with_a_notice_and_is_not_asked_again() {
         notices(&h)
     );
     assert_eq!(inbound_state(&h, "m1"), MessageState::Failed);
-    rig.quiet().await;
-    assert_eq!(rig.sr.read(|s| s.asked.len()), 1);
-    assert!(rig.sr.read(|s| s.runs.is_empty()));
+    // Never asked again: the next ask is the probe's, alone.
+    rig.runs_stay(0).await;
+    assert_eq!(
+        rig.sr.read(|s| s.asked.len()),
+        2,
+        "the refused ask and the probe's"
+    );
     rig.stop().await;
 }
 
