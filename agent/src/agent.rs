@@ -162,7 +162,12 @@ async fn run_with(env: &Env, started: Instant, out: Output) -> i32 {
     let deadline = cfg
         .deadline(input.query_timeout_ms, started, Instant::now())
         .map(tokio::time::Instant::from_std);
-    let io = Io::new(out, cfg.mcp_socket.clone(), ignore.clone());
+    let io = Io::new(
+        out,
+        cfg.mcp_socket.clone(),
+        cfg.input_dir.clone(),
+        ignore.clone(),
+    );
     Agent {
         cfg: cfg.clone(),
         io,

@@ -495,6 +495,24 @@ fn follow_up_via_file_drop_then_close() {
     assert!(!a.inbox().join("_close").exists());
 }
 
+/// `/await-followup` ends when a follow-up lands, not when its bound runs out, and leaves the
+/// follow-up to be answered as any other; with nothing dropped it ends at its bound.
+#[test]
+fn await_followup_ends_when_one_lands() {
+    let mut a = Agent::run(with_dir(), &input("/await-followup 600"));
+    a.wait_stderr("await", T);
+    a.no_block(Duration::from_millis(100));
+    a.follow_up("1000.json", "second");
+    assert_eq!(a.ok_result(T), "a follow-up is waiting");
+    assert_eq!(a.ok_result(T), "second");
+    a.drop_file("_close", b"");
+    assert_eq!(a.wait(T).code(), Some(0));
+
+    let mut a = Agent::run(Opts::default(), &input("/await-followup 0.2"));
+    assert_eq!(a.ok_result(T), "no follow-up within 0.2 s");
+    assert_eq!(a.wait(T).code(), Some(0));
+}
+
 #[test]
 fn files_before_close_are_processed_in_name_order() {
     let mut a = Agent::start(with_dir());

@@ -88,15 +88,23 @@ pub struct Io {
     pub out: Output,
     /// The MCP socket for tool calls.
     pub mcp_socket: PathBuf,
+    /// The follow-up directory (looked at, never claimed from: the agent loop claims).
+    pub input_dir: PathBuf,
     ignore_sigterm: Rc<Cell<bool>>,
 }
 
 impl Io {
     /// A new handle; `ignore_sigterm` is shared with the agent loop.
-    pub fn new(out: Output, mcp_socket: PathBuf, ignore_sigterm: Rc<Cell<bool>>) -> Self {
+    pub fn new(
+        out: Output,
+        mcp_socket: PathBuf,
+        input_dir: PathBuf,
+        ignore_sigterm: Rc<Cell<bool>>,
+    ) -> Self {
         Self {
             out,
             mcp_socket,
+            input_dir,
             ignore_sigterm,
         }
     }

@@ -28,6 +28,8 @@ const MAX_CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 pub enum Command {
     /// `/sleep SECONDS`
     Sleep(Duration),
+    /// `/await-followup SECONDS`
+    AwaitFollowUp(Duration),
     /// `/exit CODE`
     Exit(i32),
     /// `/blocks N`
@@ -130,21 +132,25 @@ pub fn parse_line(line: &str) -> Line {
     }
 }
 
+/// A command's one argument in seconds: fractional, 0 to [`MAX_SLEEP`].
+fn seconds(name: &str, rest: &str) -> Result<Duration, String> {
+    let raw = one_arg(name, rest, &format!("seconds, e.g. /{name} 1.5"))?;
+    let secs: f64 = raw
+        .parse()
+        .map_err(|_| format!("{name}: invalid seconds {raw:?}"))?;
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if d <= MAX_SLEEP => Ok(d),
+        _ => Err(format!(
+            "{name}: seconds must be between 0 and {}",
+            MAX_SLEEP.as_secs()
+        )),
+    }
+}
+
 fn parse_command(name: &str, rest: &str) -> Result<Command, String> {
     match name {
-        "sleep" => {
-            let raw = one_arg(name, rest, "seconds, e.g. /sleep 1.5")?;
-            let secs: f64 = raw
-                .parse()
-                .map_err(|_| format!("sleep: invalid seconds {raw:?}"))?;
-            match Duration::try_from_secs_f64(secs) {
-                Ok(d) if d <= MAX_SLEEP => Ok(Command::Sleep(d)),
-                _ => Err(format!(
-                    "sleep: seconds must be between 0 and {}",
-                    MAX_SLEEP.as_secs()
-                )),
-            }
-        }
+        "sleep" => seconds(name, rest).map(Command::Sleep),
+        "await-followup" => seconds(name, rest).map(Command::AwaitFollowUp),
         "exit" => {
             let raw = one_arg(name, rest, "an exit code 0-255")?;
             match raw.parse::<u8>() {
@@ -298,6 +304,31 @@ fn one_line(s: &str) -> String {
         .replace('\r', "\\r")
 }
 
+/// How often `/await-followup` looks at the follow-up directory.
+const AWAIT_POLL: Duration = Duration::from_millis(20);
+
+/// Waits until the follow-up directory holds something for the agent loop to claim (a
+/// follow-up or `_close`), at most `limit`: `true` if it does. Only looks: the claim stays the
+/// loop's, so the follow-up is answered as any other.
+async fn await_follow_up(dir: &std::path::Path, limit: Duration) -> bool {
+    crate::output::log(format_args!(
+        "awaiting a follow-up in {} (at most {limit:?})",
+        dir.display()
+    ));
+    let until = tokio::time::Instant::now() + limit;
+    let none = std::collections::HashSet::new();
+    loop {
+        if crate::followup::scan(dir, 1, &none).is_ok_and(|names| !names.is_empty()) {
+            return true;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return false;
+        }
+        tokio::time::sleep(AWAIT_POLL.min(until - now)).await;
+    }
+}
+
 /// What running one command gives.
 enum Step {
     Line(String),
@@ -328,6 +359,13 @@ impl ScriptBrain {
             Command::Sleep(d) => {
                 tokio::time::sleep(d).await;
                 format!("slept {} s", d.as_secs_f64())
+            }
+            Command::AwaitFollowUp(d) => {
+                if await_follow_up(&io.input_dir, d).await {
+                    "a follow-up is waiting".into()
+                } else {
+                    format!("no follow-up within {} s", d.as_secs_f64())
+                }
             }
             Command::Exit(code) => return Step::Exit(code),
             Command::Blocks(n) => {
@@ -498,6 +536,10 @@ mod tests {
             Command::Sleep(Duration::from_millis(1500))
         );
         assert_eq!(cmd("/sleep 0"), Command::Sleep(Duration::ZERO));
+        assert_eq!(
+            cmd("/await-followup 2.5"),
+            Command::AwaitFollowUp(Duration::from_millis(2500))
+        );
         assert_eq!(cmd("/exit 7"), Command::Exit(7));
         assert_eq!(cmd("/blocks 3"), Command::Blocks(3));
         assert_eq!(cmd("/error it broke"), Command::Error("it broke".into()));
@@ -582,6 +624,8 @@ mod tests {
         assert!(invalid("/sleep -1").starts_with("sleep:"));
         assert!(invalid("/sleep NaN").starts_with("sleep:"));
         assert!(invalid("/sleep 1e30").starts_with("sleep:"));
+        assert!(invalid("/await-followup").starts_with("await-followup:"));
+        assert!(invalid("/await-followup -1").starts_with("await-followup:"));
         assert!(invalid("/exit 256").starts_with("exit:"));
         assert!(invalid("/exit -1").starts_with("exit:"));
         assert!(invalid("/blocks 10001").starts_with("blocks:"));
