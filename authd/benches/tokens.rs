@@ -191,6 +191,8 @@ fn crypto_floor() -> (f64, f64) {
 /// Drives `POST /v1/tokens` for `secs` (after a warm-up) over `conns` connections.
 fn mint_load(addr: SocketAddr, parent: &str, conns: usize, secs: u64, keep: usize) -> Minted {
     let body = br#"{"scope":["llm:call","egress:connect"],"folder":"acme/support","run_id":"run-1","turn_id":"turn-1","egress":["pypi.org"],"ttl_seconds":600}"#;
+    // Raw HTTP/1.1 on purpose (not hako-client's `authd::mint`): a load generator that costs
+    // next to nothing, so what is measured is authd's one core.
     let req: Arc<Vec<u8>> = Arc::new(
         [
             format!(

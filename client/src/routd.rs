@@ -9,7 +9,7 @@ use hako_shared::media::MediaSaved;
 use hako_shared::web::{WebSessionList, WebSessionView};
 use reqwest::Method;
 
-use crate::op::{Daemon, Events, Op, seg};
+use crate::op::{Daemon, Events, Op, Text, seg};
 
 const D: Daemon = Daemon::Routd;
 
@@ -143,6 +143,11 @@ pub fn web_sessions() -> Op<WebSessionList> {
 /// `DELETE /v1/web-sessions/{jti}`: ends the web session a link opened.
 pub fn end_web_session(jti: &str) -> Op<WebSessionView> {
     Op::new(D, Method::DELETE, format!("/v1/web-sessions/{}", seg(jti)))
+}
+
+/// `GET /health`: whether it answers (`ok`, as text).
+pub fn health() -> Op<Text> {
+    Op::get(D, "/health".into())
 }
 
 /// `GET /ready`.

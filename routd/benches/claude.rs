@@ -18,8 +18,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use hako_authd::testing::{ROUTD_KEY, RUNED_KEY, TestAuthd};
+use hako_client::{Client, Daemon, routd as api, runed as runed_api};
+use hako_shared::chat::{Direction, GroupConfig, PostMessage, TurnState};
 use hako_shared::config::Env;
 use serde_json::{Value, json};
+
+/// How long a call of the daemons' APIs (event streams aside) may take.
+const CALL: Duration = Duration::from_secs(30);
 
 const MODEL: &str = "claude-stub-1";
 
@@ -109,23 +114,21 @@ async fn bench() {
     let routd = hako_routd::start(cfg, l).await.expect("routd");
     let operator = authd.token("operator").await;
     let channel = authd.token("channel").await;
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let base = routd.url();
+    let client = Client::new(Daemon::Routd, &routd.url(), CALL).expect("a routd client");
+    let runed_client = Client::new(Daemon::Runed, &runed.url(), CALL).expect("a runed client");
     // One group whose every turn starts cold, one whose next box is warm.
     for (folder, warm) in [("bench", false), ("benchw", true)] {
-        let r = http
-            .put(format!("{base}/v1/groups/{folder}"))
-            .bearer_auth(&operator)
-            .json(&json!({"name": folder, "group": {"agent": "claude", "llm": {"model": MODEL}, "warm": warm}}))
-            .send()
+        let cfg = json!({"name": folder, "group": {"agent": "claude", "llm": {"model": MODEL}, "warm": warm}});
+        let cfg: GroupConfig = serde_json::from_value(cfg).expect("a group's settings");
+        client
+            .call(api::put_group(folder, &cfg), Some(&operator))
             .await
-            .unwrap();
-        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+            .expect("the group");
     }
     let home = tempfile::tempdir().unwrap();
     let turn = |folder: &'static str, i: usize| {
-        let (http, base, operator, channel, calls) = (&http, &base, &operator, &channel, &calls);
-        async move { hako_turn(http, base, operator, channel, calls, folder, i).await }
+        let (client, operator, channel, calls) = (&client, &operator, &channel, &calls);
+        async move { hako_turn(client, operator, channel, calls, folder, i).await }
     };
 
     let (mut cold, mut cold_model, mut warm, mut warm_model, mut direct, mut direct_model) = (
@@ -141,7 +144,7 @@ async fn bench() {
         // The warm group's box is made after its last turn; a chat's next message comes
         // later than that.
         if i > 0 {
-            wait_warm_box(&http, &runed.url()).await;
+            wait_warm_box(&runed_client).await;
         }
         let (w, wm) = turn("benchw", i).await;
         // The host: `claude -p` against the same stub, its first stdout byte.
@@ -223,41 +226,35 @@ async fn bench() {
 /// A message into `web:<folder>`; the time to the first reply on the chat's stream, and to
 /// the model's first request.
 async fn hako_turn(
-    http: &reqwest::Client,
-    base: &str,
+    routd: &Client,
     operator: &str,
     channel: &str,
     calls: &Mutex<Vec<Instant>>,
     folder: &str,
     i: usize,
 ) -> (Duration, Option<Duration>) {
-    let last = last_seq(http, base, operator, folder).await;
-    let mut events = http
-        .get(format!("{base}/v1/chats/web:{folder}/events?after={last}"))
-        .bearer_auth(operator)
-        .send()
+    let jid = format!("web:{folder}");
+    let last = last_seq(routd, operator, &jid).await;
+    let mut events = routd
+        .events(api::chat_events(&jid).query("after", last), Some(operator))
         .await
-        .unwrap();
+        .expect("the chat's event stream");
+    let m = json!({"id": format!("m-{folder}-{i}"), "chat_jid": jid, "sender": "bench", "content": format!("hello {i}")});
+    let m: PostMessage = serde_json::from_value(m).expect("a message");
     let before = calls.lock().unwrap().len();
     let t = Instant::now();
-    let r = http
-        .post(format!("{base}/v1/messages"))
-        .bearer_auth(channel)
-        .json(&json!({"id": format!("m-{folder}-{i}"), "chat_jid": format!("web:{folder}"), "sender": "bench", "content": format!("hello {i}")}))
-        .send()
+    let posted = routd
+        .call(api::post_message(&m), Some(channel))
         .await
-        .unwrap();
-    let status = r.status();
-    assert_eq!(status, 201, "{}", r.text().await.unwrap());
-    let mut buf = String::new();
+        .expect("the message taken");
+    assert!(!posted.duplicate, "{posted:?}");
     let took = loop {
-        let chunk = tokio::time::timeout(Duration::from_secs(120), events.chunk())
+        let m = tokio::time::timeout(Duration::from_secs(120), events.next())
             .await
             .expect("a reply within 2 minutes")
-            .unwrap()
+            .expect("the chat's event stream")
             .expect("the stream stays open");
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        if buf.contains("\"direction\":\"out\"") {
+        if m.direction == Direction::Out {
             break t.elapsed();
         }
     };
@@ -266,14 +263,14 @@ async fn hako_turn(
         .unwrap()
         .get(before)
         .map(|c| c.duration_since(t));
-    wait_idle(http, base, operator, folder).await;
+    wait_idle(routd, operator, folder).await;
     (took, model_at)
 }
 
 /// Waits until runed keeps a warm box (`runed_warm_boxes` 1) whose Claude Code is started
 /// and waits for its turn: its MCP bridge, which only a Claude Code past its own start runs,
 /// waits for the turn (`mcp-bridge … --after`, seen in the host's `/proc`).
-async fn wait_warm_box(http: &reqwest::Client, runed: &str) {
+async fn wait_warm_box(runed: &Client) {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let bridge = std::fs::read_dir("/proc")
@@ -293,14 +290,10 @@ async fn wait_warm_box(http: &reqwest::Client, runed: &str) {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         }
-        let text = http
-            .get(format!("{runed}/metrics"))
-            .send()
+        let text = runed
+            .text(runed_api::metrics(), None)
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+            .expect("runed's metrics");
         if text.lines().any(|l| l == "runed_warm_boxes 1") {
             return;
         }
@@ -309,38 +302,27 @@ async fn wait_warm_box(http: &reqwest::Client, runed: &str) {
     }
 }
 
-async fn last_seq(http: &reqwest::Client, base: &str, token: &str, folder: &str) -> i64 {
-    let v: Value = http
-        .get(format!("{base}/v1/chats/web:{folder}/messages?limit=1"))
-        .bearer_auth(token)
-        .send()
+async fn last_seq(routd: &Client, token: &str, jid: &str) -> i64 {
+    let page = routd
+        .call(api::chat_messages(jid).query("limit", 1), Some(token))
         .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    v["messages"]
-        .as_array()
-        .and_then(|m| m.last())
-        .and_then(|m| m["seq"].as_i64())
-        .unwrap_or(0)
+        .expect("the chat's messages");
+    page.messages.last().map_or(0, |m| m.seq)
 }
 
-async fn wait_idle(http: &reqwest::Client, base: &str, token: &str, folder: &str) {
+async fn wait_idle(routd: &Client, token: &str, folder: &str) {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         let mut live = 0;
-        for state in ["starting", "running", "waiting"] {
-            let v: Value = http
-                .get(format!("{base}/v1/turns?folder={folder}&state={state}"))
-                .bearer_auth(token)
-                .send()
+        for state in TurnState::LIVE {
+            let list = routd
+                .call(
+                    api::turns().query("folder", folder).query("state", state),
+                    Some(token),
+                )
                 .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            live += v["turns"].as_array().map_or(0, Vec::len);
+                .expect("the folder's turns");
+            live += list.turns.len();
         }
         if live == 0 {
             return;

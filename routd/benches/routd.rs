@@ -14,11 +14,17 @@
 use std::time::{Duration, Instant};
 
 use hako_authd::testing::{ROUTD_KEY, RUNED_KEY, TestAuthd};
+use hako_client::{Client, Daemon, Events, Op, routd as api, runed as runed_api};
+use hako_shared::chat::{Direction, GroupConfig, MessageView, PostMessage};
 use hako_shared::config::Env;
-use serde_json::{Value, json};
+use hako_shared::runs::{RunRequest, RunStreamEvent};
+use serde::de::DeserializeOwned;
+use serde_json::json;
 
 const CONNS: usize = 16;
 const N: usize = 15;
+/// How long a call of the daemons' APIs (event streams aside) may take.
+const CALL: Duration = Duration::from_secs(60);
 
 fn env_or(k: &str, d: usize) -> usize {
     std::env::var(k)
@@ -32,53 +38,37 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
-/// Reads an SSE stream until `n` events arrived; returns when each came.
-async fn subscribe(
-    http: reqwest::Client,
-    url: String,
+/// Reads an event stream until `n` events arrived; returns when each came.
+async fn subscribe<T: DeserializeOwned>(
+    client: Client,
+    op: Op<Events<T>>,
     token: String,
     n: usize,
-) -> Vec<(Instant, Value)> {
-    subscribe_until(http, url, token, move |seen: &[(Instant, Value)]| {
+) -> Vec<(Instant, T)> {
+    subscribe_until(client, op, token, move |seen: &[(Instant, T)]| {
         seen.len() >= n
     })
     .await
 }
 
-/// Reads an SSE stream until `done` says so; returns each event with when it came.
-async fn subscribe_until(
-    http: reqwest::Client,
-    url: String,
+/// Reads an event stream until `done` says so; returns each event with when it came.
+async fn subscribe_until<T: DeserializeOwned>(
+    client: Client,
+    op: Op<Events<T>>,
     token: String,
-    done: impl Fn(&[(Instant, Value)]) -> bool,
-) -> Vec<(Instant, Value)> {
-    let mut resp = http
-        .get(url)
-        .bearer_auth(token)
-        .send()
-        .await
-        .expect("stream");
-    assert_eq!(resp.status(), 200);
-    let mut buf = String::new();
+    done: impl Fn(&[(Instant, T)]) -> bool,
+) -> Vec<(Instant, T)> {
+    let mut events = client.events(op, Some(&token)).await.expect("stream");
     let mut out = Vec::new();
     while !done(&out) {
-        let Some(chunk) = tokio::time::timeout(Duration::from_secs(120), resp.chunk())
+        let Some(ev) = tokio::time::timeout(Duration::from_secs(120), events.next())
             .await
             .expect("events keep coming")
             .expect("stream")
         else {
             break;
         };
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let ev: String = buf.drain(..end + 2).collect();
-            if let Some(d) = ev.lines().find_map(|l| l.strip_prefix("data:")) {
-                out.push((
-                    Instant::now(),
-                    serde_json::from_str(d.trim()).expect("json"),
-                ));
-            }
-        }
+        out.push((Instant::now(), ev));
     }
     out
 }
@@ -129,14 +119,14 @@ async fn bench() {
     let operator = authd.token("operator").await;
     let channel = authd.token("channel").await;
     let routd_token = authd.token("routd").await;
-    let http = reqwest::Client::builder().no_proxy().build().expect("http");
-    let base = routd.url();
+    let client = Client::new(Daemon::Routd, &routd.url(), CALL).expect("a routd client");
+    let runed_client = Client::new(Daemon::Runed, &runed.url(), CALL).expect("a runed client");
 
     // (a) ingest into one chat with a subscriber.
     let chat = "bench:ingest";
     let sub = tokio::spawn(subscribe(
-        http.clone(),
-        format!("{base}/v1/chats/bench%3Aingest/events?after=0"),
+        client.clone(),
+        api::chat_events(chat).query("after", 0),
         operator.clone(),
         messages,
     ));
@@ -145,17 +135,23 @@ async fn bench() {
     let per = messages / CONNS;
     let posts: Vec<_> = (0..CONNS)
         .map(|c| {
-            let (http, base, channel) = (http.clone(), base.clone(), channel.clone());
+            let (client, channel) = (client.clone(), channel.clone());
             tokio::spawn(async move {
                 for i in 0..per {
-                    let r = http
-                        .post(format!("{base}/v1/messages"))
-                        .bearer_auth(&channel)
-                        .json(&json!({"id": format!("b-{c}-{i}"), "chat_jid": chat, "sender": "bench", "content": "some text of a chat message"}))
-                        .send()
+                    let m = PostMessage {
+                        id: Some(format!("b-{c}-{i}")),
+                        chat_jid: chat.into(),
+                        sender: "bench".into(),
+                        sender_name: None,
+                        content: "some text of a chat message".into(),
+                        timestamp: None,
+                        reply_to: None,
+                    };
+                    let posted = client
+                        .call(api::post_message(&m), Some(&channel))
                         .await
                         .expect("post");
-                    assert_eq!(r.status(), 201);
+                    assert!(!posted.duplicate, "{posted:?}");
                 }
             })
         })
@@ -178,68 +174,63 @@ async fn bench() {
     );
 
     // (b) latency: through routd vs straight to runed.
-    let s = http
-        .put(format!("{base}/v1/groups/lat"))
-        .bearer_auth(&operator)
-        .json(&json!({"name": "lat"}))
-        .send()
+    let cfg: GroupConfig = serde_json::from_value(json!({"name": "lat"})).expect("a group");
+    client
+        .call(api::put_group("lat", &cfg), Some(&operator))
         .await
-        .expect("group")
-        .status();
-    assert!(s.is_success(), "group: {s}");
+        .expect("group");
     // Interleaved, so both see the same machine.
     let (mut via_routd, mut direct) = (Vec::new(), Vec::new());
     for i in 0..N {
         let sub = tokio::spawn(subscribe_until(
-            http.clone(),
-            format!("{base}/v1/chats/web%3Alat/events"),
+            client.clone(),
+            api::chat_events("web:lat"),
             operator.clone(),
-            |seen: &[(Instant, Value)]| seen.iter().any(|(_, v)| v["direction"] == "out"),
+            |seen: &[(Instant, MessageView)]| {
+                seen.iter().any(|(_, m)| m.direction == Direction::Out)
+            },
         ));
+        let m = json!({"id": format!("lat-{i}"), "chat_jid": "web:lat", "sender": "bench", "content": "x"});
+        let m: PostMessage = serde_json::from_value(m).expect("a message");
         tokio::time::sleep(Duration::from_millis(100)).await;
         let t = Instant::now();
-        let r = http
-            .post(format!("{base}/v1/messages"))
-            .bearer_auth(&channel)
-            .json(&json!({"id": format!("lat-{i}"), "chat_jid": "web:lat", "sender": "bench", "content": "x"}))
-            .send()
+        let posted = client
+            .call(api::post_message(&m), Some(&channel))
             .await
             .expect("post");
-        assert_eq!(r.status(), 201);
+        assert!(!posted.duplicate, "{posted:?}");
         let events = sub.await.expect("events");
         if std::env::var_os("BENCH_TRACE").is_some() {
-            for (at, v) in &events {
-                println!("  routd +{:?} {v}", at.duration_since(t));
+            for (at, m) in &events {
+                println!("  routd +{:?} {m:?}", at.duration_since(t));
             }
         }
         let reply = events.last().expect("a reply");
-        assert_eq!(reply.1["direction"], "out", "{events:?}");
+        assert_eq!(reply.1.direction, Direction::Out, "{events:?}");
         via_routd.push(reply.0.duration_since(t));
         // Let the turn end (the folder is free) before the next.
         tokio::time::sleep(Duration::from_millis(300)).await;
+        let req = json!({"folder": "direct", "turn_id": format!("direct-{i}"), "messages": [{"role": "user", "content": "x"}]});
+        let req: RunRequest = serde_json::from_value(req).expect("a run");
         let t = Instant::now();
-        let v: Value = http
-            .post(format!("{}/v1/runs", runed.url()))
-            .bearer_auth(&routd_token)
-            .json(&json!({"folder": "direct", "turn_id": format!("direct-{i}"), "messages": [{"role": "user", "content": "x"}]}))
-            .send()
+        let created = runed_client
+            .call(runed_api::create_run(&req), Some(&routd_token))
             .await
-            .expect("run")
-            .json()
-            .await
-            .expect("run id");
-        let id = v["run_id"].as_str().expect("id").to_owned();
+            .expect("run");
         // The run's own stream, to the first output block: what routd waits for too.
         let events = subscribe_until(
-            http.clone(),
-            format!("{}/v1/runs/{id}/events", runed.url()),
+            runed_client.clone(),
+            runed_api::run_events(&created.run_id),
             routd_token.clone(),
-            |seen: &[(Instant, Value)]| seen.iter().any(|(_, v)| !v["block"].is_null()),
+            |seen: &[(Instant, RunStreamEvent)]| {
+                seen.iter()
+                    .any(|(_, e)| matches!(e, RunStreamEvent::Output { block: Some(_), .. }))
+            },
         )
         .await;
         if std::env::var_os("BENCH_TRACE").is_some() {
-            for (at, v) in &events {
-                println!("  direct +{:?} {v}", at.duration_since(t));
+            for (at, e) in &events {
+                println!("  direct +{:?} {e:?}", at.duration_since(t));
             }
         }
         direct.push(events.last().expect("an output").0.duration_since(t));
@@ -270,18 +261,19 @@ async fn bench() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     let mut child = cmd.spawn().expect("routd binary");
-    let url = format!("http://127.0.0.1:{port}");
+    let bin = Client::new(Daemon::Routd, &format!("http://127.0.0.1:{port}"), CALL)
+        .expect("a client of the routd binary");
     let deadline = Instant::now() + Duration::from_secs(20);
-    while http.get(format!("{url}/health")).send().await.is_err() {
+    // Any answer will do: it listens.
+    while bin.raw(&api::health(), None).await.is_err() {
         assert!(Instant::now() < deadline, "routd binary did not start");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for i in 0..20 {
-        let _ = http
-            .post(format!("{url}/v1/messages"))
-            .json(&json!({"id": format!("i-{i}"), "chat_jid": "idle:1", "sender": "b", "content": "x"}))
-            .send()
-            .await;
+        let m =
+            json!({"id": format!("i-{i}"), "chat_jid": "idle:1", "sender": "b", "content": "x"});
+        let m: PostMessage = serde_json::from_value(m).expect("a message");
+        let _ = bin.call(api::post_message(&m), None).await;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
     let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).expect("status");

@@ -17,7 +17,9 @@
 use std::time::{Duration, Instant};
 
 use hako_authd::testing::{ROUTD_KEY, RUNED_KEY, TestAuthd};
+use hako_client::{Client, Daemon, routd as api};
 use hako_shared::auth::AuthdClient;
+use hako_shared::chat::{GroupConfig, PostMessage, TurnState, TurnView};
 use hako_shared::config::Env;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -104,40 +106,41 @@ async fn bench() {
     let routd = hako_routd::start(cfg, l).await.expect("routd");
     let operator = authd.token("operator").await;
     let channel = authd.token("channel").await;
-    let http = reqwest::Client::builder().no_proxy().build().expect("http");
-    let base = routd.url();
-    let s = http
-        .put(format!("{base}/v1/groups/bench"))
-        .bearer_auth(&operator)
-        .json(&json!({"name": "bench"}))
-        .send()
+    let client =
+        Client::new(Daemon::Routd, &routd.url(), Duration::from_secs(30)).expect("a routd client");
+    let cfg: GroupConfig = serde_json::from_value(json!({"name": "bench"})).expect("a group");
+    client
+        .call(api::put_group("bench", &cfg), Some(&operator))
         .await
-        .expect("group")
-        .status();
-    assert!(s.is_success(), "group: {s}");
-    let s = http
-        .post(format!("{base}/v1/messages"))
-        .bearer_auth(&channel)
-        .json(&json!({"id": "live", "chat_jid": "web:bench", "sender": "bench", "content": "/sleep 600"}))
-        .send()
+        .expect("group");
+    let say = |id: &str, content: &str| -> PostMessage {
+        serde_json::from_value(
+            json!({"id": id, "chat_jid": "web:bench", "sender": "bench", "content": content}),
+        )
+        .expect("a message")
+    };
+    let posted = client
+        .call(
+            api::post_message(&say("live", "/sleep 600")),
+            Some(&channel),
+        )
         .await
-        .expect("post")
-        .status();
-    assert_eq!(s, 201);
+        .expect("post");
+    assert!(!posted.duplicate, "{posted:?}");
     // The turn is live once runed runs it; its socket is bound before.
     let deadline = Instant::now() + Duration::from_secs(60);
     let turn = loop {
-        let v: Value = http
-            .get(format!("{base}/v1/turns?folder=bench&state=running"))
-            .bearer_auth(&operator)
-            .send()
+        let mut list = client
+            .call(
+                api::turns()
+                    .query("folder", "bench")
+                    .query("state", TurnState::Running),
+                Some(&operator),
+            )
             .await
-            .expect("turns")
-            .json()
-            .await
-            .expect("json");
-        if let Some(t) = v["turns"].as_array().and_then(|t| t.first()) {
-            break t.clone();
+            .expect("turns");
+        if !list.turns.is_empty() {
+            break list.turns.swap_remove(0);
         }
         assert!(Instant::now() < deadline, "the turn never ran");
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -209,13 +212,8 @@ async fn bench() {
         );
     }
     gateway(&authd, &turn, &data, &stub).await;
-    let _ = http
-        .post(format!("{base}/v1/messages"))
-        .bearer_auth(&channel)
-        .json(
-            &json!({"id": "stop", "chat_jid": "web:bench", "sender": "bench", "content": "/stop"}),
-        )
-        .send()
+    let _ = client
+        .call(api::post_message(&say("stop", "/stop")), Some(&channel))
         .await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     routd.shutdown().await;
@@ -257,7 +255,9 @@ async fn stub_provider() -> String {
 }
 
 /// Time to the first byte and to the end of a streaming call, on a connection of its own
-/// (as the agent's client makes one per call).
+/// (as the agent's client makes one per call). Sent by hand on purpose: a provider's
+/// `POST /v1/messages` (the stub's, or routd's LLM gateway on the turn's `api.sock`, with
+/// the agent's `x-api-key`), not an operation of a daemon's API.
 async fn timed(
     http: &reqwest::Client,
     url: &str,
@@ -278,7 +278,7 @@ async fn timed(
     (ttfb, t.elapsed())
 }
 
-async fn gateway(authd: &TestAuthd, turn: &Value, data: &std::path::Path, stub: &str) {
+async fn gateway(authd: &TestAuthd, turn: &TurnView, data: &std::path::Path, stub: &str) {
     let streams: usize = std::env::var("BENCH_STREAMS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -292,8 +292,8 @@ async fn gateway(authd: &TestAuthd, turn: &Value, data: &std::path::Path, stub: 
                 scope: vec!["llm:call".into()],
                 folder: Some("bench".into()),
                 ttl_seconds: Some(3600),
-                run_id: turn["run_id"].as_str().map(str::to_owned),
-                turn_id: turn["turn_id"].as_str().map(|t| format!("{t}.1")),
+                run_id: turn.run_id.as_ref().map(|r| r.to_string()),
+                turn_id: Some(format!("{}.1", turn.turn_id)),
                 ..Default::default()
             },
         )
@@ -315,6 +315,7 @@ async fn gateway(authd: &TestAuthd, turn: &Value, data: &std::path::Path, stub: 
         .expect("client");
     let body = json!({"model": "m", "max_tokens": 10, "stream": true,
         "messages": [{"role": "user", "content": "hi"}]});
+    // routd's LLM gateway speaks the provider's API on the turn's socket: no hako-client op.
     let gw_url = "http://gateway/v1/messages";
     let stub_url = format!("{stub}/v1/messages");
     for _ in 0..20 {

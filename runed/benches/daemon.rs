@@ -17,19 +17,27 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hako_authd::testing::{RUNED_KEY, TestAuthd};
+use hako_client::{CallError, Client, Daemon, runed as api};
 use hako_shared::config::Env;
-use serde_json::{Value, json};
+use hako_shared::runs::{Outcome, RunRequest, RunState};
+use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
 const N: usize = 10;
 const THROUGHPUT_RUNS: usize = 40;
 const THROUGHPUT_FOLDERS: usize = 8;
 const LANES: usize = 4;
+/// How long a call of runed's API (long polls aside) may take.
+const CALL: Duration = Duration::from_secs(60);
+
+/// A client of the runed at `url`.
+fn client(url: &str) -> Client {
+    Client::new(Daemon::Runed, url, CALL).expect("a runed client")
+}
 
 struct Bench {
-    http: reqwest::Client,
     /// The runed (a)'s latency is measured on: warm boxes on.
-    runed: String,
+    runed: Client,
     token: String,
     image: String,
     seq: std::sync::atomic::AtomicUsize,
@@ -41,48 +49,42 @@ impl Bench {
         self.run_on(&self.runed, folder).await
     }
 
-    /// One run through the runed at `runed`.
-    async fn run_on(&self, runed: &str, folder: &str) -> Duration {
+    /// One run through the runed `runed`.
+    async fn run_on(&self, runed: &Client, folder: &str) -> Duration {
         let i = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let req = json!({"folder": folder, "turn_id": format!("bench-{i}"),
+                         "messages": [{"role": "user", "content": "x"}]});
+        let req: RunRequest = serde_json::from_value(req).expect("a run");
         let t = Instant::now();
-        let r = self
-            .http
-            .post(format!("{runed}/v1/runs"))
-            .bearer_auth(&self.token)
-            .json(&json!({"folder": folder, "turn_id": format!("bench-{i}"),
-                          "messages": [{"role": "user", "content": "x"}]}))
-            .send()
+        let created = runed
+            .call(api::create_run(&req), Some(&self.token))
             .await
             .expect("POST /v1/runs");
-        assert_eq!(r.status().as_u16(), 202);
-        let v: Value = r.json().await.expect("run id");
-        let id = v["run_id"].as_str().expect("run id").to_owned();
-        self.wait(runed, &id).await;
+        self.wait(runed, &created.run_id).await;
         t.elapsed()
     }
 
-    async fn wait(&self, runed: &str, id: &str) {
+    async fn wait(&self, runed: &Client, id: &str) {
+        let op = api::run(id)
+            .query("wait", "60s")
+            .limit(Duration::from_secs(90));
         loop {
-            let v: Value = self
-                .http
-                .get(format!("{runed}/v1/runs/{id}?wait=60s"))
-                .bearer_auth(&self.token)
-                .timeout(Duration::from_secs(90))
-                .send()
-                .await
-                .expect("GET run")
-                .json()
-                .await
-                .expect("run status");
-            match v["state"].as_str() {
-                Some("queued" | "starting" | "running") => continue,
+            match runed.call(op.clone(), Some(&self.token)).await {
+                Ok(s)
+                    if matches!(
+                        s.state,
+                        RunState::Queued | RunState::Starting | RunState::Running
+                    ) =>
+                {
+                    continue;
+                }
                 // More runs wait than one caller may long-poll at once (16): ask again soon.
-                None if v["error"] == "too_many_streams" => {
+                Err(CallError::Refused { code, .. }) if code == "too_many_streams" => {
                     tokio::time::sleep(Duration::from_millis(100)).await;
                     continue;
                 }
-                Some("exited") if v["outcome"] == "ok" => return,
-                _ => panic!("run failed: {v}"),
+                Ok(s) if s.state == RunState::Exited && s.outcome == Some(Outcome::Ok) => return,
+                r => panic!("run failed: {r:?}"),
             }
         }
     }
@@ -157,15 +159,19 @@ async fn start_runed(
 /// --rm` lanes are timed until their last removal: runed gives a run's slot back before the
 /// removal, and a removal left for after the clock would flatter it and slow the next
 /// measurement). The warm boxes made after the burst are not waited for.
-async fn burst(b: &Arc<Bench>, runed: &hako_runed::Running, round: usize) -> Duration {
-    let url = runed.url();
-    let runner = runed.runner().expect("docker");
+async fn burst(
+    b: &Arc<Bench>,
+    daemon: &hako_runed::Running,
+    runed: &Client,
+    round: usize,
+) -> Duration {
+    let runner = daemon.runner().expect("docker");
     let t = Instant::now();
     let mut hs = Vec::new();
     for i in 0..THROUGHPUT_RUNS {
-        let (b, url) = (b.clone(), url.to_owned());
+        let (b, runed) = (b.clone(), runed.clone());
         hs.push(tokio::spawn(async move {
-            b.run_on(&url, &format!("tp{round}-{}", i % THROUGHPUT_FOLDERS))
+            b.run_on(&runed, &format!("tp{round}-{}", i % THROUGHPUT_FOLDERS))
                 .await;
         }));
     }
@@ -232,9 +238,9 @@ async fn bench() {
     let warm = start_runed(&authd, &data.join("runed-warm"), &image, 4).await;
     let cold = start_runed(&authd, &data.join("runed-cold"), &image, 0).await;
     let token = authd.token("routd").await;
+    let cold_client = client(&cold.url());
     let b = Arc::new(Bench {
-        http: reqwest::Client::builder().no_proxy().build().expect("http"),
-        runed: warm.url(),
+        runed: client(&warm.url()),
         token,
         image: image.clone(),
         seq: Default::default(),
@@ -262,9 +268,9 @@ async fn bench() {
     // folders, so no round starts with another's boxes.
     let (mut on, mut off, mut cli) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     for round in 0..2 {
-        on += burst(&b, &warm, round).await;
+        on += burst(&b, &warm, &b.runed, round).await;
         settle(&warm).await;
-        off += burst(&b, &cold, round).await;
+        off += burst(&b, &cold, &cold_client, round).await;
         settle(&cold).await;
         cli += lanes(&b).await;
     }
@@ -283,13 +289,13 @@ async fn bench() {
     // (c) idle RSS of the binary.
     println!(
         "idle RSS of runed: {:.1} MiB (target <= 20 MiB)",
-        idle_rss(&image, &b.http).await as f64 / 1024.0
+        idle_rss(&image).await as f64 / 1024.0
     );
 }
 
 /// Starts `runed` (open mode, a fresh data directory), waits until it is ready, and reads its
 /// resident set in KiB.
-async fn idle_rss(image: &str, http: &reqwest::Client) -> u64 {
+async fn idle_rss(image: &str) -> u64 {
     let dir = tempfile::tempdir().expect("tempdir");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .expect("bind")
@@ -308,14 +314,10 @@ async fn idle_rss(image: &str, http: &reqwest::Client) -> u64 {
         .kill_on_drop(true)
         .spawn()
         .expect("runed binary");
+    let runed = client(&format!("http://127.0.0.1:{port}"));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if let Ok(r) = http
-            .get(format!("http://127.0.0.1:{port}/ready"))
-            .send()
-            .await
-            && r.status().is_success()
-        {
+        if runed.call(api::ready(), None).await.is_ok() {
             break;
         }
         assert!(Instant::now() < deadline, "runed did not become ready");
@@ -323,10 +325,7 @@ async fn idle_rss(image: &str, http: &reqwest::Client) -> u64 {
     }
     // Settle: a few scheduler ticks and a metrics scrape, as in normal idle life.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let _ = http
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await;
+    let _ = runed.text(api::metrics(), None).await;
     let pid = child.id().expect("pid");
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
     let kib = status
