@@ -115,7 +115,6 @@ pub(crate) async fn handle(
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
 
     #[test]

@@ -33,7 +33,6 @@ use hako_shared::contract::{BlockStatus, Message, OutputBlock};
 use hako_shared::db::DbError;
 use hako_shared::ids::{RunId, TurnId, TurnTry};
 use hako_shared::runs::{Outcome, RunRequest, RunState, RunStatus, RunStreamEvent, SteerState};
-use sha2::{Digest, Sha256};
 
 use crate::live::LiveTurn;
 use crate::runed::RunedError;
@@ -43,17 +42,14 @@ use crate::store::{Step, TurnRow};
 /// The turn id of a batch: `t-` and 24 hex digits of the SHA-256 of the chat and the first
 /// and last message ids.
 pub(crate) fn turn_id_for(chat: &str, first: &str, last: &str) -> TurnId {
-    let mut h = Sha256::new();
-    for part in [chat, first, last] {
-        h.update(part.as_bytes());
-        h.update([0]);
-    }
-    let hex: String = h
-        .finalize()
-        .iter()
-        .take(12)
-        .map(|b| format!("{b:02x}"))
-        .collect();
+    let hex = crate::store::digest_hex(&[
+        chat.as_bytes(),
+        &[0],
+        first.as_bytes(),
+        &[0],
+        last.as_bytes(),
+        &[0],
+    ]);
     TurnId::new(format!("t-{hex}")).expect("t- and hex digits are in the grammar")
 }
 
@@ -814,6 +810,11 @@ mod tests {
         assert_ne!(a, turn_id_for("tg:2", "m1", "m3"));
         // Parts cannot run into one another.
         assert_ne!(turn_id_for("a", "bc", "d"), turn_id_for("ab", "c", "d"));
+        // The same id as every earlier routd gave the batch (a resumed turn keeps its id).
+        assert_eq!(
+            turn_id_for("tg:1", "m-1", "m-2").as_str(),
+            "t-48d230679b766d95f53dbc0c"
+        );
         let packed = TurnTry::new(a, 4).unwrap().runed_turn();
         assert!(packed.ends_with(".4"), "{packed}");
     }

@@ -35,7 +35,7 @@ fn all_text(r: &hako_runner::RunReport) -> String {
 
 /// Item 1 of the isolation issue. A parent folder's agent keeps exchanging every name its
 /// sub-folders' storage had under its own writable mounts with symlinks to another tenant's
-/// workspace and to a root-owned host directory, while its sub-folders run 200 times. No
+/// workspace and to a root-owned host directory, while its sub-folders run 100 times. No
 /// sub-folder run may ever see the victim's or the host's files, or write there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_racing_parent_never_redirects_its_childrens_mounts() {
@@ -67,7 +67,9 @@ async fn a_racing_parent_never_redirects_its_childrens_mounts() {
     let (_, first) = parent.block().await;
     assert_eq!(first, "swapping");
 
-    let runs_each = 50;
+    // 100 runs in all: at 200 this was the suite's costliest test (89 CPU-seconds alone on two
+    // cores); every run is its own try at the race, and the swapper's pace is checked below.
+    let runs_each = 25;
     let mut tasks = Vec::new();
     for child in children {
         let runner = rig.runner.clone();
@@ -132,7 +134,7 @@ async fn a_racing_parent_never_redirects_its_childrens_mounts() {
             swapped = n;
         }
     }
-    assert!(swapped > 10_000, "the parent kept swapping ({swapped})");
+    assert!(swapped > 5_000, "the parent kept swapping ({swapped})");
     parent.control.kill.cancel();
     let (r, _) = parent.end().await;
     assert_eq!(r.state, RunState::Killed);

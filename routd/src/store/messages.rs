@@ -18,9 +18,7 @@ pub(crate) fn keyed_message_id(prefix: &str, key: &str, suffix: &str) -> String 
     if hako_shared::ids::is_valid_id(&plain) {
         return plain;
     }
-    use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(key.as_bytes());
-    let hex: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    let hex = super::digest_hex(&[key.as_bytes()]);
     format!("{prefix}k-{hex}{suffix}")
 }
 

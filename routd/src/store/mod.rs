@@ -25,6 +25,21 @@ pub use approvals::{ApprovalRow, Decided};
 pub use audit::AuditRow;
 pub use groups::{GroupRow, SetBy};
 pub(crate) use messages::keyed_message_id;
+
+/// 24 hex digits of the SHA-256 of `parts` fed in order: the digest part of the ids routd
+/// derives (turn ids, keyed message ids), short enough for the id grammar.
+pub(crate) fn digest_hex(parts: &[&[u8]]) -> String {
+    use sha2::Digest as _;
+    let mut h = sha2::Sha256::new();
+    for p in parts {
+        h.update(p);
+    }
+    h.finalize()
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
 pub use messages::{Backlog, Ingested, NewInbound, NewOutbound};
 pub use routes::RouteRow;
 pub use schema::MIGRATIONS;
@@ -104,6 +119,10 @@ mod tests {
     fn keyed_message_ids_fit_the_grammar_and_are_stable() {
         assert_eq!(keyed_message_id("t-1.send.", "k1", ""), "t-1.send.k1");
         assert_eq!(keyed_message_id("", "tg:1:2", ".answer"), "tg:1:2.answer");
+        assert_eq!(
+            keyed_message_id("t-1.send.", "with space", ""),
+            "t-1.send.k-b8b8f25a5fc711caea1cfebf"
+        );
         for key in [
             "with space",
             "ünïcode",
