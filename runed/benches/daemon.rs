@@ -156,9 +156,9 @@ async fn start_runed(
 
 /// `THROUGHPUT_RUNS` runs over `THROUGHPUT_FOLDERS` folders, all posted at once to `runed`:
 /// the time until every run is answered and every run's container removed (as `docker run
-/// --rm` lanes are timed until their last removal: runed gives a run's slot back before the
-/// removal, and a removal left for after the clock would flatter it and slow the next
-/// measurement). The warm boxes made after the burst are not waited for.
+/// --rm` lanes are timed until their last removal: a removal left for after the clock would
+/// flatter runed and slow the next measurement). The warm boxes made after the burst are not
+/// waited for.
 async fn burst(
     b: &Arc<Bench>,
     daemon: &hako_runed::Running,
