@@ -124,11 +124,9 @@ impl Rig {
             format!("routd-test-{hex}")
         };
         runed_env.push(("HAKO_INSTALL_ID".into(), install.clone()));
-        let routd_port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // Chosen by routd's first bind (port 0), then kept for its restarts: a port picked
+        // here and bound later could be taken in between by another test's daemon.
+        let routd_port = 0;
         let authd_url = authd.url();
         let mut rig = Rig {
             dir,
@@ -278,10 +276,11 @@ impl Rig {
     }
 
     pub async fn start_routd(&mut self) {
-        let cfg = hako_routd::Config::from_env(&Env::from_pairs(self.routd_pairs())).unwrap();
-        let l = tokio::net::TcpListener::bind(cfg.listen_addr)
+        let l = tokio::net::TcpListener::bind(("127.0.0.1", self.routd_port))
             .await
             .unwrap();
+        self.routd_port = l.local_addr().unwrap().port();
+        let cfg = hako_routd::Config::from_env(&Env::from_pairs(self.routd_pairs())).unwrap();
         self.routd = Some(hako_routd::start(cfg, l).await.unwrap());
     }
 
