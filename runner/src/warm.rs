@@ -265,11 +265,19 @@ impl Drop for Making<'_> {
     }
 }
 
-/// The spec with what differs between any two boxes (name, labels) left out.
-fn same_box(a: &ContainerSpec, b: &ContainerSpec) -> bool {
+/// The spec with what differs between any two boxes (name, labels) left out, and the program
+/// copies under `programs` (`programs.rs`): a box made before its image's copy was ready reads
+/// the same bytes from its image, so it serves a run that would bind the copy.
+fn same_box(a: &ContainerSpec, b: &ContainerSpec, programs: &std::path::Path) -> bool {
     let strip = |s: &ContainerSpec| ContainerSpec {
         name: String::new(),
         labels: HashMap::new(),
+        mounts: s
+            .mounts
+            .iter()
+            .filter(|m| !m.source.starts_with(programs))
+            .cloned()
+            .collect(),
         ..s.clone()
     };
     strip(a) == strip(b)
@@ -393,7 +401,11 @@ impl Runner {
         let b = self.warm.take(folder).ok_or(WarmMiss::Empty)?;
         let miss = if dirty {
             Some(WarmMiss::Dirty)
-        } else if !same_box(&b.spec, want) {
+        } else if !same_box(
+            &b.spec,
+            want,
+            &self.cfg.layout.data_dir.join(crate::programs::DIR),
+        ) {
             Some(WarmMiss::Spec)
         } else {
             let t = self.cfg.docker_timeout;
@@ -482,6 +494,7 @@ pub fn is_warm(c: &Listed) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mounts::MountEntry;
     use hako_shared::runs::Limits;
 
     fn spec() -> ContainerSpec {
@@ -514,7 +527,21 @@ mod tests {
         let mut b = spec();
         b.name = "hako-i-warm-x".into();
         b.labels.insert("io.hako.run".into(), "warm-x".into());
-        assert!(same_box(&a, &b), "name and labels are the box's own");
+        let programs = std::path::Path::new("/data/programs");
+        assert!(
+            same_box(&a, &b, programs),
+            "name and labels are the box's own"
+        );
+        // The copy of the image's program, ready for this run but not when the box was made.
+        b.mounts.push(MountEntry {
+            source: programs.join("ab12/0"),
+            target: "/usr/local/bin/codex".into(),
+            readonly: true,
+        });
+        assert!(
+            same_box(&a, &b, programs),
+            "a program copy changes no behaviour"
+        );
         for change in [
             (|s: &mut ContainerSpec| s.image = "other:latest".into()) as fn(&mut ContainerSpec),
             |s| s.env.push("TZ=UTC".into()),
@@ -522,10 +549,17 @@ mod tests {
             |s| s.limits.memory = 512 << 20,
             |s| s.runtime = Some("runsc".into()),
             |s| s.user = "0:0".into(),
+            |s| {
+                s.mounts.push(MountEntry {
+                    source: "/data/groups/g/extra".into(),
+                    target: "/workspace/extra".into(),
+                    readonly: true,
+                });
+            },
         ] {
             let mut c = spec();
             change(&mut c);
-            assert!(!same_box(&a, &c), "{c:?}");
+            assert!(!same_box(&a, &c, programs), "{c:?}");
         }
     }
 }
