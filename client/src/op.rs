@@ -138,6 +138,13 @@ impl<R> Op<R> {
         }
     }
 
+    /// The same call with `body` in place of its own, its answer read as JSON: tests of
+    /// bodies the typed call cannot hold (a verdict that is not a boolean).
+    pub fn with_json(mut self, body: &serde_json::Value) -> Op<serde_json::Value> {
+        self = self.json(body);
+        self.as_value()
+    }
+
     /// The same call, its answer read as the JSON it is (tests, and tools that print it).
     pub fn as_value(self) -> Op<serde_json::Value> {
         Op {

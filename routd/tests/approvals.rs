@@ -366,13 +366,9 @@ async fn verdicts_from_elsewhere_are_refused() {
     let (s, v) = verdict(&rig, &no_scope, &id, true).await;
     assert_eq!(s, 403, "{v}");
     // Malformed verdicts (raw on purpose: a body the typed verdict cannot hold).
+    let yes = json!({"approve": "yes"});
     let (s, v) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": "yes"}),
-        )
+        .send(&rig.operator, routd::decide(&id, true).with_json(&yes))
         .await;
     assert_eq!(s, 400, "{v}");
     assert_eq!(request(&rig, &id).await["state"], "pending");

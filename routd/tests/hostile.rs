@@ -13,6 +13,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
+use hako_client::routd;
+use hako_client::testing::send;
 use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::chat::MessageKind;
@@ -82,26 +84,18 @@ async fn a_channels_child_token_is_held_to_the_channels_chats() {
             "{chat} {text}: {v}"
         );
     }
-    let (s, v) = rig
-        .api()
-        .get(&child, &format!("/v1/chats/{}/messages", enc("web:acme")))
-        .await;
+    let (s, v) = rig.send(&child, routd::chat_messages("web:acme")).await;
     assert_eq!(s, 404, "another folder's web chat: {v}");
     let (s, v) = post(&rig, &child, "tg:42", "c-ok", "alice", "hi from telegram").await;
     assert_eq!(s, 201, "the chats it serves still work: {v}");
     // Files: the same chats as messages. Into web:main's folder never; into tg:42's folder
     // (acme) yes; a folder-bound token of acme cannot put files into main's chat either.
     let put = |token: String, chat: &'static str| {
-        let api = rig.api();
+        let rig = &rig;
         async move {
-            api.raw(
-                reqwest::Method::PUT,
-                &format!("/v1/chats/{}/media/planted.txt", enc(chat)),
-                Some(&token),
-                "application/octet-stream",
-                "planted",
-            )
-            .await
+            let file = b"planted".to_vec().into();
+            rig.send(&token, routd::put_chat_media(chat, "planted.txt", file))
+                .await
         }
     };
     let (s, v) = put(child.clone(), "web:main").await;
@@ -237,8 +231,12 @@ async fn held_calls_are_bounded_and_each_tenant_sees_its_own() {
         .token;
     let api = rig.api();
     let held = tokio::spawn({
-        let path = format!("/v1/turns/{turn}.1/tools/send_message");
-        async move { api.post(&spawn, &path, json!({"text": "beta's own"})).await }
+        let op = routd::turn_tool(
+            &format!("{turn}.1"),
+            "send_message",
+            &json!({"text": "beta's own"}),
+        );
+        async move { send(&api, &spawn, op).await }
     });
     let beta_id = nth_request(&rig, "web:beta", 1).await;
 
@@ -347,21 +345,14 @@ async fn the_approver_sees_the_whole_call_and_who_decided() {
     let tenant = rig
         .mint(&["approvals:read", "approvals:write"], Some("acme"), 600)
         .await;
-    let (s, a) = rig.api().get(&tenant, &format!("/v1/approvals/{id}")).await;
+    let (s, a) = rig.send(&tenant, routd::approval(&id)).await;
     assert_eq!(s, 200, "{a}");
     assert_eq!(
         a["arguments"]["text"],
         long.as_str(),
         "the API shows it whole"
     );
-    let (s, v) = rig
-        .api()
-        .post(
-            &tenant,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": false}),
-        )
-        .await;
+    let (s, v) = rig.send(&tenant, routd::decide(&id, false)).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["decided_by"], "operator@acme", "{v}");
     let h = rig
@@ -561,14 +552,8 @@ async fn sub_folder_tokens_do_not_multiply_a_tenants_streams() {
     let mut refused = 0;
     for i in 0..6 {
         let f = format!("acme/s{i}");
-        let (s, v) = rig
-            .api()
-            .put(
-                &tenant,
-                &format!("/v1/groups/{}", enc(&f)),
-                json!({"name": f}),
-            )
-            .await;
+        let cfg = serde_json::from_value(json!({"name": f})).unwrap();
+        let (s, v) = rig.send(&tenant, routd::put_group(&f, &cfg)).await;
         assert_eq!(s, 201, "{v}");
         let child = rig.mint(&["chats:read"], Some(&f), 600).await;
         let r = open(child, format!("web:{f}")).await;
@@ -629,10 +614,7 @@ async fn a_stream_ends_when_its_chat_moves_to_another_folder() {
         .await
         .unwrap();
     assert_eq!(stream.status(), 200);
-    let (s, _) = rig
-        .api()
-        .delete(&rig.operator, &format!("/v1/routes/{route}"))
-        .await;
+    let (s, _) = rig.send(&rig.operator, routd::delete_route(route)).await;
     assert_eq!(s, 200);
     rig.route("tg:7", "beta").await;
     let ended = tokio::time::timeout(Duration::from_secs(30), async {
@@ -727,23 +709,13 @@ async fn a_sigterm_with_a_held_call_keeps_it_for_the_person() {
         .unwrap();
         child.wait().unwrap();
         rig.spawn_routd_binary().await;
-        let (_, a) = rig
-            .api()
-            .get(&rig.operator, &format!("/v1/approvals/{id}"))
-            .await;
+        let (_, a) = rig.send(&rig.operator, routd::approval(&id)).await;
         assert_eq!(a["state"], "pending", "round {round}: {a}");
         assert!(
             !replies(&rig.history(chat).await).contains(&text),
             "round {round}: not run before the verdict"
         );
-        let (s, v) = rig
-            .api()
-            .post(
-                &rig.operator,
-                &format!("/v1/approvals/{id}"),
-                json!({"approve": true}),
-            )
-            .await;
+        let (s, v) = rig.send(&rig.operator, routd::decide(&id, true)).await;
         assert_eq!(s, 200, "round {round}: {v}");
         rig.wait_for(chat, "the approved call's effect", |h| {
             replies(h).contains(&text)
@@ -802,19 +774,9 @@ async fn a_chat_approves_only_what_is_its_own() {
         "{:?}",
         notices(&h)
     );
-    let (_, a) = rig
-        .api()
-        .get(&rig.operator, &format!("/v1/approvals/{id}"))
-        .await;
+    let (_, a) = rig.send(&rig.operator, routd::approval(&id)).await;
     assert_eq!(a["state"], "pending", "{a}");
-    let (s, _) = rig
-        .api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": false}),
-        )
-        .await;
+    let (s, _) = rig.send(&rig.operator, routd::decide(&id, false)).await;
     assert_eq!(s, 200);
     rig.wait_idle("support").await;
 
@@ -846,18 +808,9 @@ async fn a_chat_approves_only_what_is_its_own() {
         notices(h).iter().any(|n| n.contains("another chat"))
     })
     .await;
-    let (_, a) = rig
-        .api()
-        .get(&rig.operator, &format!("/v1/approvals/{id}"))
-        .await;
+    let (_, a) = rig.send(&rig.operator, routd::approval(&id)).await;
     assert_eq!(a["state"], "pending", "{a}");
-    rig.api()
-        .post(
-            &rig.operator,
-            &format!("/v1/approvals/{id}"),
-            json!({"approve": false}),
-        )
-        .await;
+    rig.send(&rig.operator, routd::decide(&id, false)).await;
     rig.wait_idle("desk").await;
 
     // Named approvers: a tenant's post claiming to be one names no one.
@@ -886,10 +839,7 @@ async fn a_chat_approves_only_what_is_its_own() {
         notices(h).iter().any(|n| n.contains("may not answer"))
     })
     .await;
-    let (_, a) = rig
-        .api()
-        .get(&rig.operator, &format!("/v1/approvals/{id}"))
-        .await;
+    let (_, a) = rig.send(&rig.operator, routd::approval(&id)).await;
     assert_eq!(
         a["state"], "pending",
         "a claimed sender approved nothing: {a}"
