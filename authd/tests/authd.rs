@@ -1578,6 +1578,42 @@ async fn unknown_kid_refetches_are_rate_limited() {
     assert_eq!(a.metric("authd_jwks_served_total").await, before);
 }
 
+/// A cold verifier (a daemon just started) given a burst of valid tokens fetches the JWKS once,
+/// and no caller waits out the refetch interval: callers that arrived while the first fetch
+/// was in flight used to take it for an earlier one, and waited the interval for a second
+/// (runed's first burst after a start stalled 5 s on 32 of 40 runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cold_burst_shares_the_first_fetch() {
+    const INTERVAL: Duration = Duration::from_secs(20);
+    let a = Authd::new().await;
+    let runed = a.runed().await;
+    for round in 0..3 {
+        let v = a.verifier(|c| {
+            c.min_refetch_interval = INTERVAL;
+            c.jwks_ttl = Duration::from_secs(600);
+        });
+        let before = a.metric("authd_jwks_served_total").await;
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..100 {
+            let (v, t) = (v.clone(), runed.clone());
+            tasks.push(tokio::spawn(async move { v.verify(&t).await.map(|_| ()) }));
+        }
+        for t in tasks {
+            assert_eq!(t.await.expect("join"), Ok(()), "round {round}");
+        }
+        assert!(
+            started.elapsed() < INTERVAL,
+            "round {round}: a caller waited out the refetch interval"
+        );
+        assert_eq!(
+            a.metric("authd_jwks_served_total").await - before,
+            1,
+            "round {round}: one fetch"
+        );
+    }
+}
+
 /// Collects formatted log lines.
 #[derive(Clone, Default)]
 struct Logs(Arc<Mutex<Vec<u8>>>);

@@ -194,8 +194,8 @@ struct Inner {
     /// When a JWKS fetch was last attempted; held across the wait and the fetch so that
     /// concurrent unknown kids share one request.
     fetch_gate: tokio::sync::Mutex<Option<Instant>>,
-    /// JWKS fetches attempted so far: a caller that queued behind another's fetch sees the
-    /// count move and looks again instead of fetching (or waiting) itself.
+    /// JWKS fetches ended so far: a caller that queued behind another's fetch sees the count
+    /// move and looks again instead of fetching (or waiting) itself.
     fetches: AtomicU64,
     revoked: RwLock<HashMap<String, i64>>,
     /// When the revocation list was last fetched from authd (remote mode).
@@ -467,6 +467,9 @@ impl Verifier {
         let Mode::Remote(client) = &self.inner.mode else {
             return self.lookup(kid, now).ok_or(AuthError::UnknownKey);
         };
+        // Read before the keys: a fetch that ends after this is seen as one by `refetch`; one
+        // that ended before it has its keys in the lookup below.
+        let seen = self.inner.fetches.load(Ordering::Acquire);
         let fresh = self.jwks_fresh();
         let known = self.lookup(kid, now);
         if fresh && let Some(k) = known {
@@ -476,11 +479,14 @@ impl Verifier {
         // An unknown kid: wait for the rate limit to allow one fetch, so that a key rotated in
         // moments after the last fetch is still learnt, while a flood of bogus kids costs authd
         // one request per interval.
-        let seen = self.inner.fetches.load(Ordering::Acquire);
         let fetched = self.refetch(client, seen, known.is_none()).await;
         match (self.lookup(kid, now).or(known), fetched) {
             (Some(k), _) => Ok(k),
             (None, Err(e)) => Err(AuthError::Unavailable(e.to_string())),
+            // Another caller's fetch, shared, failed: no key is known yet, so none is unknown.
+            (None, Ok(_)) if lock(&self.inner.keys_fetched).is_none() => Err(
+                AuthError::Unavailable("authd's signing keys could not be fetched yet".into()),
+            ),
             (None, Ok(_)) => Err(AuthError::UnknownKey),
         }
     }
@@ -509,7 +515,15 @@ impl Verifier {
             tokio::time::sleep(interval - since).await;
         }
         *last = Some(Instant::now());
+        // Counted once it has ended, its keys stored: a caller that arrived while it was in
+        // flight (and found no key) shares it instead of waiting out the interval for another.
+        let fetched = self.fetch_jwks(client).await;
         self.inner.fetches.fetch_add(1, Ordering::AcqRel);
+        fetched
+    }
+
+    /// One JWKS fetch; its keys replace the known ones.
+    async fn fetch_jwks(&self, client: &AuthdClient) -> Result<bool, ClientError> {
         let jwks = match client.jwks().await {
             Ok(j) => j,
             Err(e) => {
