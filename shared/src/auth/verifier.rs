@@ -214,6 +214,15 @@ impl Drop for Inner {
     }
 }
 
+/// Counts one more when dropped: a JWKS fetch that ended, or whose caller went away.
+struct Counted<'a>(&'a AtomicU64);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -515,11 +524,11 @@ impl Verifier {
             tokio::time::sleep(interval - since).await;
         }
         *last = Some(Instant::now());
-        // Counted once it has ended, its keys stored: a caller that arrived while it was in
-        // flight (and found no key) shares it instead of waiting out the interval for another.
-        let fetched = self.fetch_jwks(client).await;
-        self.inner.fetches.fetch_add(1, Ordering::AcqRel);
-        fetched
+        // Counted once it has ended, its keys stored (or once it was dropped mid-way, its caller
+        // gone): a caller that arrived while it was in flight, and found no key, shares it
+        // instead of waiting out the interval for another.
+        let _ended = Counted(&self.inner.fetches);
+        self.fetch_jwks(client).await
     }
 
     /// One JWKS fetch; its keys replace the known ones.
@@ -1054,6 +1063,53 @@ mod tests {
         }
         // Nothing forged was remembered; the controls were.
         assert_eq!(v.cache_len(), 2);
+    }
+
+    /// A JWKS fetch whose caller went away mid-way still counts as one: a caller that waited
+    /// behind it shares its end instead of waiting out the refetch interval for another.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fetch_dropped_mid_way_is_still_shared() {
+        // An authd that takes every connection and never answers.
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        let held = tokio::spawn(async move {
+            let mut conns = Vec::new();
+            while let Ok((c, _)) = l.accept().await {
+                conns.push(c);
+            }
+        });
+        const INTERVAL: Duration = Duration::from_secs(30);
+        let v = Verifier::new(VerifierConfig {
+            min_refetch_interval: INTERVAL,
+            revoked_poll: INTERVAL,
+            http_timeout: INTERVAL,
+            ..VerifierConfig::remote(url)
+        })
+        .unwrap();
+        let s = Signer::generate().unwrap();
+        let token = s.sign(&claims(now_secs())).unwrap();
+        let first = tokio::spawn({
+            let v = v.clone();
+            async move { v.verify(&token).await }
+        });
+        // The first caller holds the gate: its fetch is in flight. What a caller arriving now
+        // reads:
+        while v.inner.fetch_gate.try_lock().is_ok() {
+            tokio::task::yield_now().await;
+        }
+        let seen = v.inner.fetches.load(Ordering::Acquire);
+        first.abort();
+        assert!(first.await.unwrap_err().is_cancelled());
+        assert_eq!(v.inner.fetches.load(Ordering::Acquire), seen + 1);
+        let Mode::Remote(client) = &v.inner.mode else {
+            unreachable!()
+        };
+        let shared = tokio::time::timeout(INTERVAL / 2, v.refetch(client, seen, true)).await;
+        assert!(
+            matches!(shared, Ok(Ok(false))),
+            "the waiting caller shares the dropped fetch: {shared:?}"
+        );
+        held.abort();
     }
 
     #[tokio::test]
