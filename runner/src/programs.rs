@@ -254,11 +254,16 @@ impl Runner {
     }
 }
 
+/// Where the copies are: `DATA_DIR/programs` (a mount from under it is a copy).
+pub(super) fn root(cfg: &RunnerConfig) -> std::path::PathBuf {
+    cfg.layout.data_dir.join(DIR)
+}
+
 /// The copies an earlier process (or another one on this data root) made of image `key`'s
 /// programs, when every one is there: whole by construction (synced, then renamed).
 fn already_copied(cfg: &RunnerConfig, key: &str, label: &str) -> Option<Vec<MountEntry>> {
     let paths = parse(label).ok()?;
-    let dir = cfg.layout.data_dir.join(DIR).join(key);
+    let dir = root(cfg).join(key);
     paths
         .into_iter()
         .enumerate()
@@ -285,7 +290,7 @@ async fn copy(
     paths: &[String],
 ) -> Result<Vec<MountEntry>, EngineError> {
     let t = cfg.docker_timeout;
-    let dir = cfg.layout.data_dir.join(DIR).join(key);
+    let dir = root(cfg).join(key);
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
@@ -372,7 +377,7 @@ async fn copy(
 
 /// Removes the copies of images the engine no longer has (a rebuilt image's old id).
 async fn forget_gone(engine: &dyn Engine, cfg: &RunnerConfig, keep: &str) {
-    let root = cfg.layout.data_dir.join(DIR);
+    let root = root(cfg);
     let Ok(dirs) = std::fs::read_dir(&root) else {
         return;
     };

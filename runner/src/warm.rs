@@ -401,11 +401,7 @@ impl Runner {
         let b = self.warm.take(folder).ok_or(WarmMiss::Empty)?;
         let miss = if dirty {
             Some(WarmMiss::Dirty)
-        } else if !same_box(
-            &b.spec,
-            want,
-            &self.cfg.layout.data_dir.join(crate::programs::DIR),
-        ) {
+        } else if !same_box(&b.spec, want, &crate::programs::root(&self.cfg)) {
             Some(WarmMiss::Spec)
         } else {
             let t = self.cfg.docker_timeout;
