@@ -104,6 +104,7 @@ pub(crate) async fn scheduler(sh: Arc<Shared>) {
                 }
             }
         }
+        make_deferred_boxes(&sh);
     }
 }
 
@@ -571,20 +572,86 @@ fn bind_hook(sh: Arc<Shared>, run_id: RunId) -> BindHook {
     }))
 }
 
-/// Starts the folder's next box, if its group and the install keep one, and no other
-/// folder's run waits for a slot: the box is made while this run still holds its slot, so
-/// making it then would delay a run that is sure to come for a box that may never be taken
-/// (eight folders on four slots threw most of theirs away, and warm boxes cost throughput).
+/// Starts the folder's next box, if its group and the install keep one, once runed is
+/// otherwise idle. The box is made while this run still holds its folder's slot, so making
+/// it while another folder's run waits would delay a run that is sure to come for a box that
+/// may never be taken (eight folders on four slots threw most of theirs away); and making it
+/// while other runs are live takes CPU from them (the last runs of a burst made boxes beside
+/// each other, and warm boxes cost 1-2.5% of a burst's throughput). Such a folder's box is put
+/// off until no run is live or waiting ([`make_deferred_boxes`]); a conversation alone on
+/// runed gets its box at once.
 async fn warm_next(sh: &Shared, spec: &RunSpec) {
-    let others_wait = {
-        let s = sh.sched();
-        s.queue.len() > s.queue.folder_len(spec.folder.as_str())
-    };
-    if others_wait {
-        tracing::debug!(folder = %spec.folder, "no warm box: other folders' runs wait for a slot");
+    let Ok(runner) = sh.runner() else { return };
+    if let Err(e) = runner.warms(&spec.group) {
+        if e != NotWarmed::Off {
+            tracing::debug!(folder = %spec.folder, reason = %e, "no warm box");
+        }
         return;
     }
-    let Ok(runner) = sh.runner() else { return };
+    {
+        let mut s = sh.sched();
+        let folder = spec.folder.as_str();
+        s.deferred.retain(|(f, _)| f != folder);
+        if s.queue.len() > s.queue.folder_len(folder) {
+            tracing::debug!(folder = %spec.folder, "no warm box: other folders' runs wait for a slot");
+            return;
+        }
+        // This run still counts: another is live beside it.
+        if s.queue.active() > 1 {
+            tracing::debug!(folder = %spec.folder, "warm box put off: other runs are live");
+            s.deferred.push((folder.to_owned(), spec.clone()));
+            return;
+        }
+    }
+    make_box(sh, &runner, spec).await;
+}
+
+/// Makes the boxes [`warm_next`] put off, once no run is live or waiting: the newest
+/// folders' first, as many as the pool keeps (`RUNED_WARM_MAX`), each while it holds its
+/// folder's slot (a run of the folder that comes meanwhile waits for the box, and takes it).
+fn make_deferred_boxes(sh: &Arc<Shared>) {
+    let claimed: Vec<(FolderClaim, RunSpec)> = {
+        let mut s = sh.sched();
+        if s.deferred.is_empty() || !s.queue.is_empty() || s.queue.active() > 0 {
+            return;
+        }
+        let all = std::mem::take(&mut s.deferred);
+        let mut out = Vec::new();
+        for (folder, spec) in all.into_iter().rev().take(sh.cfg.runner.warm_max) {
+            // A hold has the folder: its box waits for a run that ends after it.
+            if s.queue.is_busy(&folder) {
+                continue;
+            }
+            s.queue.claim(&folder, SpawnKind::Run);
+            out.push((FolderClaim(sh.clone(), folder), spec));
+        }
+        out
+    };
+    for (claim, spec) in claimed {
+        tokio::spawn(async move {
+            let sh = &claim.0;
+            if sh.stopping.is_cancelled() {
+                return;
+            }
+            if let Ok(runner) = sh.runner() {
+                make_box(sh, &runner, &spec).await;
+            }
+        });
+    }
+}
+
+/// A folder's slot taken to make its box: given back (and the scheduler woken) when dropped.
+struct FolderClaim(Arc<Shared>, String);
+
+impl Drop for FolderClaim {
+    fn drop(&mut self) {
+        self.0.sched().queue.release(&self.1, SpawnKind::Run);
+        self.0.gauges();
+        self.0.wake.notify_one();
+    }
+}
+
+async fn make_box(sh: &Shared, runner: &hako_runner::Runner, spec: &RunSpec) {
     match runner.prestart(spec).await {
         Ok(()) => hako_shared::failpoint::hit("runed.warm.recorded"),
         Err(NotWarmed::Off) => {}

@@ -174,6 +174,7 @@ pub async fn start(
             live: Default::default(),
             reserved: 0,
             reserved_per: Default::default(),
+            deferred: Vec::new(),
         }),
         cfg: config,
         store,

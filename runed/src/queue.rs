@@ -193,6 +193,11 @@ impl FairQueue {
         self.len == 0
     }
 
+    /// Whether `folder`'s slot is taken (a run, a hold, or a box being made for it).
+    pub fn is_busy(&self, folder: &str) -> bool {
+        self.busy.contains(folder)
+    }
+
     /// Live containers.
     pub fn active(&self) -> usize {
         self.active

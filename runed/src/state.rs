@@ -22,7 +22,7 @@ use crate::metrics::DaemonMetrics;
 use crate::queue::{Entry, FairQueue};
 use crate::store::{EndRow, Store};
 use crate::tokens::Broker;
-use hako_runner::{CloseWhen, LiveRun, RunControl, Runner};
+use hako_runner::{CloseWhen, LiveRun, RunControl, RunSpec, Runner};
 
 /// What SSE subscribers and long-polls hear: the wire's own type.
 pub type Event = hako_shared::runs::RunStreamEvent;
@@ -69,6 +69,9 @@ pub(crate) struct Sched {
     /// Places promised to requests being written to the store, overall and per folder.
     pub reserved: usize,
     pub reserved_per: HashMap<String, usize>,
+    /// Folders whose next box waits for runed to be idle (`daemon::warm_next`), each with the
+    /// spec of its last run, the newest last.
+    pub deferred: Vec<(String, RunSpec)>,
 }
 
 /// Why a request cannot be queued.

@@ -476,6 +476,57 @@ async fn daemon_one_tenant_cannot_take_every_slot() {
 /// Every error any route gives is the envelope: the strict client sends every kind of bad
 /// input (no token, a forged one, a malformed query, malformed JSON, a wrong content type, a
 /// body of the wrong shape) to every operation the OpenAPI document lists.
+/// A folder's next box waits while another folder's run is live (it would take that run's
+/// CPU), and is made once runed is idle: after a burst every folder that ran last has its box.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn daemon_a_warm_box_waits_for_the_other_runs_to_end() {
+    let rig = Rig::sim(&[("RUNED_WARM_MAX", "4")]).await;
+    let slow = rig.run("wb", "turn-wb-1", "/sleep 5\nb done").await;
+    rig.wait_state(&slow, "running").await;
+    let quick = rig.run("wa", "turn-wa-1", "a done").await;
+    assert_eq!(rig.wait(&quick).await["outcome"], "ok");
+    let warm_of = |folder: &'static str| {
+        let runner = rig.runner();
+        async move {
+            runner
+                .list_agents()
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|c| {
+                    hako_runner::warm::is_warm(c)
+                        && c.labels.get("io.hako.folder").map(String::as_str) == Some(folder)
+                })
+                .count()
+        }
+    };
+    // Watched until the slow run ends, at least a second of it after the quick one ended.
+    let mut watched = Duration::ZERO;
+    let t = Instant::now();
+    loop {
+        let boxes = warm_of("wa").await;
+        let (_, v) = rig.status(&slow).await;
+        if v["state"] != "running" {
+            break;
+        }
+        assert_eq!(boxes, 0, "a box was made beside a live run");
+        watched = t.elapsed();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        watched >= Duration::from_secs(1),
+        "the slow run ended {watched:?} after the quick one: nothing was shown"
+    );
+    assert_eq!(rig.wait(&slow).await["outcome"], "ok");
+    // Idle now: both folders have their box, and the next turn takes the put-off one.
+    let put_off = rig.warm_boxes("wa", 1).await;
+    rig.warm_boxes("wb", 1).await;
+    let next = rig.run("wa", "turn-wa-2", "again").await;
+    assert_eq!(rig.wait(&next).await["outcome"], "ok");
+    assert_eq!(rig.container_of(&next), put_off[0].id, "the next turn took the box");
+    rig.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn daemon_every_route_answers_errors_as_envelopes() {
     let rig = Rig::sim(&[]).await;

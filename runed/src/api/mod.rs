@@ -695,7 +695,9 @@ async fn stop_folder(
     // The live run and those still waiting for the folder's slot: a stop that left a
     // queued run to start after it would stop nothing the user sees.
     let ids: Vec<RunId> = {
-        let s = sh.sched();
+        let mut s = sh.sched();
+        // A box put off for the folder is not made after its stop.
+        s.deferred.retain(|(f, _)| *f != folder);
         let live = s
             .live
             .iter()
