@@ -13,6 +13,9 @@ pub struct LiveTurn {
     /// Held while follow-ups are handed to runed; the turn's end waits for it, so that a
     /// follow-up handed over as the run ends is settled with the run, never beside it.
     pub steer: Arc<tokio::sync::Mutex<()>>,
+    /// The scheduler found work for a steer while one was under way: it looks again when it
+    /// ends.
+    steer_again: AtomicBool,
     /// The current run's container has started: follow-ups can be placed. Before that they
     /// wait in the log (runed would refuse them) and go in once it starts.
     run_started: AtomicBool,
@@ -63,6 +66,16 @@ impl LiveTurn {
     /// The current run's container started (or not yet, for a new try).
     pub fn set_run_started(&self, started: bool) {
         self.run_started.store(started, Ordering::Release);
+    }
+
+    /// A steer was asked for while one was under way.
+    pub fn ask_steer_again(&self) {
+        self.steer_again.store(true, Ordering::Release);
+    }
+
+    /// Whether a steer was asked for since the last call (and clears it).
+    pub fn take_steer_again(&self) -> bool {
+        self.steer_again.swap(false, Ordering::AcqRel)
     }
 
     /// Cancelled when the turn's driver ends.

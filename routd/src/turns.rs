@@ -110,7 +110,13 @@ async fn schedule(sh: &Arc<Shared>) -> Result<(), DbError> {
 
 /// Steers a chat's new messages into its live turn on a task of their own (the agent may
 /// take a while to pick them up; other folders' turns do not wait for it). One steer per
-/// turn at a time: while one is under way, what arrives meanwhile waits for the next wake.
+/// turn at a time: what arrives meanwhile is looked at when it ends.
+///
+/// A live turn's chat counts its own messages as pending until the turn ends, so the
+/// scheduler comes here on every wake while a turn runs: a steer that found nothing to do
+/// wakes nobody (it woke the scheduler after every steer, and each live turn kept routd
+/// busy on a core until it ended). A steer that made progress, or one asked for while it
+/// ran, wakes the scheduler; one runed did not answer is tried again at the next tick.
 fn spawn_steer(sh: &Arc<Shared>, live: TurnRow) {
     // Only into a run whose container started (runed refuses before): until then the
     // messages wait, and the run's start wakes the scheduler.
@@ -118,34 +124,44 @@ fn spawn_steer(sh: &Arc<Shared>, live: TurnRow) {
         return;
     };
     let Ok(guard) = mem.steer.clone().try_lock_owned() else {
+        mem.ask_steer_again();
         return;
     };
     let sh = sh.clone();
     tokio::spawn(async move {
-        if let Err(e) = steer(&sh, &mem, &live).await {
-            tracing::warn!(turn = %live.turn_id, error = %e, "steering failed; tried again shortly");
-        }
+        let progress = match steer(&sh, &mem, &live).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(turn = %live.turn_id, error = %e, "steering failed; tried again shortly");
+                false
+            }
+        };
         drop(guard);
-        sh.wake.notify_one();
+        if progress | mem.take_steer_again() {
+            sh.wake.notify_one();
+        }
     });
 }
 
 /// Steers a chat's uncovered messages into its live turn's run, and asks runed again about
-/// follow-ups whose answer was lost (the same id never places twice).
+/// follow-ups whose answer was lost (the same id never places twice). Answers whether it
+/// made progress (something was handed over, or its messages changed hands).
 ///
 /// A follow-up's fate is runed's to decide, once, when the run ends: the messages stay
 /// covered (`steering`) until then, and the turn's end ([`resolve_steers`]) makes those the
 /// agent took the turn's and hands the rest back. Nothing here guesses: a call that fails or
 /// times out leaves its messages waiting for the next ask or the run's end.
-async fn steer(sh: &Arc<Shared>, mem: &LiveTurn, live: &TurnRow) -> Result<(), DbError> {
+async fn steer(sh: &Arc<Shared>, mem: &LiveTurn, live: &TurnRow) -> Result<bool, DbError> {
     let Some(run_id) = live.run_id.as_ref() else {
-        return Ok(());
+        return Ok(false);
     };
+    let mut progress = false;
     for (steer_id, msgs) in sh.store.steers_unanswered(&live.turn_id).await? {
         let texts = msgs.iter().map(|m| m.content.clone()).collect();
         if !hand_over(sh, mem, live, run_id, &steer_id, texts).await? {
-            return Ok(());
+            return Ok(progress);
         }
+        progress = true;
     }
     let pending: Vec<MessageView> = sh
         .store
@@ -156,7 +172,7 @@ async fn steer(sh: &Arc<Shared>, mem: &LiveTurn, live: &TurnRow) -> Result<(), D
         .filter(|m| !mem.refused(m.seq))
         .collect();
     let Some(first) = pending.first() else {
-        return Ok(());
+        return Ok(progress);
     };
     let steer_id = format!("{}.s{}", live.turn_id, first.seq);
     let seqs: Vec<i64> = pending.iter().map(|m| m.seq).collect();
@@ -167,12 +183,12 @@ async fn steer(sh: &Arc<Shared>, mem: &LiveTurn, live: &TurnRow) -> Result<(), D
         .cover(&live.turn_id, &steer_id, seqs.clone())
         .await?;
     if covered != seqs.len() {
+        // Another took some meanwhile: the next tick looks again.
         sh.store.uncover(&live.turn_id, seqs).await?;
-        return Ok(());
+        return Ok(progress);
     }
     let texts = pending.iter().map(|m| m.content.clone()).collect();
-    hand_over(sh, mem, live, run_id, &steer_id, texts).await?;
-    Ok(())
+    Ok(hand_over(sh, mem, live, run_id, &steer_id, texts).await? | progress)
 }
 
 /// One follow-up to runed. Answers whether runed answered (`false`: try later).

@@ -829,6 +829,47 @@ async fn a_follow_up_the_agent_takes_is_answered_by_the_same_run() {
     rig.stop().await;
 }
 
+/// A live turn leaves routd idle. Its chat counts the turn's messages as pending until the
+/// turn ends, so every scheduler pass comes to the live turn; a steer that found nothing woke
+/// the scheduler again, and routd kept a core busy for as long as any turn ran.
+#[tokio::test]
+async fn a_live_turn_leaves_routd_idle() {
+    let rig = Rig::new(3).await;
+    rig.say("m1", "a long question").await;
+    let run = rig.sr.run(0).await;
+    rig.sr.start(&run.id);
+    // A follow-up placed: the turn's run has started, and steering has run.
+    rig.say("m2", "and this").await;
+    assert_eq!(rig.sr.placed(&run.id).await, ["and this"]);
+    // This process is routd (and the scripted runed): what it spends over a window.
+    let window = Duration::from_secs(2);
+    let before = cpu_of_this_process();
+    tokio::time::sleep(window).await;
+    let spent = cpu_of_this_process() - before;
+    assert!(
+        spent < window / 5,
+        "routd spent {spent:?} of CPU in {window:?} with one live turn and nothing to do"
+    );
+    rig.sr.answer(&run.id, "done");
+    assert_eq!(rig.settled(&turn_of(&run)).await.state, TurnState::Done);
+    rig.stop().await;
+}
+
+/// The CPU time this process has used (user and system), from `/proc/self/stat`.
+fn cpu_of_this_process() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let rest = &stat[stat.rfind(')').expect("a command") + 2..];
+    let f: Vec<u64> = rest
+        .split(' ')
+        .skip(11)
+        .take(2)
+        .map(|v| v.parse().expect("clock ticks"))
+        .collect();
+    // In USER_HZ ticks, which Linux fixes at 100 per second for /proc.
+    Duration::from_millis((f[0] + f[1]) * 10)
+}
+
 /// A follow-up placed but not taken before the run ended goes back: it gets a turn (and a
 /// run) of its own, and is answered there, once.
 #[tokio::test]

@@ -618,7 +618,7 @@ fn make_deferred_boxes(sh: &Arc<Shared>) {
         let all = std::mem::take(&mut s.deferred);
         let mut out = Vec::new();
         for (folder, spec) in all.into_iter().rev().take(sh.cfg.runner.warm_max) {
-            // A hold has the folder: its box waits for a run that ends after it.
+            // A hold has the folder: no box (the run after the hold decides anew).
             if s.queue.is_busy(&folder) {
                 continue;
             }
@@ -651,6 +651,7 @@ impl Drop for FolderClaim {
     }
 }
 
+/// Makes `spec.folder`'s next box; a box not made is logged, never an error of the run.
 async fn make_box(sh: &Shared, runner: &hako_runner::Runner, spec: &RunSpec) {
     match runner.prestart(spec).await {
         Ok(()) => hako_shared::failpoint::hit("runed.warm.recorded"),

@@ -485,26 +485,11 @@ async fn daemon_a_warm_box_waits_for_the_other_runs_to_end() {
     rig.wait_state(&slow, "running").await;
     let quick = rig.run("wa", "turn-wa-1", "a done").await;
     assert_eq!(rig.wait(&quick).await["outcome"], "ok");
-    let warm_of = |folder: &'static str| {
-        let runner = rig.runner();
-        async move {
-            runner
-                .list_agents()
-                .await
-                .unwrap()
-                .into_iter()
-                .filter(|c| {
-                    hako_runner::warm::is_warm(c)
-                        && c.labels.get("io.hako.folder").map(String::as_str) == Some(folder)
-                })
-                .count()
-        }
-    };
     // Watched until the slow run ends, at least a second of it after the quick one ended.
     let mut watched = Duration::ZERO;
     let t = Instant::now();
     loop {
-        let boxes = warm_of("wa").await;
+        let boxes = rig.warm_now("wa").await.len();
         let (_, v) = rig.status(&slow).await;
         if v["state"] != "running" {
             break;
@@ -523,7 +508,11 @@ async fn daemon_a_warm_box_waits_for_the_other_runs_to_end() {
     rig.warm_boxes("wb", 1).await;
     let next = rig.run("wa", "turn-wa-2", "again").await;
     assert_eq!(rig.wait(&next).await["outcome"], "ok");
-    assert_eq!(rig.container_of(&next), put_off[0].id, "the next turn took the box");
+    assert_eq!(
+        rig.container_of(&next),
+        put_off[0].id,
+        "the next turn took the box"
+    );
     rig.stop().await;
 }
 

@@ -414,18 +414,7 @@ impl Rig {
     pub async fn warm_boxes(&self, folder: &str, n: usize) -> Vec<hako_runner::engine::Listed> {
         let what = format!("{folder} has {n} warm boxes");
         eventually(&what, Duration::from_secs(60), || async {
-            let boxes: Vec<_> = self
-                .runner()
-                .list_agents()
-                .await
-                .unwrap()
-                .into_iter()
-                .filter(|c| {
-                    hako_runner::warm::is_warm(c)
-                        && c.state == "running"
-                        && c.labels.get("io.hako.folder").map(String::as_str) == Some(folder)
-                })
-                .collect();
+            let boxes = self.warm_now(folder).await;
             if boxes.len() == n {
                 Ok(boxes)
             } else {
@@ -433,6 +422,21 @@ impl Rig {
             }
         })
         .await
+    }
+
+    /// The folder's warm boxes that run now.
+    pub async fn warm_now(&self, folder: &str) -> Vec<hako_runner::engine::Listed> {
+        self.runner()
+            .list_agents()
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|c| {
+                hako_runner::warm::is_warm(c)
+                    && c.state == "running"
+                    && c.labels.get("io.hako.folder").map(String::as_str) == Some(folder)
+            })
+            .collect()
     }
 
     /// The container runed.db records for a run.
