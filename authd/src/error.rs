@@ -2,7 +2,7 @@
 //! failure ([`crate::store::StoreError`]): one enum, mapped to the HTTP error envelope here.
 
 use axum::http::StatusCode;
-use hako_shared::http::ApiError;
+use hako_shared::http::{ApiError, Code};
 
 /// Why authd refused a request.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -24,26 +24,35 @@ pub enum Refusal {
     InvalidQuery(&'static str),
 }
 
+hako_shared::error_codes! {
+    /// Unknown daemon or wrong service key (one answer for both, on purpose).
+    pub const INVALID_SERVICE_KEY = (401, "invalid_service_key");
+    /// Not a token id (the id grammar).
+    pub const INVALID_JTI = (400, "invalid_jti");
+    /// Only the token's issuer, or a holder of `tokens:revoke`, may revoke it.
+    pub const NOT_TOKEN_ISSUER = (403, "not_token_issuer");
+}
+
 impl Refusal {
+    /// The code it answers with.
+    pub fn answer(&self) -> &'static Code {
+        match self {
+            Refusal::InvalidServiceKey => &INVALID_SERVICE_KEY,
+            Refusal::InvalidJti(_) => &INVALID_JTI,
+            Refusal::NoSuchToken => &hako_shared::http::NOT_FOUND,
+            Refusal::NotTokenIssuer => &NOT_TOKEN_ISSUER,
+            Refusal::InvalidQuery(_) => &hako_shared::http::INVALID_QUERY,
+        }
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        match self {
-            Refusal::InvalidServiceKey => StatusCode::UNAUTHORIZED,
-            Refusal::InvalidJti(_) | Refusal::InvalidQuery(_) => StatusCode::BAD_REQUEST,
-            Refusal::NoSuchToken => StatusCode::NOT_FOUND,
-            Refusal::NotTokenIssuer => StatusCode::FORBIDDEN,
-        }
+        self.answer().status()
     }
 
     /// The machine-readable code.
     pub fn code(&self) -> &'static str {
-        match self {
-            Refusal::InvalidServiceKey => "invalid_service_key",
-            Refusal::InvalidJti(_) => "invalid_jti",
-            Refusal::NoSuchToken => "not_found",
-            Refusal::NotTokenIssuer => "not_token_issuer",
-            Refusal::InvalidQuery(_) => "invalid_query",
-        }
+        self.answer().code
     }
 }
 

@@ -22,6 +22,7 @@ use hako_shared::http::ApiError;
 pub const MAX_SCOPES: usize = 64;
 /// Most egress hosts in one token.
 pub const MAX_EGRESS: usize = hako_shared::allowlist::MAX_ENTRIES;
+use hako_shared::http::Code;
 pub use hako_shared::ids::MAX_ID;
 use hako_shared::ids::{ID_GRAMMAR, is_valid_id};
 
@@ -92,41 +93,68 @@ pub enum MintError {
     SecretsExceedParent(String),
 }
 
+hako_shared::error_codes! {
+    /// The parent token has expired and cannot mint.
+    pub const PARENT_EXPIRED = (401, "parent_expired");
+    /// A requested scope is malformed, or none was requested.
+    pub const INVALID_SCOPE = (400, "invalid_scope");
+    /// A requested scope is not covered by the parent's scopes.
+    pub const SCOPE_EXCEEDS_PARENT = (403, "scope_exceeds_parent");
+    /// The requested folder is not a group folder's name.
+    pub const INVALID_FOLDER = (400, "invalid_folder");
+    /// The requested folder is outside the parent's folder.
+    pub const FOLDER_OUTSIDE_PARENT = (403, "folder_outside_parent");
+    /// `ttl_seconds` is zero.
+    pub const INVALID_TTL = (400, "invalid_ttl");
+    /// `ttl_seconds` exceeds the parent's remaining life.
+    pub const TTL_EXCEEDS_PARENT = (403, "ttl_exceeds_parent");
+    /// `ttl_seconds` exceeds `AUTHD_MAX_TOKEN_TTL`.
+    pub const TTL_EXCEEDS_MAX = (403, "ttl_exceeds_max");
+    /// A spawn token asked for another type of child.
+    pub const TYP_EXCEEDS_PARENT = (403, "typ_exceeds_parent");
+    /// A spawn token asked for another run or turn than its own.
+    pub const RUN_OUTSIDE_PARENT = (403, "run_outside_parent");
+    /// An egress entry is not a DNS name, `*.suffix` or IPv4 address with an optional port.
+    pub const INVALID_EGRESS = (400, "invalid_egress");
+    /// An egress host the parent (not a service token) does not have.
+    pub const EGRESS_EXCEEDS_PARENT = (403, "egress_exceeds_parent");
+    /// A brokered secret's entry is malformed, or names a host outside the egress list.
+    pub const INVALID_SECRETS = (400, "invalid_secrets");
+    /// A brokered secret the parent (not a service token) does not hold as asked.
+    pub const SECRETS_EXCEED_PARENT = (403, "secrets_exceed_parent");
+}
+
 impl MintError {
-    /// The envelope's error code.
-    pub fn code(&self) -> &'static str {
+    /// The code it answers with: 400 for malformed requests, 401 for an expired parent,
+    /// 403 for asking more than the parent has.
+    pub fn answer(&self) -> &'static Code {
         match self {
-            MintError::ParentExpired => "parent_expired",
-            MintError::InvalidScope(_) => "invalid_scope",
-            MintError::ScopeExceedsParent(_) => "scope_exceeds_parent",
-            MintError::InvalidFolder(_) => "invalid_folder",
-            MintError::FolderOutsideParent { .. } => "folder_outside_parent",
-            MintError::InvalidTtl => "invalid_ttl",
-            MintError::TtlExceedsParent { .. } => "ttl_exceeds_parent",
-            MintError::TtlExceedsMax { .. } => "ttl_exceeds_max",
-            MintError::InvalidRequest(_) => "invalid_request",
-            MintError::TypExceedsParent => "typ_exceeds_parent",
-            MintError::RunOutsideParent => "run_outside_parent",
-            MintError::InvalidEgress(_) => "invalid_egress",
-            MintError::EgressExceedsParent(_) => "egress_exceeds_parent",
-            MintError::InvalidSecrets(_) => "invalid_secrets",
-            MintError::SecretsExceedParent(_) => "secrets_exceed_parent",
+            MintError::ParentExpired => &PARENT_EXPIRED,
+            MintError::InvalidScope(_) => &INVALID_SCOPE,
+            MintError::ScopeExceedsParent(_) => &SCOPE_EXCEEDS_PARENT,
+            MintError::InvalidFolder(_) => &INVALID_FOLDER,
+            MintError::FolderOutsideParent { .. } => &FOLDER_OUTSIDE_PARENT,
+            MintError::InvalidTtl => &INVALID_TTL,
+            MintError::TtlExceedsParent { .. } => &TTL_EXCEEDS_PARENT,
+            MintError::TtlExceedsMax { .. } => &TTL_EXCEEDS_MAX,
+            MintError::InvalidRequest(_) => &hako_shared::http::INVALID_REQUEST,
+            MintError::TypExceedsParent => &TYP_EXCEEDS_PARENT,
+            MintError::RunOutsideParent => &RUN_OUTSIDE_PARENT,
+            MintError::InvalidEgress(_) => &INVALID_EGRESS,
+            MintError::EgressExceedsParent(_) => &EGRESS_EXCEEDS_PARENT,
+            MintError::InvalidSecrets(_) => &INVALID_SECRETS,
+            MintError::SecretsExceedParent(_) => &SECRETS_EXCEED_PARENT,
         }
     }
 
-    /// The HTTP status: 400 for malformed requests, 401 for an expired parent, 403 for asking
-    /// more than the parent has.
+    /// The envelope's error code.
+    pub fn code(&self) -> &'static str {
+        self.answer().code
+    }
+
+    /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        match self {
-            MintError::ParentExpired => StatusCode::UNAUTHORIZED,
-            MintError::InvalidScope(_)
-            | MintError::InvalidFolder(_)
-            | MintError::InvalidTtl
-            | MintError::InvalidRequest(_)
-            | MintError::InvalidEgress(_)
-            | MintError::InvalidSecrets(_) => StatusCode::BAD_REQUEST,
-            _ => StatusCode::FORBIDDEN,
-        }
+        self.answer().status()
     }
 }
 

@@ -14,14 +14,14 @@ use hako_shared::auth::wire::{
     ServiceTokenRequest, ServiceTokenResponse,
 };
 use hako_shared::auth::{
-    AuthError, Claims, Jwks, Principal, Signer, TokenType, Verifier, bearer, now_secs, scope,
-    scopes, service_grants,
+    self as auth, AuthError, Claims, Jwks, Principal, Signer, TokenType, Verifier, bearer,
+    now_secs, scope, scopes, service_grants,
 };
-use hako_shared::http::{ApiError, ApiInfo, ApiJson, ApiQuery, ErrorBody, NoToken, api_router};
+use hako_shared::http::{self as h, ApiError, ApiInfo, ApiJson, ApiQuery, NoToken, api_router};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::Refusal;
+use crate::error::{self as e, Refusal};
 use hako_shared::metrics::{Counter, Metrics};
 
 use crate::config::Config;
@@ -237,11 +237,13 @@ async fn jwks(State(app): State<App>) -> Json<Jwks> {
     Json(read_keys(&app).jwks(now_secs()))
 }
 
+hako_shared::error_responses!(RevokedErrors { h::UNAVAILABLE });
+
 /// Revoked tokens that have not expired yet, for offline verifiers.
 #[utoipa::path(get, path = "/v1/revoked", tag = "tokens",
     responses(
         (status = 200, description = "The revocation list", body = RevokedList),
-        (status = 503, description = "`unavailable`: authd.db does not answer", body = ErrorBody),
+        RevokedErrors,
     ))]
 async fn revoked(State(app): State<App>) -> Result<Json<RevokedList>, ApiError> {
     // Listed until `exp` plus the clock skew: a verifier accepts a token that long.
@@ -250,14 +252,15 @@ async fn revoked(State(app): State<App>) -> Result<Json<RevokedList>, ApiError> 
     Ok(Json(RevokedList { revoked }))
 }
 
+hako_shared::error_responses!(ServiceTokenErrors { h::INVALID_JSON, e::INVALID_SERVICE_KEY });
+
 /// Exchange a daemon's service key (the bearer) for its service token.
 #[utoipa::path(post, path = "/v1/service-token", tag = "tokens",
     security(("bearer" = [])),
     request_body = ServiceTokenRequest,
     responses(
         (status = 200, description = "The daemon's service token and fixed grants", body = ServiceTokenResponse),
-        (status = 400, description = "`invalid_json`", body = ErrorBody),
-        (status = 401, description = "`invalid_service_key`: unknown daemon or wrong key (one answer for both)", body = ErrorBody),
+        ServiceTokenErrors,
     ))]
 async fn service_token(
     State(app): State<App>,
@@ -337,15 +340,15 @@ async fn service_token(
     }))
 }
 
+hako_shared::error_responses!(MintTokenErrors { h::INVALID_JSON, mint::INVALID_SCOPE, mint::INVALID_FOLDER, mint::INVALID_TTL, h::INVALID_REQUEST, mint::INVALID_EGRESS, mint::INVALID_SECRETS, auth::INVALID_TOKEN, auth::TOKEN_EXPIRED, auth::TOKEN_REVOKED, mint::PARENT_EXPIRED, mint::SCOPE_EXCEEDS_PARENT, mint::FOLDER_OUTSIDE_PARENT, mint::TTL_EXCEEDS_PARENT, mint::TTL_EXCEEDS_MAX, mint::TYP_EXCEEDS_PARENT, mint::RUN_OUTSIDE_PARENT, mint::EGRESS_EXCEEDS_PARENT, mint::SECRETS_EXCEED_PARENT });
+
 /// Downscope: a child of the bearer token, never more scope, a wider folder or a longer life.
 #[utoipa::path(post, path = "/v1/tokens", tag = "tokens",
     security(("bearer" = [])),
     request_body = MintRequest,
     responses(
         (status = 200, description = "The child token", body = MintResponse),
-        (status = 400, description = "`invalid_json`, `invalid_scope`, `invalid_folder`, `invalid_ttl`, `invalid_request`, `invalid_egress`, `invalid_secrets`", body = ErrorBody),
-        (status = 401, description = "No valid parent token (`invalid_token`, `token_expired`, `token_revoked`, `parent_expired`)", body = ErrorBody),
-        (status = 403, description = "`scope_exceeds_parent`, `folder_outside_parent`, `ttl_exceeds_parent`, `ttl_exceeds_max`, `typ_exceeds_parent`, `run_outside_parent`, `egress_exceeds_parent`, `secrets_exceed_parent`", body = ErrorBody),
+        MintTokenErrors,
     ))]
 async fn mint_token(
     State(app): State<App>,
@@ -447,16 +450,16 @@ async fn mint_token(
     }))
 }
 
+hako_shared::error_responses!(RevokeErrors { e::INVALID_JTI, e::NOT_TOKEN_ISSUER, h::NOT_FOUND });
+
 /// Revoke a token and its not-yet-expired descendants.
 #[utoipa::path(delete, path = "/v1/tokens/{jti}", tag = "tokens",
     security(("bearer" = [])),
     params(("jti" = String, Path, description = "The token's id")),
     responses(
         (status = 200, description = "Every jti revoked by this call", body = RevokeResponse),
-        (status = 400, description = "`invalid_jti`", body = ErrorBody),
+        RevokeErrors,
         NoToken,
-        (status = 403, description = "`not_token_issuer`", body = ErrorBody),
-        (status = 404, description = "No such token, or it has expired", body = ErrorBody),
     ))]
 async fn revoke(
     State(app): State<App>,
@@ -528,13 +531,15 @@ async fn revoke(
     }))
 }
 
+hako_shared::error_responses!(RotateErrors { h::INSUFFICIENT_SCOPE["`keys:rotate`"] });
+
 /// A new active signing key; the old one keeps verifying for the longest token life.
 #[utoipa::path(post, path = "/v1/keys/rotate", tag = "keys",
     security(("bearer" = [])),
     responses(
         (status = 200, description = "The new and the retiring key", body = RotateResponse),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`keys:rotate`)", body = ErrorBody),
+        RotateErrors,
     ))]
 async fn rotate(
     State(app): State<App>,
@@ -605,15 +610,16 @@ struct AuditQuery {
     before: Option<i64>,
 }
 
+hako_shared::error_responses!(AuditErrors { h::INVALID_QUERY, h::INSUFFICIENT_SCOPE["`audit:read`"], h::FOLDER_FORBIDDEN });
+
 /// authd's audit log, newest first.
 #[utoipa::path(get, path = "/v1/audit", tag = "audit",
     security(("bearer" = [])),
     params(AuditQuery),
     responses(
         (status = 200, description = "A page of the audit log", body = AuditList),
-        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        AuditErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`audit:read`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
     ))]
 async fn audit(
     State(app): State<App>,

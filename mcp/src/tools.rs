@@ -56,7 +56,7 @@ pub enum ToolCode {
 
 impl ToolCode {
     /// The wire name.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             ToolCode::InvalidArguments => "invalid_arguments",
             ToolCode::NotGranted => "not_granted",
@@ -72,7 +72,7 @@ impl ToolCode {
     }
 
     /// The HTTP status of a call refused with this code.
-    pub fn http_status(self) -> u16 {
+    pub const fn http_status(self) -> u16 {
         match self {
             ToolCode::InvalidArguments => 400,
             ToolCode::NotGranted | ToolCode::Denied => 403,

@@ -4,7 +4,8 @@
 //! variant, mapped in `hako_shared::http`.
 
 use axum::http::StatusCode;
-use hako_shared::http::Common;
+use hako_mcp::ToolCode;
+use hako_shared::http::{Code, Common};
 
 /// Why a request failed.
 #[derive(Debug, thiserror::Error)]
@@ -53,41 +54,103 @@ pub enum ApiFailure {
 
 hako_shared::daemon_failure!(ApiFailure);
 
+hako_shared::error_codes! {
+    /// The message id exists with another body: a new message needs a new id.
+    pub const ID_CONFLICT = (409, "id_conflict");
+    /// A webhook for the prefix exists: delete it first.
+    pub const WEBHOOK_EXISTS = (409, "webhook_exists");
+    /// The approval request was decided first: someone was first, or it timed out, or its
+    /// turn ended.
+    pub const ALREADY_DECIDED = (409, "already_decided");
+    /// The tenant has made as many groups as it may (`ROUTD_MAX_TENANT_GROUPS`).
+    pub const TOO_MANY_GROUPS = (429, "too_many_groups");
+    /// runed did not do what the request needs of it; try again later (nothing was removed).
+    pub const RUNED_UNAVAILABLE = (503, "runed_unavailable");
+}
+
+/// A turn tool's refusal over HTTP: its wire name and status are the tool code's.
+const fn tool(code: ToolCode, doc: &'static str) -> Code {
+    Code {
+        status: code.http_status(),
+        code: code.as_str(),
+        doc,
+    }
+}
+
+/// The tool's arguments are not acceptable; the message names what to fix.
+pub const INVALID_ARGUMENTS: Code = tool(
+    ToolCode::InvalidArguments,
+    "The tool's arguments are not acceptable; the message names what to fix.",
+);
+/// The group's grants do not allow the call.
+pub const NOT_GRANTED: Code = tool(
+    ToolCode::NotGranted,
+    "The group's grants do not allow the call.",
+);
+/// The turn is over: its tools answer no more.
+pub const TURN_ENDED: Code = tool(
+    ToolCode::TurnEnded,
+    "The turn is over: its tools answer no more.",
+);
+/// The call conflicts with what exists (the message says what).
+pub const CONFLICT: Code = tool(
+    ToolCode::Conflict,
+    "The call conflicts with what exists (the message says what).",
+);
+
+/// How a failure answers: with one of routd's codes, with a code it passes on (runed's
+/// answer, a tool's refusal), or as the shared failures do.
+enum Answer<'a> {
+    Own(&'static Code),
+    Passed { status: u16, code: &'a str },
+    Common(&'a Common),
+}
+
 impl ApiFailure {
+    fn answer(&self) -> Answer<'_> {
+        use hako_shared::http as h;
+        Answer::Own(match self {
+            ApiFailure::Invalid(_) => &h::INVALID_REQUEST,
+            ApiFailure::IdConflict(_) => &ID_CONFLICT,
+            ApiFailure::WebhookExists(_) => &WEBHOOK_EXISTS,
+            ApiFailure::AlreadyDecided(_) => &ALREADY_DECIDED,
+            ApiFailure::NotFound(_) => &h::NOT_FOUND,
+            ApiFailure::FolderForbidden(_) => &h::FOLDER_FORBIDDEN,
+            ApiFailure::TooManyGroups(_) => &TOO_MANY_GROUPS,
+            ApiFailure::RunedUnavailable(_) => &RUNED_UNAVAILABLE,
+            ApiFailure::RunedRefused { status, code, .. } => {
+                return Answer::Passed {
+                    status: *status,
+                    code,
+                };
+            }
+            ApiFailure::Tool(t) => {
+                return Answer::Passed {
+                    status: t.code.http_status(),
+                    code: t.code.as_str(),
+                };
+            }
+            ApiFailure::Common(c) => return Answer::Common(c),
+        })
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        match self {
-            ApiFailure::Invalid(_) => StatusCode::BAD_REQUEST,
-            ApiFailure::IdConflict(_)
-            | ApiFailure::WebhookExists(_)
-            | ApiFailure::AlreadyDecided(_) => StatusCode::CONFLICT,
-            ApiFailure::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiFailure::FolderForbidden(_) => StatusCode::FORBIDDEN,
-            ApiFailure::TooManyGroups(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiFailure::RunedUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ApiFailure::RunedRefused { status, .. } => {
-                StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_GATEWAY)
+        match self.answer() {
+            Answer::Own(c) => c.status(),
+            Answer::Passed { status, .. } => {
+                StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY)
             }
-            ApiFailure::Common(c) => c.status(),
-            ApiFailure::Tool(t) => StatusCode::from_u16(t.code.http_status())
-                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            Answer::Common(c) => c.status(),
         }
     }
 
     /// The machine-readable code.
     pub fn code(&self) -> &str {
-        match self {
-            ApiFailure::Invalid(_) => "invalid_request",
-            ApiFailure::IdConflict(_) => "id_conflict",
-            ApiFailure::WebhookExists(_) => "webhook_exists",
-            ApiFailure::AlreadyDecided(_) => "already_decided",
-            ApiFailure::NotFound(_) => "not_found",
-            ApiFailure::FolderForbidden(_) => "folder_forbidden",
-            ApiFailure::TooManyGroups(_) => "too_many_groups",
-            ApiFailure::RunedUnavailable(_) => "runed_unavailable",
-            ApiFailure::RunedRefused { code, .. } => code,
-            ApiFailure::Common(c) => c.code(),
-            ApiFailure::Tool(t) => t.code.as_str(),
+        match self.answer() {
+            Answer::Own(c) => c.code,
+            Answer::Passed { code, .. } => code,
+            Answer::Common(c) => c.code(),
         }
     }
 }

@@ -4,7 +4,7 @@
 //! streams, a refused group setting) are one variant, mapped in `hako_shared::http`.
 
 use axum::http::StatusCode;
-use hako_shared::http::Common;
+use hako_shared::http::{Code, Common};
 
 use hako_runner::media::MediaError;
 
@@ -82,59 +82,66 @@ pub enum ApiFailure {
 
 hako_shared::daemon_failure!(ApiFailure);
 
+hako_shared::error_codes! {
+    /// `?wait=` is not a duration (`30s`, `2m`; at most the long-poll bound).
+    pub const INVALID_WAIT = (400, "invalid_wait");
+    /// Secrets too large to wait in memory (they never touch the disk).
+    pub const SECRETS_TOO_LARGE = (400, "secrets_too_large");
+    /// Not a brokered secret's name (upper case, digits and `_`).
+    pub const INVALID_SECRET_NAME = (400, "invalid_secret_name");
+    /// Not a usable secret value (never echoed).
+    pub const INVALID_SECRET_VALUE = (400, "invalid_secret_value");
+    /// Too many runs and holds wait, overall or for the folder; the message names the bound
+    /// (`RUNED_MAX_QUEUED` or `RUNED_MAX_QUEUED_PER_FOLDER`).
+    pub const QUEUE_FULL = (429, "queue_full");
+    /// The run is not running: nothing was placed.
+    pub const NOT_LIVE = (409, "not_live");
+    /// Docker does not answer (its socket is not there yet): what needs the runner cannot be
+    /// done.
+    pub const DOCKER_UNAVAILABLE = (503, "docker_unavailable");
+}
+
 impl ApiFailure {
+    /// The code of one of runed's own failures, or the shared failure that maps itself.
+    fn answer(&self) -> Result<&'static Code, &Common> {
+        use hako_shared::http as h;
+        Ok(match self {
+            ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) | ApiFailure::NoSecret(_) => {
+                &h::NOT_FOUND
+            }
+            ApiFailure::InvalidSecretName(_) => &INVALID_SECRET_NAME,
+            ApiFailure::InvalidSecretBody => &h::INVALID_JSON,
+            ApiFailure::InvalidSecretValue(_) => &INVALID_SECRET_VALUE,
+            ApiFailure::InvalidWait(_) => &INVALID_WAIT,
+            ApiFailure::ForbiddenGroupSetting(_) => &h::FORBIDDEN_GROUP_SETTING,
+            ApiFailure::SecretsTooLarge(_) => &SECRETS_TOO_LARGE,
+            ApiFailure::DockerUnavailable(_) => &DOCKER_UNAVAILABLE,
+            ApiFailure::QueueFull(_) => &QUEUE_FULL,
+            ApiFailure::NotLive(_) => &NOT_LIVE,
+            ApiFailure::EmptyMessages
+            | ApiFailure::InvalidSteerId
+            | ApiFailure::InvalidFolder(_) => &h::INVALID_REQUEST,
+            ApiFailure::Media(MediaError::Name(_)) => &h::INVALID_MEDIA_NAME,
+            ApiFailure::MediaTooLarge(_) => &h::BODY_TOO_LARGE,
+            ApiFailure::Media(MediaError::Full { .. } | MediaError::TooManyEntries) => {
+                &h::MEDIA_FULL
+            }
+            ApiFailure::Media(MediaError::Io(_)) => &h::INTERNAL,
+            ApiFailure::AuditNeedsUnbound | ApiFailure::SecretsNeedUnbound => &h::FOLDER_FORBIDDEN,
+            ApiFailure::Common(c) => return Err(c),
+        })
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        match self {
-            ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) | ApiFailure::NoSecret(_) => {
-                StatusCode::NOT_FOUND
-            }
-            ApiFailure::InvalidSecretName(_)
-            | ApiFailure::InvalidSecretBody
-            | ApiFailure::InvalidSecretValue(_)
-            | ApiFailure::InvalidWait(_)
-            | ApiFailure::SecretsTooLarge(_)
-            | ApiFailure::EmptyMessages
-            | ApiFailure::InvalidSteerId
-            | ApiFailure::InvalidFolder(_)
-            | ApiFailure::Media(MediaError::Name(_)) => StatusCode::BAD_REQUEST,
-            ApiFailure::MediaTooLarge(_)
-            | ApiFailure::Media(MediaError::Full { .. } | MediaError::TooManyEntries) => {
-                StatusCode::PAYLOAD_TOO_LARGE
-            }
-            ApiFailure::Media(MediaError::Io(_)) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiFailure::ForbiddenGroupSetting(_)
-            | ApiFailure::AuditNeedsUnbound
-            | ApiFailure::SecretsNeedUnbound => StatusCode::FORBIDDEN,
-            ApiFailure::QueueFull(_) => StatusCode::TOO_MANY_REQUESTS,
-            ApiFailure::NotLive(_) => StatusCode::CONFLICT,
-            ApiFailure::DockerUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ApiFailure::Common(c) => c.status(),
-        }
+        self.answer().map_or_else(Common::status, Code::status)
     }
 
     /// The machine-readable code.
     pub fn code(&self) -> &str {
-        match self {
-            ApiFailure::NoRun(_) | ApiFailure::NoFolder(_) | ApiFailure::NoSecret(_) => "not_found",
-            ApiFailure::InvalidSecretName(_) => "invalid_secret_name",
-            ApiFailure::InvalidSecretBody => "invalid_json",
-            ApiFailure::InvalidSecretValue(_) => "invalid_secret_value",
-            ApiFailure::InvalidWait(_) => "invalid_wait",
-            ApiFailure::ForbiddenGroupSetting(_) => "forbidden_group_setting",
-            ApiFailure::SecretsTooLarge(_) => "secrets_too_large",
-            ApiFailure::DockerUnavailable(_) => "docker_unavailable",
-            ApiFailure::QueueFull(_) => "queue_full",
-            ApiFailure::NotLive(_) => "not_live",
-            ApiFailure::EmptyMessages
-            | ApiFailure::InvalidSteerId
-            | ApiFailure::InvalidFolder(_) => "invalid_request",
-            ApiFailure::Media(MediaError::Name(_)) => "invalid_media_name",
-            ApiFailure::MediaTooLarge(_) => "body_too_large",
-            ApiFailure::Media(MediaError::Full { .. } | MediaError::TooManyEntries) => "media_full",
-            ApiFailure::Media(MediaError::Io(_)) => "internal",
-            ApiFailure::AuditNeedsUnbound | ApiFailure::SecretsNeedUnbound => "folder_forbidden",
-            ApiFailure::Common(c) => c.code(),
+        match self.answer() {
+            Ok(c) => c.code,
+            Err(c) => c.code(),
         }
     }
 }

@@ -93,6 +93,14 @@ pub fn check_document(
                 if text.contains(".route(\"") {
                     return Err(format!("{}: a route outside the document", p.display()));
                 }
+                // An error answer is documented by its code (`error_responses!`), whose
+                // meaning is declared once, never restated in prose.
+                if text.contains(concat!("body = ", "ErrorBody")) {
+                    return Err(format!(
+                        "{}: an error response described in prose; list its codes with hako_shared::error_responses!",
+                        p.display()
+                    ));
+                }
             }
         }
     }

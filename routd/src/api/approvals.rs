@@ -4,12 +4,14 @@ use axum::Json;
 use axum::extract::{Path, State};
 use hako_shared::approvals::{ApprovalList, ApprovalView, VerdictBody};
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::{ApiJson, ApiQuery, ErrorBody, NoToken};
+use hako_shared::http::{ApiJson, ApiQuery, NoToken};
 use serde::Deserialize;
 
 use super::AppState;
 use crate::approvals::{Judge, Refusal, decide};
+use crate::error as e;
 use crate::error::ApiFailure;
+use hako_shared::http as h;
 
 /// Which requests.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -22,15 +24,16 @@ pub(super) struct ApprovalQuery {
     limit: Option<usize>,
 }
 
+hako_shared::error_responses!(ListApprovalsErrors { h::INVALID_QUERY, h::INSUFFICIENT_SCOPE["`approvals:read`"] });
+
 /// The approval requests of the caller's groups (a folder-bound caller sees its folders'):
 /// the pending ones, or all with `all=true`.
 #[utoipa::path(get, path = "/v1/approvals", tag = "approvals", security(("bearer" = [])),
     params(ApprovalQuery),
     responses(
         (status = 200, description = "The requests, newest first", body = ApprovalList),
-        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        ListApprovalsErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`approvals:read`)", body = ErrorBody),
     ))]
 pub(super) async fn list_approvals(
     State(AppState(sh)): State<AppState>,
@@ -54,14 +57,15 @@ fn valid_id(id: &str) -> bool {
     id.len() <= 64 && hako_shared::ids::is_valid_id(id)
 }
 
+hako_shared::error_responses!(GetApprovalErrors { h::INSUFFICIENT_SCOPE["`approvals:read`"], h::NOT_FOUND });
+
 /// One approval request.
 #[utoipa::path(get, path = "/v1/approvals/{id}", tag = "approvals", security(("bearer" = [])),
     params(("id" = String, Path, description = "The request (`ap-…`)")),
     responses(
         (status = 200, description = "The request", body = ApprovalView),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`approvals:read`)", body = ErrorBody),
-        (status = 404, description = "No such request, or not the caller's", body = ErrorBody),
+        GetApprovalErrors,
     ))]
 pub(super) async fn get_approval(
     State(AppState(sh)): State<AppState>,
@@ -80,6 +84,8 @@ pub(super) async fn get_approval(
     Ok(Json(row.into()))
 }
 
+hako_shared::error_responses!(DecideApprovalErrors { h::INVALID_JSON, h::INVALID_REQUEST, h::INSUFFICIENT_SCOPE["`approvals:write`"], h::FOLDER_FORBIDDEN, h::NOT_FOUND, e::ALREADY_DECIDED });
+
 /// Approve or deny a held call. The first verdict wins (from here, `hako approvals` or the
 /// chat); a later one answers 409 and changes nothing. The operator (an unbound caller) may
 /// always answer; a caller bound to a folder covering the group's may, unless the group takes
@@ -89,11 +95,8 @@ pub(super) async fn get_approval(
     request_body = VerdictBody,
     responses(
         (status = 200, description = "The verdict is recorded; the call runs or is refused", body = ApprovalView),
-        (status = 400, description = "`invalid_json`, `invalid_request`", body = ErrorBody),
+        DecideApprovalErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`approvals:write`), `folder_forbidden` (the group takes the operator's verdicts only)", body = ErrorBody),
-        (status = 404, description = "No such request, or not the caller's", body = ErrorBody),
-        (status = 409, description = "`already_decided`: someone was first, or it timed out or its turn ended", body = ErrorBody),
     ))]
 pub(super) async fn decide_approval(
     State(AppState(sh)): State<AppState>,

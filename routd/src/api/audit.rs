@@ -3,12 +3,13 @@
 use axum::Json;
 use axum::extract::State;
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::{ApiQuery, ErrorBody, NoToken};
+use hako_shared::http::{ApiQuery, NoToken};
 use serde::{Deserialize, Serialize};
 
 use super::AppState;
 use crate::error::ApiFailure;
 use crate::store::AuditRow;
+use hako_shared::http as h;
 
 /// Audit paging.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -29,14 +30,15 @@ pub(super) struct AuditPage {
     next_before: Option<i64>,
 }
 
+hako_shared::error_responses!(AuditErrors { h::INVALID_QUERY, h::INSUFFICIENT_SCOPE["`audit:read`"], h::FOLDER_FORBIDDEN });
+
 /// routd's audit log: every change to groups, routes and webhooks (unbound callers).
 #[utoipa::path(get, path = "/v1/audit", tag = "audit", security(("bearer" = [])),
     params(AuditQuery),
     responses(
         (status = 200, description = "A page of the audit log", body = AuditPage),
-        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        AuditErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`audit:read`), `folder_forbidden`", body = ErrorBody),
     ))]
 pub(super) async fn audit(
     State(AppState(sh)): State<AppState>,

@@ -11,7 +11,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use futures_util::stream::Stream;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{MessagePage, MessageView};
-use hako_shared::http::{ApiQuery, ErrorBody, NoToken};
+use hako_shared::http::{ApiQuery, NoToken};
 use serde::Deserialize;
 use tokio::sync::broadcast;
 
@@ -19,6 +19,7 @@ use super::{AppState, chat_folder};
 use crate::error::ApiFailure;
 use crate::routing::check_jid;
 use crate::state::{Appended, Shared};
+use hako_shared::http as h;
 
 /// History paging.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -33,15 +34,15 @@ pub(super) struct HistoryQuery {
     limit: Option<usize>,
 }
 
+hako_shared::error_responses!(ChatMessagesErrors { h::INVALID_QUERY, h::INSUFFICIENT_SCOPE["`chats:read`"], h::NOT_FOUND });
+
 /// A chat's messages, in log order (inbound, replies and notices).
 #[utoipa::path(get, path = "/v1/chats/{jid}/messages", tag = "chats", security(("bearer" = [])),
     params(("jid" = String, Path, description = "The chat (percent-encoded; 1-256 characters, no control character)", min_length = 1, max_length = 256, pattern = "^[^\\u0000-\\u001F\\u007F-\\u009F]*$"), HistoryQuery),
     responses(
         (status = 200, description = "A page of the history", body = MessagePage),
-        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        ChatMessagesErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`chats:read`)", body = ErrorBody),
-        (status = 404, description = "A chat the caller does not cover", body = ErrorBody),
     ))]
 pub(super) async fn chat_messages(
     State(AppState(sh)): State<AppState>,
@@ -156,6 +157,8 @@ impl ChatStream {
     }
 }
 
+hako_shared::error_responses!(ChatEventsErrors { h::INVALID_REQUEST, h::INVALID_QUERY, h::INSUFFICIENT_SCOPE["`chats:read`"], h::NOT_FOUND, h::TOO_MANY_STREAMS });
+
 /// Server-sent events of a chat: every new message (inbound, the agent's replies, notices),
 /// event name `message`, id its seq, data the message. A client reconnecting with
 /// `Last-Event-ID` gets exactly what it missed, replayed from the log.
@@ -167,11 +170,8 @@ impl ChatStream {
     ),
     responses(
         (status = 200, description = "`message` events, each `data` one message", content_type = "text/event-stream", body = MessageView),
-        (status = 400, description = "`invalid_request`, `invalid_query`", body = ErrorBody),
+        ChatEventsErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`chats:read`)", body = ErrorBody),
-        (status = 404, description = "A chat the caller does not cover", body = ErrorBody),
-        (status = 429, description = "`too_many_streams`", body = ErrorBody),
     ))]
 pub(super) async fn chat_events(
     State(AppState(sh)): State<AppState>,

@@ -8,13 +8,15 @@ use hako_shared::approvals::ApprovalPolicy;
 use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{GroupConfig, GroupList, GroupView};
-use hako_shared::http::{ApiJson, ErrorBody, NoToken};
+use hako_shared::http::{ApiJson, NoToken};
 use hako_shared::runs::GroupSpec;
 
 use super::{AppState, audit_row, check_text, parse_folder};
+use crate::error as e;
 use crate::error::ApiFailure;
 use crate::state::{Shared, now_ms};
 use crate::store::{GroupRow, SetBy};
+use hako_shared::http as h;
 
 /// The most chat sessions a group's view lists.
 pub(super) const VIEW_SESSIONS: usize = 20;
@@ -34,6 +36,8 @@ pub(super) async fn group_view(sh: &Shared, g: GroupRow) -> Result<GroupView, Ap
     })
 }
 
+hako_shared::error_responses!(PutGroupErrors { h::INVALID_JSON, h::INVALID_REQUEST, h::INVALID_GROUP, h::INSUFFICIENT_SCOPE["`groups:write`"], h::FOLDER_FORBIDDEN });
+
 /// Create or replace a group. Its container settings are checked as runed checks them; a
 /// folder-bound caller may set the name and the system prompt of its own groups only (routd
 /// runs the group with its own authority, so grants and any container setting stay with an
@@ -44,9 +48,8 @@ pub(super) async fn group_view(sh: &Shared, g: GroupRow) -> Result<GroupView, Ap
     responses(
         (status = 201, description = "Created", body = GroupView),
         (status = 200, description = "Replaced", body = GroupView),
-        (status = 400, description = "`invalid_json`, `invalid_request` (names the field), `invalid_group` (names the setting)", body = ErrorBody),
+        PutGroupErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden`", body = ErrorBody),
     ))]
 pub(super) async fn put_group(
     State(AppState(sh)): State<AppState>,
@@ -197,14 +200,15 @@ pub(super) async fn tenant_put(
     Ok((row, created))
 }
 
+hako_shared::error_responses!(GetGroupErrors { h::INSUFFICIENT_SCOPE["`groups:read`"], h::NOT_FOUND });
+
 /// One group.
 #[utoipa::path(get, path = "/v1/groups/{folder}", tag = "groups", security(("bearer" = [])),
     params(("folder" = GroupFolder, Path, description = "The group folder (percent-encoded)")),
     responses(
         (status = 200, description = "The group", body = GroupView),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`groups:read`)", body = ErrorBody),
-        (status = 404, description = "No such group, or not the caller's", body = ErrorBody),
+        GetGroupErrors,
     ))]
 pub(super) async fn get_group(
     State(AppState(sh)): State<AppState>,
@@ -223,6 +227,8 @@ pub(super) async fn get_group(
     Ok(Json(group_view(&sh, g).await?))
 }
 
+hako_shared::error_responses!(DeleteGroupErrors { h::INSUFFICIENT_SCOPE["`groups:write`"], h::FOLDER_FORBIDDEN, h::NOT_FOUND, e::RUNED_UNAVAILABLE });
+
 /// Remove a group, with its routes, sessions and tasks (its history stays in the log); runed
 /// stops its runs, removes its warm box and moves its folder's files to the trash, so a
 /// group made in the folder later starts from nothing. A folder-bound caller may remove only
@@ -232,9 +238,7 @@ pub(super) async fn get_group(
     responses(
         (status = 204, description = "Removed"),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden` (outside the caller's folder, or a group the operator set)", body = ErrorBody),
-        (status = 404, description = "No such group", body = ErrorBody),
-        (status = 503, description = "`runed_unavailable`: the folder could not be retired; nothing was removed", body = ErrorBody),
+        DeleteGroupErrors,
     ))]
 pub(super) async fn delete_group(
     State(AppState(sh)): State<AppState>,
@@ -286,12 +290,14 @@ pub(super) async fn delete_group(
     Ok(StatusCode::NO_CONTENT)
 }
 
+hako_shared::error_responses!(ListGroupsErrors { h::INSUFFICIENT_SCOPE["`groups:read`"] });
+
 /// The groups the caller covers.
 #[utoipa::path(get, path = "/v1/groups", tag = "groups", security(("bearer" = [])),
     responses(
         (status = 200, description = "The groups, by folder", body = GroupList),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`groups:read`)", body = ErrorBody),
+        ListGroupsErrors,
     ))]
 pub(super) async fn list_groups(
     State(AppState(sh)): State<AppState>,

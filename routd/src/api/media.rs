@@ -7,16 +7,20 @@ use axum::Json;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::{ErrorBody, NoToken};
+use hako_shared::http::NoToken;
 use hako_shared::media::MediaSaved;
 
 use super::{AppState, chat_folder, parse_folder};
+use crate::error as e;
 use crate::error::ApiFailure;
 use crate::routing::check_jid;
 use crate::runed::RunedError;
+use hako_shared::http as h;
 
 /// The route's path, for its body limit.
 pub(crate) const ROUTE: &str = "/v1/chats/{jid}/media/{name}";
+
+hako_shared::error_responses!(PutMediaErrors { h::INVALID_REQUEST, h::INVALID_MEDIA_NAME, h::INSUFFICIENT_SCOPE["`messages:write`"], h::NOT_FOUND, h::BODY_TOO_LARGE, h::MEDIA_FULL, e::RUNED_UNAVAILABLE });
 
 /// Saves a file a chat sent into the media directory of the folder the chat routes to (a
 /// file of that name is replaced: an adapter names a file after the platform's ids, so a
@@ -29,12 +33,8 @@ pub(crate) const ROUTE: &str = "/v1/chats/{jid}/media/{name}";
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file"),
     responses(
         (status = 200, description = "Saved; `path` is where the agent finds it", body = MediaSaved),
-        (status = 400, description = "`invalid_request` (the chat), `invalid_media_name`", body = ErrorBody),
+        PutMediaErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`messages:write`)", body = ErrorBody),
-        (status = 404, description = "A chat the caller does not reach, or that routes to no folder", body = ErrorBody),
-        (status = 413, description = "`body_too_large` (over `ROUTD_MEDIA_MAX` or runed's `RUNED_MEDIA_MAX`), `media_full` (the folder's media directory is full)", body = ErrorBody),
-        (status = 503, description = "`runed_unavailable`: try again later", body = ErrorBody),
     ))]
 pub(super) async fn put_media(
     State(AppState(sh)): State<AppState>,

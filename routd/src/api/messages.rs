@@ -5,16 +5,20 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{MessageKind, PostMessage, Posted};
-use hako_shared::http::{ApiJson, ErrorBody, NoToken};
+use hako_shared::http::{ApiJson, NoToken};
 use hako_shared::ids::is_valid_id;
 use sha2::{Digest, Sha256};
 
 use super::{AppState, MAX_FIELD, check_text, is_channel, new_message_id};
 use crate::commands;
+use crate::error as e;
 use crate::error::ApiFailure;
 use crate::routing::check_jid;
 use crate::state::{Appended, now_ms};
 use crate::store::{Ingested, NewInbound};
+use hako_shared::http as h;
+
+hako_shared::error_responses!(PostMessageErrors { h::INVALID_JSON, h::INVALID_REQUEST, h::INSUFFICIENT_SCOPE["`messages:write`"], h::FOLDER_FORBIDDEN, e::ID_CONFLICT, h::BODY_TOO_LARGE });
 
 /// Append an inbound chat message. A message for a chat no route takes is stored all the
 /// same (`routed: false`) and answered once a route appears.
@@ -23,11 +27,8 @@ use crate::store::{Ingested, NewInbound};
     responses(
         (status = 201, description = "Appended", body = Posted),
         (status = 200, description = "This id was posted before with the same body (`duplicate: true`)", body = Posted),
-        (status = 400, description = "`invalid_json` (unknown fields too), `invalid_request` (names the field: sizes, characters, the id's grammar)", body = ErrorBody),
+        PostMessageErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`messages:write`), `folder_forbidden` (a folder-bound caller posting to a chat outside its folders)", body = ErrorBody),
-        (status = 409, description = "`id_conflict`: the id exists with another body", body = ErrorBody),
-        (status = 413, description = "`body_too_large`", body = ErrorBody),
     ))]
 pub(super) async fn post_message(
     State(AppState(sh)): State<AppState>,

@@ -6,12 +6,13 @@ use std::collections::BTreeMap;
 use axum::Json;
 use axum::extract::State;
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::{ErrorBody, NoToken};
+use hako_shared::http::NoToken;
 use hako_shared::runs::{RunState, RunSummary};
 use serde::Serialize;
 
 use super::AppState;
 use crate::error::ApiFailure;
+use hako_shared::http as h;
 
 /// One daemon's readiness.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -67,12 +68,14 @@ fn health(name: &'static str, r: Result<(), String>) -> DaemonHealth {
     }
 }
 
+hako_shared::error_responses!(OverviewErrors { h::INSUFFICIENT_SCOPE["`turns:read`"] });
+
 /// The stack at a glance (a folder-bound caller sees its folders' runs and backlog).
 #[utoipa::path(get, path = "/v1/overview", tag = "turns", security(("bearer" = [])),
     responses(
         (status = 200, description = "Readiness, runs and backlog", body = Overview),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
+        OverviewErrors,
     ))]
 pub(super) async fn overview(
     State(AppState(sh)): State<AppState>,

@@ -6,21 +6,23 @@ use axum::http::StatusCode;
 use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{NewRoute, RouteList, RouteView};
-use hako_shared::http::{ApiJson, ErrorBody, NoToken};
+use hako_shared::http::{ApiJson, NoToken};
 
 use super::{AppState, MAX_POSITION, audit_row};
 use crate::error::ApiFailure;
 use crate::routing::check_jid;
 use crate::state::now_ms;
+use hako_shared::http as h;
+
+hako_shared::error_responses!(AddRouteErrors { h::INVALID_JSON, h::INVALID_REQUEST, h::INSUFFICIENT_SCOPE["`groups:write`"], h::FOLDER_FORBIDDEN });
 
 /// Add a route rule (unbound callers: a route decides where any chat goes).
 #[utoipa::path(post, path = "/v1/routes", tag = "routes", security(("bearer" = [])),
     request_body = NewRoute,
     responses(
         (status = 201, description = "Added", body = RouteView),
-        (status = 400, description = "`invalid_json`, `invalid_request`", body = ErrorBody),
+        AddRouteErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden` (a folder-bound caller)", body = ErrorBody),
     ))]
 pub(super) async fn add_route(
     State(AppState(sh)): State<AppState>,
@@ -65,12 +67,14 @@ pub(super) async fn add_route(
     ))
 }
 
+hako_shared::error_responses!(ListRoutesErrors { h::INSUFFICIENT_SCOPE["`groups:read`"] });
+
 /// The route rules, in the order they are tried (a folder-bound caller sees its folders').
 #[utoipa::path(get, path = "/v1/routes", tag = "routes", security(("bearer" = [])),
     responses(
         (status = 200, description = "The rules", body = RouteList),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`groups:read`)", body = ErrorBody),
+        ListRoutesErrors,
     ))]
 pub(super) async fn list_routes(
     State(AppState(sh)): State<AppState>,
@@ -93,14 +97,15 @@ pub(super) async fn list_routes(
     Ok(Json(RouteList { routes }))
 }
 
+hako_shared::error_responses!(DeleteRouteErrors { h::INSUFFICIENT_SCOPE["`groups:write`"], h::FOLDER_FORBIDDEN, h::NOT_FOUND });
+
 /// Remove a route rule.
 #[utoipa::path(delete, path = "/v1/routes/{id}", tag = "routes", security(("bearer" = [])),
     params(("id" = i64, Path, description = "The rule")),
     responses(
         (status = 200, description = "The rule removed", body = RouteView),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`groups:write`), `folder_forbidden`", body = ErrorBody),
-        (status = 404, description = "No such rule", body = ErrorBody),
+        DeleteRouteErrors,
     ))]
 pub(super) async fn delete_route(
     State(AppState(sh)): State<AppState>,

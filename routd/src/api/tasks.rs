@@ -6,13 +6,14 @@ use hako_shared::GroupFolder;
 use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{TaskList, TaskView};
-use hako_shared::http::{ApiQuery, ErrorBody, NoToken};
+use hako_shared::http::{ApiQuery, NoToken};
 use hako_shared::ids::is_valid_id;
 use serde::Deserialize;
 
 use super::{AppState, audit_row, parse_folder};
 use crate::error::ApiFailure;
 use crate::state::now_ms;
+use hako_shared::http as h;
 
 /// Task filters.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -41,14 +42,15 @@ pub(super) fn task_view(t: crate::store::TaskRow) -> TaskView {
     }
 }
 
+hako_shared::error_responses!(ListTasksErrors { h::INVALID_QUERY, h::INVALID_REQUEST, h::INSUFFICIENT_SCOPE["`groups:read`"] });
+
 /// The scheduled tasks the caller's groups have (a folder-bound caller sees its folders').
 #[utoipa::path(get, path = "/v1/tasks", tag = "groups", security(("bearer" = [])),
     params(TaskQuery),
     responses(
         (status = 200, description = "The tasks, soonest first", body = TaskList),
-        (status = 400, description = "`invalid_query`, `invalid_request` (the folder)", body = ErrorBody),
+        ListTasksErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`groups:read`)", body = ErrorBody),
     ))]
 pub(super) async fn list_tasks(
     State(AppState(sh)): State<AppState>,
@@ -67,14 +69,15 @@ pub(super) async fn list_tasks(
     }))
 }
 
+hako_shared::error_responses!(CancelTaskErrors { h::INSUFFICIENT_SCOPE["`groups:write`"], h::NOT_FOUND });
+
 /// Cancel a scheduled task (the operator, or a tenant whose folder covers the task's group).
 #[utoipa::path(delete, path = "/v1/tasks/{id}", tag = "groups", security(("bearer" = [])),
     params(("id" = String, Path, description = "The task")),
     responses(
         (status = 200, description = "Cancelled (or already over: its state says which)", body = TaskView),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`groups:write`)", body = ErrorBody),
-        (status = 404, description = "No such task, or not the caller's", body = ErrorBody),
+        CancelTaskErrors,
     ))]
 pub(super) async fn cancel_task(
     State(AppState(sh)): State<AppState>,

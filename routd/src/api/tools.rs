@@ -6,13 +6,15 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::{ApiJson, ErrorBody, NoToken};
+use hako_shared::http::{ApiJson, NoToken};
 use hako_shared::ids::{TurnId, TurnTry};
 
 use super::AppState;
+use crate::error as e;
 use crate::error::ApiFailure;
 use crate::gateway::claims_turn;
 use crate::state::Shared;
+use hako_shared::http as h;
 
 /// The turn a spawn token may act for: only its own turn, in its own folder, while it is
 /// live. Anyone else gets 404 (the same answer as for no such turn).
@@ -75,6 +77,8 @@ fn call_key(headers: &HeaderMap) -> Result<Option<hako_mcp::CallKey>, ApiFailure
         .ok_or_else(|| ApiFailure::Invalid("Idempotency-Key: 1-128 of [A-Za-z0-9._:-]".into()))
 }
 
+hako_shared::error_responses!(TurnToolErrors { e::INVALID_ARGUMENTS, h::INVALID_JSON, h::INSUFFICIENT_SCOPE["`turns:act`"], e::NOT_GRANTED, h::NOT_FOUND, e::TURN_ENDED, e::CONFLICT });
+
 /// One of the turn's tools over HTTP, with the run's spawn token: the same call, checks and
 /// answer as over the turn's MCP socket (`mcp.sock`). The body is the tool's arguments.
 #[utoipa::path(post, path = "/v1/turns/{turn_id}/tools/{tool}", tag = "tools", security(("bearer" = [])),
@@ -86,11 +90,8 @@ fn call_key(headers: &HeaderMap) -> Result<Option<hako_mcp::CallKey>, ApiFailure
     request_body(content = Object, description = "The tool's arguments, as its MCP input schema says"),
     responses(
         (status = 200, description = "The tool's result", body = Object),
-        (status = 400, description = "`invalid_arguments`, `invalid_json`", body = ErrorBody),
+        TurnToolErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`turns:act`), `not_granted`", body = ErrorBody),
-        (status = 404, description = "No such turn or tool, or not the caller's; `not_found`", body = ErrorBody),
-        (status = 409, description = "`turn_ended`, `conflict`", body = ErrorBody),
     ))]
 pub(super) async fn turn_tool(
     State(AppState(sh)): State<AppState>,
@@ -105,6 +106,8 @@ pub(super) async fn turn_tool(
     act(&sh, &who, &turn_id, tool, args, key.as_ref()).await
 }
 
+hako_shared::error_responses!(TurnSendErrors { e::INVALID_ARGUMENTS, h::INVALID_JSON, h::INSUFFICIENT_SCOPE["`turns:act`"], e::NOT_GRANTED, h::NOT_FOUND, e::TURN_ENDED });
+
 /// `send_message` by its contract name: an `Idempotency-Key` header makes a retry send
 /// nothing twice.
 #[utoipa::path(post, path = "/v1/turns/{turn_id}/send", tag = "tools", security(("bearer" = [])),
@@ -115,11 +118,8 @@ pub(super) async fn turn_tool(
     request_body(content = Object, description = "`{\"text\", \"chat_jid\"?}`"),
     responses(
         (status = 200, description = "The message (`duplicate: true` for a retry)", body = Object),
-        (status = 400, description = "`invalid_arguments`, `invalid_json`", body = ErrorBody),
+        TurnSendErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`turns:act`), `not_granted`", body = ErrorBody),
-        (status = 404, description = "No such turn, or not the caller's; `not_found`", body = ErrorBody),
-        (status = 409, description = "`turn_ended`", body = ErrorBody),
     ))]
 pub(super) async fn turn_send(
     State(AppState(sh)): State<AppState>,

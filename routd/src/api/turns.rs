@@ -5,12 +5,15 @@ use axum::extract::{Path, State};
 use hako_shared::GroupFolder;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{TurnList, TurnState, TurnView};
-use hako_shared::http::{ApiQuery, ErrorBody, NoToken};
+use hako_shared::http::{ApiQuery, NoToken};
 use hako_shared::ids::TurnId;
 use serde::{Deserialize, Serialize};
 
 use super::{AppState, parse_folder};
 use crate::error::ApiFailure;
+use hako_shared::http as h;
+
+hako_shared::error_responses!(GetTurnErrors { h::INSUFFICIENT_SCOPE["`turns:read`"], h::NOT_FOUND });
 
 /// One turn: what ran, why, with which run.
 #[utoipa::path(get, path = "/v1/turns/{turn_id}", tag = "turns", security(("bearer" = [])),
@@ -18,8 +21,7 @@ use crate::error::ApiFailure;
     responses(
         (status = 200, description = "The turn", body = TurnView),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
-        (status = 404, description = "No such turn, or not the caller's", body = ErrorBody),
+        GetTurnErrors,
     ))]
 pub(super) async fn get_turn(
     State(AppState(sh)): State<AppState>,
@@ -53,14 +55,15 @@ pub(super) struct TurnsQuery {
     limit: Option<usize>,
 }
 
+hako_shared::error_responses!(ListTurnsErrors { h::INVALID_QUERY, h::INVALID_REQUEST, h::INSUFFICIENT_SCOPE["`turns:read`"] });
+
 /// Turns, newest first (a folder-bound caller sees its folders').
 #[utoipa::path(get, path = "/v1/turns", tag = "turns", security(("bearer" = [])),
     params(TurnsQuery),
     responses(
         (status = 200, description = "A page of turns", body = TurnList),
-        (status = 400, description = "`invalid_query` (an unknown state), `invalid_request` (a folder filter that is not a folder)", body = ErrorBody),
+        ListTurnsErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
     ))]
 pub(super) async fn list_turns(
     State(AppState(sh)): State<AppState>,
@@ -124,15 +127,16 @@ pub(super) struct UsageReport {
     output_tokens: u64,
 }
 
+hako_shared::error_responses!(UsageErrors { h::INVALID_QUERY, h::INVALID_REQUEST, h::INSUFFICIENT_SCOPE["`turns:read`"] });
+
 /// Tokens the groups' agents used through the LLM gateway, per group, UTC day, turn and model
 /// (a folder-bound caller sees its folders').
 #[utoipa::path(get, path = "/v1/usage", tag = "turns", security(("bearer" = [])),
     params(UsageQuery),
     responses(
         (status = 200, description = "Usage rows and their totals", body = UsageReport),
-        (status = 400, description = "`invalid_query`, `invalid_request` (the folder or the day)", body = ErrorBody),
+        UsageErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`turns:read`)", body = ErrorBody),
     ))]
 pub(super) async fn usage(
     State(AppState(sh)): State<AppState>,

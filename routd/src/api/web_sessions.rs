@@ -6,13 +6,14 @@ use axum::Json;
 use axum::extract::{Path, State};
 use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::{ErrorBody, NoToken};
+use hako_shared::http::NoToken;
 use hako_shared::web::{WebSessionList, WebSessionView};
 
 use super::{AppState, audit_row};
 use crate::error::ApiFailure;
 use crate::state::now_ms;
 use crate::store::WebSession;
+use hako_shared::http as h;
 
 impl From<WebSession> for WebSessionView {
     fn from(s: WebSession) -> Self {
@@ -35,12 +36,14 @@ fn reaches(who: &Principal, s: &WebSession) -> bool {
     }
 }
 
+hako_shared::error_responses!(ListWebSessionsErrors { h::INSUFFICIENT_SCOPE["`tokens:revoke`"] });
+
 /// The live browser sessions of the web page (a folder-bound caller sees its folders').
 #[utoipa::path(get, path = "/v1/web-sessions", tag = "web", security(("bearer" = [])),
     responses(
         (status = 200, description = "The live sessions", body = WebSessionList),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`tokens:revoke`)", body = ErrorBody),
+        ListWebSessionsErrors,
     ))]
 pub(super) async fn list_web_sessions(
     State(AppState(sh)): State<AppState>,
@@ -58,6 +61,8 @@ pub(super) async fn list_web_sessions(
     Ok(Json(WebSessionList { sessions }))
 }
 
+hako_shared::error_responses!(EndWebSessionErrors { h::INSUFFICIENT_SCOPE["`tokens:revoke`"], h::NOT_FOUND });
+
 /// Ends the browser session a sign-in link opened: its cookie answers 401 `session_ended`
 /// from now on and its chat streams end.
 #[utoipa::path(delete, path = "/v1/web-sessions/{jti}", tag = "web", security(("bearer" = [])),
@@ -65,8 +70,7 @@ pub(super) async fn list_web_sessions(
     responses(
         (status = 200, description = "The session, ended", body = WebSessionView),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`tokens:revoke`)", body = ErrorBody),
-        (status = 404, description = "No live session of that link (or not the caller's)", body = ErrorBody),
+        EndWebSessionErrors,
     ))]
 pub(super) async fn end_web_session(
     State(AppState(sh)): State<AppState>,

@@ -6,11 +6,13 @@ use axum::http::StatusCode;
 use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{NewWebhook, WebhookList, WebhookView};
-use hako_shared::http::{ApiJson, ErrorBody, NoToken};
+use hako_shared::http::{ApiJson, NoToken};
 
 use super::{AppState, audit_row, check_text};
+use crate::error as e;
 use crate::error::ApiFailure;
 use crate::state::now_ms;
+use hako_shared::http as h;
 
 /// Whether a webhook URL names a target inside the host or its network: a special address
 /// (loopback, link-local, private, …) or a `localhost` name.
@@ -28,15 +30,15 @@ pub(super) fn private_target(url: &reqwest::Url) -> bool {
     }
 }
 
+hako_shared::error_responses!(AddWebhookErrors { h::INVALID_JSON, h::INVALID_REQUEST, h::INSUFFICIENT_SCOPE["`webhooks:write`"], h::FOLDER_FORBIDDEN, e::WEBHOOK_EXISTS });
+
 /// Register a channel's webhook (unbound callers). The secret is never shown again.
 #[utoipa::path(post, path = "/v1/webhooks", tag = "webhooks", security(("bearer" = [])),
     request_body = NewWebhook,
     responses(
         (status = 201, description = "Registered", body = WebhookView),
-        (status = 400, description = "`invalid_json`, `invalid_request` (prefix, URL, secret length)", body = ErrorBody),
+        AddWebhookErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`webhooks:write`), `folder_forbidden`", body = ErrorBody),
-        (status = 409, description = "`webhook_exists`: the prefix has one", body = ErrorBody),
     ))]
 pub(super) async fn add_webhook(
     State(AppState(sh)): State<AppState>,
@@ -91,12 +93,14 @@ pub(super) async fn add_webhook(
     ))
 }
 
+hako_shared::error_responses!(ListWebhooksErrors { h::INSUFFICIENT_SCOPE["`webhooks:read`"], h::FOLDER_FORBIDDEN });
+
 /// The webhooks (never their secrets).
 #[utoipa::path(get, path = "/v1/webhooks", tag = "webhooks", security(("bearer" = [])),
     responses(
         (status = 200, description = "The webhooks", body = WebhookList),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`webhooks:read`), `folder_forbidden`", body = ErrorBody),
+        ListWebhooksErrors,
     ))]
 pub(super) async fn list_webhooks(
     State(AppState(sh)): State<AppState>,
@@ -122,14 +126,15 @@ pub(super) async fn list_webhooks(
     Ok(Json(WebhookList { webhooks }))
 }
 
+hako_shared::error_responses!(DeleteWebhookErrors { h::INSUFFICIENT_SCOPE["`webhooks:write`"], h::FOLDER_FORBIDDEN, h::NOT_FOUND });
+
 /// Remove a webhook (messages still delivering to it become undeliverable).
 #[utoipa::path(delete, path = "/v1/webhooks/{id}", tag = "webhooks", security(("bearer" = [])),
     params(("id" = i64, Path, description = "The webhook")),
     responses(
         (status = 204, description = "Removed"),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`webhooks:write`), `folder_forbidden`", body = ErrorBody),
-        (status = 404, description = "No such webhook", body = ErrorBody),
+        DeleteWebhookErrors,
     ))]
 pub(super) async fn delete_webhook(
     State(AppState(sh)): State<AppState>,

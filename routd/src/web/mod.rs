@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -118,7 +118,9 @@ async fn asset(Path(name): Path<String>) -> Response {
             a.body,
         )
             .into_response(),
-        None => ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such asset").into_response(),
+        None => hako_shared::http::NOT_FOUND
+            .error("no such asset")
+            .into_response(),
     }
 }
 

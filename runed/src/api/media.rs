@@ -9,14 +9,16 @@ use hako_runner::media::MediaError;
 use hako_shared::GroupFolder;
 use hako_shared::audit::AuditAction;
 use hako_shared::auth::{Principal, scopes};
-use hako_shared::http::{ErrorBody, NoToken};
+use hako_shared::http::{self as h, NoToken};
 use hako_shared::media::MediaSaved;
 
 use super::{AppState, audit_row};
-use crate::error::ApiFailure;
+use crate::error::{self as e, ApiFailure};
 
 /// The route's path, for its body limit.
 pub(crate) const ROUTE: &str = "/v1/folders/{folder}/media/{name}";
+
+hako_shared::error_responses!(PutMediaErrors { h::INVALID_REQUEST, h::INVALID_MEDIA_NAME, h::INSUFFICIENT_SCOPE["`media:write`"], h::NOT_FOUND, h::BODY_TOO_LARGE, h::MEDIA_FULL, e::DOCKER_UNAVAILABLE });
 
 /// Saves a file into a folder's media directory, where the agent finds it at
 /// `/workspace/media/<name>` (a file of that name is replaced). routd calls it for the chats
@@ -29,12 +31,8 @@ pub(crate) const ROUTE: &str = "/v1/folders/{folder}/media/{name}";
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "The file"),
     responses(
         (status = 200, description = "Saved", body = MediaSaved),
-        (status = 400, description = "`invalid_request` (the folder), `invalid_media_name`", body = ErrorBody),
+        PutMediaErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`media:write`)", body = ErrorBody),
-        (status = 404, description = "A folder the caller does not cover", body = ErrorBody),
-        (status = 413, description = "`body_too_large` (over `RUNED_MEDIA_MAX`), `media_full` (the folder's media directory would pass `RUNED_MEDIA_FOLDER_MAX`, or holds more than 10,000 entries)", body = ErrorBody),
-        (status = 503, description = "`docker_unavailable`", body = ErrorBody),
     ))]
 pub(crate) async fn put_media(
     State(AppState(sh)): State<AppState>,

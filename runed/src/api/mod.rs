@@ -16,8 +16,8 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::Stream;
 use hako_shared::auth::{Principal, Verifier, scopes};
+use hako_shared::http::{self as h, NoToken};
 use hako_shared::http::{ApiInfo, ApiJson, ApiQuery, api_router};
-use hako_shared::http::{ErrorBody, NoToken};
 use hako_shared::ids::{RunId, TurnId, is_valid_id};
 use hako_shared::runs::{
     CreatedRun, HoldRequest, RunRequest, RunState, RunStatus, SessionPage, SpawnKind, SteerReply,
@@ -29,7 +29,7 @@ use tokio::sync::broadcast;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
-use crate::error::ApiFailure;
+use crate::error::{self as e, ApiFailure};
 use crate::state::{Event, HoldInfo, MAX_SECRETS_BYTES, Pending, Shared, new_run_id};
 use crate::store::{AuditRow, Inserted, SpawnRow};
 
@@ -162,17 +162,16 @@ fn is_service(who: &Principal) -> bool {
     }
 }
 
+hako_shared::error_responses!(CreateRunErrors { h::INVALID_JSON, h::INVALID_GROUP, e::SECRETS_TOO_LARGE, h::INSUFFICIENT_SCOPE["`runs:run`"], h::FOLDER_FORBIDDEN, h::FORBIDDEN_GROUP_SETTING, h::BODY_TOO_LARGE, e::QUEUE_FULL });
+
 /// Start a run: queued, then one container in its folder's turn. Idempotent on `turn_id`
 /// within the folder (a repeat answers the same run with `existing: true`).
 #[utoipa::path(post, path = "/v1/runs", tag = "runs", security(("bearer" = [])),
     request_body = RunRequest,
     responses(
         (status = 202, description = "Queued (or the turn's existing run)", body = CreatedRun),
-        (status = 400, description = "`invalid_json`, `invalid_group` (names the field), `secrets_too_large`", body = ErrorBody),
+        CreateRunErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`runs:run`), `folder_forbidden`, `forbidden_group_setting` (a folder-bound caller widening the group)", body = ErrorBody),
-        (status = 413, description = "`body_too_large`", body = ErrorBody),
-        (status = 429, description = "`queue_full`: names the bound (RUNED_MAX_QUEUED or _PER_FOLDER)", body = ErrorBody),
     ))]
 async fn create_run(
     State(AppState(sh)): State<AppState>,
@@ -291,16 +290,15 @@ struct WaitQuery {
     wait: Option<String>,
 }
 
+hako_shared::error_responses!(GetRunErrors { e::INVALID_WAIT, h::INVALID_QUERY, h::INSUFFICIENT_SCOPE["`runs:read`"], h::NOT_FOUND, h::TOO_MANY_STREAMS });
+
 /// A run's status and output; `?wait=30s` long-polls until it is over.
 #[utoipa::path(get, path = "/v1/runs/{run_id}", tag = "runs", security(("bearer" = [])),
     params(("run_id" = String, Path, description = "The run"), WaitQuery),
     responses(
         (status = 200, description = "The run", body = RunStatus),
-        (status = 400, description = "`invalid_wait`, `invalid_query`", body = ErrorBody),
+        GetRunErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`runs:read`)", body = ErrorBody),
-        (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
-        (status = 429, description = "`too_many_streams`: the caller's long-polls and streams", body = ErrorBody),
     ))]
 async fn get_run(
     State(AppState(sh)): State<AppState>,
@@ -460,6 +458,8 @@ impl RunStream {
     }
 }
 
+hako_shared::error_responses!(EventsErrors { h::INSUFFICIENT_SCOPE["`runs:read`"], h::NOT_FOUND, h::TOO_MANY_STREAMS });
+
 /// Server-sent events of one run: what is stored first (blocks, then the state), then each
 /// state change and block as it comes; the stream ends after the terminal state.
 #[utoipa::path(get, path = "/v1/runs/{run_id}/events", tag = "runs", security(("bearer" = [])),
@@ -467,9 +467,7 @@ impl RunStream {
     responses(
         (status = 200, description = "`state` and `output` events, each `data` one JSON event", content_type = "text/event-stream", body = Event),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`runs:read`)", body = ErrorBody),
-        (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
-        (status = 429, description = "`too_many_streams`", body = ErrorBody),
+        EventsErrors,
     ))]
 async fn events(
     State(AppState(sh)): State<AppState>,
@@ -499,6 +497,8 @@ async fn events(
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
 }
 
+hako_shared::error_responses!(SteerErrors { h::INVALID_JSON, h::INVALID_REQUEST, h::INSUFFICIENT_SCOPE["`runs:run`"], h::NOT_FOUND, e::NOT_LIVE });
+
 /// Place follow-up messages into a live run, exactly once. The answer comes as soon as the
 /// follow-up is in the run's drop (`placed`); its fate (`taken` by the agent or `returned`
 /// when the run ended first) is final in the run's status once the run is terminal. The work
@@ -509,11 +509,8 @@ async fn events(
     request_body = SteerRequest,
     responses(
         (status = 200, description = "The follow-up and where it is (`placed`, or a repeat's `taken`/`returned`)", body = SteerReply),
-        (status = 400, description = "`invalid_json`, `invalid_request` (no messages, a bad `steer_id`)", body = ErrorBody),
+        SteerErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`runs:run`)", body = ErrorBody),
-        (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
-        (status = 409, description = "`not_live`: the run is not running (nothing was placed)", body = ErrorBody),
     ))]
 async fn steer(
     State(AppState(sh)): State<AppState>,
@@ -637,14 +634,15 @@ async fn kill_and_wait(sh: &Arc<Shared>, row: &SpawnRow) -> Result<SpawnRow, Api
     }
 }
 
+hako_shared::error_responses!(KillRunErrors { h::INSUFFICIENT_SCOPE["`runs:kill`"], h::NOT_FOUND });
+
 /// Kill a run (stop, kill, remove) or release a hold; a kill is its own outcome, never retried.
 #[utoipa::path(delete, path = "/v1/runs/{run_id}", tag = "runs", security(("bearer" = [])),
     params(("run_id" = String, Path, description = "The run")),
     responses(
         (status = 200, description = "The run, ended", body = RunStatus),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`runs:kill`)", body = ErrorBody),
-        (status = 404, description = "No such run, or not the caller's", body = ErrorBody),
+        KillRunErrors,
     ))]
 async fn kill_run(
     State(AppState(sh)): State<AppState>,
@@ -673,16 +671,16 @@ async fn kill_run(
     Ok(Json(status(&sh, row).await?))
 }
 
+hako_shared::error_responses!(StopFolderErrors { h::INVALID_JSON, h::INSUFFICIENT_SCOPE["`runs:kill`"], h::FOLDER_FORBIDDEN, e::DOCKER_UNAVAILABLE });
+
 /// Kill a folder's live run and the runs waiting for its slot; with `retire`, also remove
 /// the folder's warm box and move its directory to the trash (its group was deleted).
 #[utoipa::path(post, path = "/v1/runs/stop", tag = "runs", security(("bearer" = [])),
     request_body = StopRequest,
     responses(
         (status = 200, description = "The runs killed", body = StopReply),
-        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        StopFolderErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`runs:kill`), `folder_forbidden`", body = ErrorBody),
-        (status = 503, description = "`docker_unavailable`: a folder to retire needs the runner", body = ErrorBody),
     ))]
 async fn stop_folder(
     State(AppState(sh)): State<AppState>,
@@ -751,15 +749,15 @@ async fn stop_folder(
     Ok(Json(StopReply { folder, killed }))
 }
 
+hako_shared::error_responses!(CreateHoldErrors { h::INVALID_JSON, h::INSUFFICIENT_SCOPE["`runs:run`"], h::FOLDER_FORBIDDEN, e::QUEUE_FULL });
+
 /// Claim a folder's run slot for an external job; released by `DELETE /v1/runs/{run_id}`.
 #[utoipa::path(post, path = "/v1/holds", tag = "runs", security(("bearer" = [])),
     request_body = HoldRequest,
     responses(
         (status = 202, description = "Queued for the folder's slot", body = CreatedRun),
-        (status = 400, description = "`invalid_json`", body = ErrorBody),
+        CreateHoldErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`runs:run`), `folder_forbidden`", body = ErrorBody),
-        (status = 429, description = "`queue_full`", body = ErrorBody),
     ))]
 async fn create_hold(
     State(AppState(sh)): State<AppState>,
@@ -849,15 +847,15 @@ struct RunsQuery {
     limit: Option<usize>,
 }
 
+hako_shared::error_responses!(ListRunsErrors { h::INVALID_QUERY, h::INSUFFICIENT_SCOPE["`runs:read`"], h::NOT_FOUND });
+
 /// Runs and holds, newest first (a folder-bound caller sees its folders only).
 #[utoipa::path(get, path = "/v1/runs", tag = "runs", security(("bearer" = [])),
     params(RunsQuery),
     responses(
         (status = 200, description = "A page of runs", body = hako_shared::runs::RunList),
-        (status = 400, description = "`invalid_query` (an unknown state)", body = ErrorBody),
+        ListRunsErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`runs:read`)", body = ErrorBody),
-        (status = 404, description = "A folder the caller does not cover", body = ErrorBody),
     ))]
 async fn list_runs(
     State(AppState(sh)): State<AppState>,
@@ -877,10 +875,9 @@ async fn list_runs(
     let state = match q.state.as_deref() {
         None | Some("") => None,
         Some(s) => Some(RunState::parse(s).ok_or_else(|| {
-            ApiFailure::from(hako_shared::http::ApiError::bad_request(
-                "invalid_query",
-                format!("state {s:?} is none of queued, starting, running, exited, error, killed, timed_out"),
-            ))
+            ApiFailure::from(h::INVALID_QUERY.error(format!(
+                "state {s:?} is none of queued, starting, running, exited, error, killed, timed_out"
+            )))
         })?),
     };
     let limit = q.limit.unwrap_or(100).clamp(1, 1000);
@@ -909,15 +906,15 @@ async fn list_runs(
     Ok(Json(hako_shared::runs::RunList { runs, next_before }))
 }
 
+hako_shared::error_responses!(SessionsErrors { h::INVALID_QUERY, h::INSUFFICIENT_SCOPE["`sessions:read`"], h::NOT_FOUND });
+
 /// Session history, newest first (a folder-bound caller sees its folders only).
 #[utoipa::path(get, path = "/v1/sessions", tag = "sessions", security(("bearer" = [])),
     params(PageQuery),
     responses(
         (status = 200, description = "A page of the history", body = SessionPage),
-        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        SessionsErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`sessions:read`)", body = ErrorBody),
-        (status = 404, description = "A folder the caller does not cover", body = ErrorBody),
     ))]
 async fn sessions(
     State(AppState(sh)): State<AppState>,
@@ -977,13 +974,15 @@ async fn on_store<T: Send + 'static>(
         })
 }
 
+hako_shared::error_responses!(ListSecretsErrors { h::INSUFFICIENT_SCOPE["`secrets:read`"], h::FOLDER_FORBIDDEN });
+
 /// The operator's brokered secrets, by name: when each was set, never a value
 /// (`specs/egress.md`, Secrets).
 #[utoipa::path(get, path = "/v1/secrets", tag = "secrets", security(("bearer" = [])),
     responses(
         (status = 200, description = "The secrets, by name", body = hako_shared::secrets::SecretList),
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`secrets:read`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
+        ListSecretsErrors,
     ))]
 async fn list_secrets(
     State(AppState(sh)): State<AppState>,
@@ -1002,6 +1001,8 @@ async fn list_secrets(
     }))
 }
 
+hako_shared::error_responses!(SetSecretErrors { e::INVALID_SECRET_NAME, e::INVALID_SECRET_VALUE, h::INVALID_JSON, h::INSUFFICIENT_SCOPE["`secrets:write`"], h::FOLDER_FORBIDDEN });
+
 /// Sets a brokered secret (replacing its value at once). The value goes into the egress
 /// proxy's store (0600, the proxy's user) and nowhere else: never the database, a log, an
 /// audit row or an answer. Groups name the secrets they use in their `secrets`.
@@ -1010,9 +1011,8 @@ async fn list_secrets(
     request_body = hako_shared::secrets::SecretValueRequest,
     responses(
         (status = 204, description = "Set"),
-        (status = 400, description = "`invalid_secret_name`, `invalid_secret_value`, `invalid_json` (the value is never echoed)", body = ErrorBody),
+        SetSecretErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`secrets:write`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
     ))]
 async fn set_secret(
     State(AppState(sh)): State<AppState>,
@@ -1042,16 +1042,16 @@ async fn set_secret(
     Ok(StatusCode::NO_CONTENT)
 }
 
+hako_shared::error_responses!(RemoveSecretErrors { e::INVALID_SECRET_NAME, h::INSUFFICIENT_SCOPE["`secrets:write`"], h::FOLDER_FORBIDDEN, h::NOT_FOUND });
+
 /// Removes a brokered secret: from the next request on, the proxy has no value for it and
 /// refuses requests that need it (`secret_unavailable`).
 #[utoipa::path(delete, path = "/v1/secrets/{name}", tag = "secrets", security(("bearer" = [])),
     params(("name" = String, Path, description = "The secret's name", example = "GH_TOKEN")),
     responses(
         (status = 204, description = "Removed"),
-        (status = 400, description = "`invalid_secret_name`", body = ErrorBody),
+        RemoveSecretErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`secrets:write`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
-        (status = 404, description = "`not_found`: no such secret", body = ErrorBody),
     ))]
 async fn remove_secret(
     State(AppState(sh)): State<AppState>,
@@ -1078,14 +1078,15 @@ async fn remove_secret(
     Ok(StatusCode::NO_CONTENT)
 }
 
+hako_shared::error_responses!(AuditErrors { h::INVALID_QUERY, h::INSUFFICIENT_SCOPE["`audit:read`"], h::FOLDER_FORBIDDEN });
+
 /// runed's audit log, newest first (unbound callers only).
 #[utoipa::path(get, path = "/v1/audit", tag = "audit", security(("bearer" = [])),
     params(PageQuery),
     responses(
         (status = 200, description = "A page of the audit log", body = AuditPage),
-        (status = 400, description = "`invalid_query`", body = ErrorBody),
+        AuditErrors,
         NoToken,
-        (status = 403, description = "`insufficient_scope` (`audit:read`), `folder_forbidden` (a folder-bound token)", body = ErrorBody),
     ))]
 async fn audit(
     State(AppState(sh)): State<AppState>,

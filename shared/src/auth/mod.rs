@@ -73,35 +73,50 @@ pub enum AuthError {
     FolderForbidden(String),
 }
 
+crate::error_codes! {
+    /// No `Authorization: Bearer` token.
+    pub const MISSING_TOKEN = (401, "missing_token");
+    /// The token is not one of authd's: malformed, signed by no key authd has, for another
+    /// issuer, or with claims that cannot be.
+    pub const INVALID_TOKEN = (401, "invalid_token");
+    /// The token has expired.
+    pub const TOKEN_EXPIRED = (401, "token_expired");
+    /// The token is not valid yet (its `nbf` is ahead of this host's clock).
+    pub const TOKEN_NOT_YET_VALID = (401, "token_not_yet_valid");
+    /// The token (or one it was minted from) was revoked.
+    pub const TOKEN_REVOKED = (401, "token_revoked");
+    /// authd does not answer, and the token's key or revocations cannot be checked.
+    pub const AUTHD_UNAVAILABLE = (503, "authd_unavailable");
+}
+
 impl AuthError {
-    /// The envelope's error code.
-    pub fn code(&self) -> &'static str {
+    /// The code it answers with.
+    pub fn answer(&self) -> &'static crate::http::Code {
         match self {
-            AuthError::Missing => "missing_token",
-            AuthError::Expired => "token_expired",
-            AuthError::NotYetValid => "token_not_yet_valid",
-            AuthError::Revoked => "token_revoked",
-            AuthError::Unavailable(_) => "authd_unavailable",
-            AuthError::InsufficientScope(_) => "insufficient_scope",
-            AuthError::FolderForbidden(_) => "folder_forbidden",
+            AuthError::Missing => &MISSING_TOKEN,
+            AuthError::Expired => &TOKEN_EXPIRED,
+            AuthError::NotYetValid => &TOKEN_NOT_YET_VALID,
+            AuthError::Revoked => &TOKEN_REVOKED,
+            AuthError::Unavailable(_) => &AUTHD_UNAVAILABLE,
+            AuthError::InsufficientScope(_) => &crate::http::INSUFFICIENT_SCOPE,
+            AuthError::FolderForbidden(_) => &crate::http::FOLDER_FORBIDDEN,
             AuthError::BadHeader(_)
             | AuthError::Malformed(_)
             | AuthError::UnknownKey
             | AuthError::BadSignature
             | AuthError::WrongIssuer
-            | AuthError::BadClaims(_) => "invalid_token",
+            | AuthError::BadClaims(_) => &INVALID_TOKEN,
         }
+    }
+
+    /// The envelope's error code.
+    pub fn code(&self) -> &'static str {
+        self.answer().code
     }
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
-        match self {
-            AuthError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            AuthError::InsufficientScope(_) | AuthError::FolderForbidden(_) => {
-                StatusCode::FORBIDDEN
-            }
-            _ => StatusCode::UNAUTHORIZED,
-        }
+        self.answer().status()
     }
 }
 

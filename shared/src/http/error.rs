@@ -56,22 +56,18 @@ impl ApiError {
 
     /// 404 `not_found`.
     pub fn not_found(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", message)
+        super::NOT_FOUND.error(message)
     }
 
     /// 500 `internal`: the message is logged, the client gets a generic text.
     pub fn internal(err: impl std::fmt::Display) -> Self {
         tracing::error!(error = %err, "internal error");
-        Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "internal error; see the daemon's log",
-        )
+        super::INTERNAL.error("internal error; see the daemon's log")
     }
 
     /// 503 `unavailable`.
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+        super::UNAVAILABLE.error(message)
     }
 }
 

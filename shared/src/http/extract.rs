@@ -62,8 +62,7 @@ where
     ) -> Result<Self, Self::Rejection> {
         match axum::extract::Query::<T>::from_request_parts(parts, state).await {
             Ok(axum::extract::Query(v)) => Ok(ApiQuery(v)),
-            Err(rej) => Err(ApiError::bad_request(
-                "invalid_query",
+            Err(rej) => Err(super::INVALID_QUERY.error(
                 rej.body_text()
                     .trim_start_matches("Failed to deserialize query string: ")
                     .to_owned(),
@@ -82,12 +81,12 @@ fn plain_json(headers: &axum::http::HeaderMap) -> bool {
 /// A refused body as the envelope, by the status axum's extractor chose.
 fn rejection(status: StatusCode, text: String) -> ApiError {
     match status {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(status, "body_too_large", text),
+        StatusCode::PAYLOAD_TOO_LARGE => super::BODY_TOO_LARGE.error(text),
         StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
             status,
             "unsupported_media_type",
             "expected Content-Type: application/json",
         ),
-        _ => ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", text),
+        _ => super::INVALID_JSON.error(text),
     }
 }

@@ -42,8 +42,8 @@ impl Common {
             Common::Db(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Common::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             Common::Api(e) => e.status,
-            Common::TooManyStreams(_) => StatusCode::TOO_MANY_REQUESTS,
-            Common::InvalidGroup(_) => StatusCode::BAD_REQUEST,
+            Common::TooManyStreams(_) => super::TOO_MANY_STREAMS.status(),
+            Common::InvalidGroup(_) => super::INVALID_GROUP.status(),
         }
     }
 
@@ -52,14 +52,13 @@ impl Common {
         match self {
             #[cfg(feature = "db")]
             Common::Db(crate::db::DbError::Closed | crate::db::DbError::Timeout(_)) => {
-                "unavailable"
+                super::UNAVAILABLE.code
             }
             #[cfg(feature = "db")]
-            Common::Db(_) => "internal",
-            Common::Internal(_) => "internal",
+            Common::Db(_) | Common::Internal(_) => super::INTERNAL.code,
             Common::Api(e) => &e.body.error,
-            Common::TooManyStreams(_) => "too_many_streams",
-            Common::InvalidGroup(_) => "invalid_group",
+            Common::TooManyStreams(_) => super::TOO_MANY_STREAMS.code,
+            Common::InvalidGroup(_) => super::INVALID_GROUP.code,
         }
     }
 }

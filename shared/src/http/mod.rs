@@ -4,6 +4,7 @@
 //! `/metrics`, `/openapi.json`), body limits, JSON 404/405 and panics as JSON 500. A file per
 //! concept; everything is used as `hako_shared::http::…`.
 
+mod codes;
 mod error;
 mod extract;
 mod failure;
@@ -15,6 +16,7 @@ mod serve;
 #[cfg(test)]
 mod tests;
 
+pub use codes::*;
 #[cfg(feature = "openapi")]
 pub use error::NoToken;
 pub use error::{ApiError, ErrorBody};

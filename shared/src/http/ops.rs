@@ -6,11 +6,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use axum::Json;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::{ApiError, ErrorBody};
+use super::ErrorBody;
 use crate::metrics::Metrics;
 
 /// Readiness probe: `Ok` when the daemon's dependencies answer, else the reason.
@@ -76,19 +76,19 @@ async fn health(axum::Extension(st): axum::Extension<OpsState>) -> Json<Health> 
     })
 }
 
+crate::error_responses!(ReadyErrors { super::NOT_READY });
+
 /// Readiness: 200 only when the daemon's dependencies answer.
 #[utoipa::path(get, path = "/ready", tag = "ops", responses(
     (status = 200, description = "Every dependency answers", body = Ready),
-    (status = 503, description = "`not_ready`: names the dependency that does not answer", body = ErrorBody)))]
+    ReadyErrors))]
 async fn ready(axum::Extension(st): axum::Extension<OpsState>) -> Response {
     match (st.ready)().await {
         Ok(()) => Json(Ready {
             status: "ready".into(),
         })
         .into_response(),
-        Err(why) => {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", why).into_response()
-        }
+        Err(why) => super::NOT_READY.error(why).into_response(),
     }
 }
 

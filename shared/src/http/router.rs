@@ -100,12 +100,9 @@ pub fn guard_with(router: Router, limits: BodyLimits) -> Router {
         }))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             |_: Box<dyn std::any::Any + Send>| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "internal error; see the daemon's log",
-                )
-                .into_response()
+                super::INTERNAL
+                    .error("internal error; see the daemon's log")
+                    .into_response()
             },
         ))
 }
@@ -235,12 +232,11 @@ async fn refuse_oversized(limit: usize, req: Request, next: axum::middleware::Ne
         });
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, drain).await;
     }
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
-        format!("the request body is {len} bytes; the limit is {limit}"),
-    )
-    .into_response()
+    super::BODY_TOO_LARGE
+        .error(format!(
+            "the request body is {len} bytes; the limit is {limit}"
+        ))
+        .into_response()
 }
 
 #[cfg(test)]
