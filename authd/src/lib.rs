@@ -209,7 +209,7 @@ async fn load_keys(store: &Store, verifier: &Verifier) -> Result<KeyRing, StartE
                 actor: "authd".into(),
                 actor_jti: None,
                 action: hako_shared::audit::AuditAction::KeyCreate,
-                outcome: "ok".into(),
+                outcome: hako_shared::audit::AuditOutcome::Ok.as_str().into(),
                 detail: format!("kid={}", s.kid()),
                 request_id: None,
             };

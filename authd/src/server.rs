@@ -8,7 +8,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use hako_shared::GroupFolder;
-use hako_shared::audit::AuditAction;
+use hako_shared::audit::{AuditAction, AuditOutcome};
 use hako_shared::auth::wire::{
     AuditList, MintRequest, MintResponse, RevokeResponse, RevokedList, RotateResponse,
     ServiceTokenRequest, ServiceTokenResponse,
@@ -138,7 +138,7 @@ fn audit_row(
     actor: &str,
     actor_jti: Option<&str>,
     action: AuditAction,
-    outcome: &str,
+    outcome: AuditOutcome<'_>,
     detail: String,
 ) -> AuditRow {
     AuditRow {
@@ -146,7 +146,7 @@ fn audit_row(
         actor: actor.to_owned(),
         actor_jti: actor_jti.map(str::to_owned),
         action,
-        outcome: outcome.to_owned(),
+        outcome: outcome.as_str().to_owned(),
         detail,
         request_id: hako_shared::audit::request_id(),
     }
@@ -169,7 +169,13 @@ impl AppState {
                 &[("action", action.as_str())],
             )
             .inc();
-        let row = audit_row(actor, actor_jti, action, &err.body.error, detail);
+        let row = audit_row(
+            actor,
+            actor_jti,
+            action,
+            AuditOutcome::Refused(&err.body.error),
+            detail,
+        );
         if let Err(e) = self.store.write(vec![Row::Audit(row)]).await {
             tracing::error!(error = %e, %action, "cannot write the audit row of a denial");
         }
@@ -326,7 +332,7 @@ async fn service_token(
             &claims.sub,
             None,
             AuditAction::ServiceToken,
-            "ok",
+            AuditOutcome::Ok,
             format!("jti={} exp={}", claims.jti, claims.exp),
         )),
     ];
@@ -429,7 +435,7 @@ async fn mint_token(
             &parent.sub,
             Some(&parent.jti),
             AuditAction::TokenMint,
-            "ok",
+            AuditOutcome::Ok,
             detail,
         )),
     ];
@@ -516,7 +522,7 @@ async fn revoke(
         &caller.sub,
         Some(&caller.jti),
         AuditAction::TokenRevoke,
-        "ok",
+        AuditOutcome::Ok,
         format!("jti={jti}"),
     );
     let revoked = app.store.revoke_tree(jti.clone(), now, audit).await?;
@@ -557,7 +563,7 @@ async fn rotate(
         &caller.sub,
         Some(&caller.jti),
         AuditAction::KeyRotate,
-        "ok",
+        AuditOutcome::Ok,
         format!(
             "kid={} previous={} drops_at={drop_after}",
             new.kid(),
@@ -631,11 +637,8 @@ async fn audit(
         .await?;
     // authd's audit spans every folder and every daemon: not for a folder-bound token.
     if caller.folder.is_some() {
-        let err = ApiError::new(
-            axum::http::StatusCode::FORBIDDEN,
-            "folder_forbidden",
-            "authd's audit log spans every folder; a folder-bound token cannot read it",
-        );
+        let err = h::FOLDER_FORBIDDEN
+            .error("authd's audit log spans every folder; a folder-bound token cannot read it");
         return Err(app
             .deny(
                 &caller.sub,

@@ -10,6 +10,7 @@
 //! waiters here are only woken by it.
 
 use hako_shared::audit::AuditAction;
+use hako_shared::audit::AuditOutcome;
 use hako_shared::ids::TurnId;
 use std::sync::Arc;
 
@@ -224,7 +225,7 @@ pub(crate) async fn hold(
         &format!("turn:{}", scope.turn_id),
         AuditAction::ApprovalRequest,
         &row,
-        "pending",
+        AuditOutcome::Approval(ApprovalState::Pending),
     )
     .await;
 
@@ -348,7 +349,14 @@ pub(crate) async fn conclude(
                 ),
             };
             say(sh, &row, "verdict", text).await;
-            audit(sh, by, AuditAction::ApprovalVerdict, &row, state.as_str()).await;
+            audit(
+                sh,
+                by,
+                AuditAction::ApprovalVerdict,
+                &row,
+                AuditOutcome::Approval(state),
+            )
+            .await;
             Ok(Some((row, true)))
         }
         Decided::Before(row) => Ok(Some((row, false))),
@@ -402,7 +410,7 @@ pub(crate) async fn decide(
                     &actor,
                     AuditAction::ApprovalVerdict,
                     &row,
-                    "not_allowed",
+                    AuditOutcome::Refused("not_allowed"),
                 )
                 .await;
                 return Ok(Err(Refusal::NotAllowed(why)));
@@ -421,7 +429,14 @@ pub(crate) async fn decide(
                 .as_ref()
                 .is_none_or(|p| p.from == hako_shared::approvals::Approvers::Operator);
             if !unbound && operator_only {
-                audit(sh, actor, AuditAction::ApprovalVerdict, &row, "not_allowed").await;
+                audit(
+                    sh,
+                    actor,
+                    AuditAction::ApprovalVerdict,
+                    &row,
+                    AuditOutcome::Refused("not_allowed"),
+                )
+                .await;
                 return Ok(Err(Refusal::NotAllowed(format!(
                     "{id}: the group's approvals come from the operator only"
                 ))));
@@ -595,7 +610,13 @@ async fn say(sh: &Shared, row: &ApprovalRow, what: &str, text: String) {
     }
 }
 
-async fn audit(sh: &Shared, actor: &str, action: AuditAction, row: &ApprovalRow, outcome: &str) {
+async fn audit(
+    sh: &Shared,
+    actor: &str,
+    action: AuditAction,
+    row: &ApprovalRow,
+    outcome: AuditOutcome<'_>,
+) {
     let detail = format!(
         "{} {}{}",
         row.id,

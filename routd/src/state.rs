@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use hako_shared::audit::AuditOutcome;
 use hako_shared::auth::{Verifier, now_secs};
 use hako_shared::chat::MessageKind;
 use hako_shared::time::unix_millis;
@@ -96,7 +97,7 @@ impl Shared {
         actor: &str,
         action: hako_shared::audit::AuditAction,
         folder: Option<&str>,
-        outcome: &str,
+        outcome: AuditOutcome<'_>,
         detail: String,
     ) {
         self.audit_turn(actor, action, folder, None, outcome, detail)
@@ -110,7 +111,7 @@ impl Shared {
         action: hako_shared::audit::AuditAction,
         folder: Option<&str>,
         turn: Option<&str>,
-        outcome: &str,
+        outcome: AuditOutcome<'_>,
         detail: String,
     ) {
         let r = store::AuditRow {
@@ -119,7 +120,7 @@ impl Shared {
             actor: actor.to_owned(),
             action: action.as_str().to_owned(),
             folder: folder.map(str::to_owned),
-            outcome: outcome.to_owned(),
+            outcome: outcome.as_str().to_owned(),
             detail,
             request_id: hako_shared::audit::request_id(),
             turn_id: turn.map(str::to_owned),

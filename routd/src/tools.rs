@@ -4,6 +4,7 @@
 //! chat that routes to the group, a sub-folder of its own) is checked here.
 
 use hako_shared::audit::AuditAction;
+use hako_shared::audit::AuditOutcome;
 use std::sync::Arc;
 
 use hako_mcp::tools::{
@@ -154,7 +155,7 @@ impl RoutdTools {
                 action,
                 Some(scope.folder.as_str()),
                 turn,
-                "ok",
+                AuditOutcome::Ok,
                 detail,
             )
             .await;

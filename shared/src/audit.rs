@@ -114,9 +114,70 @@ crate::wire_names!(AuditAction {
     AuditRead => "audit_read",
 });
 
+/// How an audited action ended: a row's `outcome`, stored and served as its wire text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditOutcome<'a> {
+    /// It was done: `ok`.
+    Ok,
+    /// It was refused: the refusal's code (as the caller was answered, or the reason a
+    /// verdict was not taken).
+    Refused(&'a str),
+    /// An approval request made or decided: the request's state after it (`pending`,
+    /// `approved`, `denied`, …).
+    Approval(crate::approvals::ApprovalState),
+    /// A follow-up handed to a live run: where it is (`placed`, or a repeat's `taken` or
+    /// `returned`).
+    Steer(crate::runs::SteerState),
+    /// A browser session ended because its link was revoked: `revoked`.
+    Revoked,
+}
+
+impl AuditOutcome<'_> {
+    /// The wire text.
+    pub fn as_str(&self) -> &str {
+        match self {
+            AuditOutcome::Ok => "ok",
+            AuditOutcome::Refused(code) => code,
+            AuditOutcome::Approval(state) => state.as_str(),
+            AuditOutcome::Steer(state) => state.as_str(),
+            AuditOutcome::Revoked => "revoked",
+        }
+    }
+}
+
+#[cfg(feature = "server")]
+impl From<&'static crate::http::Code> for AuditOutcome<'static> {
+    fn from(c: &'static crate::http::Code) -> Self {
+        AuditOutcome::Refused(c.code)
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::AuditAction;
+    use super::{AuditAction, AuditOutcome};
+    use crate::approvals::ApprovalState;
+    use crate::runs::SteerState;
+
+    #[test]
+    fn an_outcome_is_stored_as_its_wire_text() {
+        for (o, text) in [
+            (AuditOutcome::Ok, "ok"),
+            (
+                AuditOutcome::Refused("folder_forbidden"),
+                "folder_forbidden",
+            ),
+            (AuditOutcome::Approval(ApprovalState::TimedOut), "timed_out"),
+            (AuditOutcome::Steer(SteerState::Placed), "placed"),
+            (AuditOutcome::Revoked, "revoked"),
+        ] {
+            assert_eq!(o.as_str(), text);
+        }
+        #[cfg(feature = "server")]
+        assert_eq!(
+            AuditOutcome::from(&crate::http::NOT_FOUND),
+            AuditOutcome::Refused("not_found")
+        );
+    }
 
     #[test]
     fn each_action_has_its_own_name() {

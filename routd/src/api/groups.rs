@@ -6,6 +6,7 @@ use axum::http::StatusCode;
 use hako_shared::GroupFolder;
 use hako_shared::approvals::ApprovalPolicy;
 use hako_shared::audit::AuditAction;
+use hako_shared::audit::AuditOutcome;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{GroupConfig, GroupList, GroupView};
 use hako_shared::http::{ApiJson, NoToken};
@@ -80,7 +81,7 @@ pub(super) async fn put_group(
             &who,
             AuditAction::GroupPut,
             Some(folder.as_str()),
-            "folder_forbidden",
+            AuditOutcome::from(&h::FOLDER_FORBIDDEN),
             String::new(),
         )
         .await;
@@ -109,7 +110,7 @@ pub(super) async fn put_group(
         &who,
         AuditAction::GroupPut,
         Some(folder.as_str()),
-        "ok",
+        AuditOutcome::Ok,
         String::new(),
     )
     .await;
@@ -259,7 +260,7 @@ pub(super) async fn delete_group(
             &who,
             AuditAction::GroupDelete,
             Some(f.as_str()),
-            "folder_forbidden",
+            AuditOutcome::from(&h::FOLDER_FORBIDDEN),
             String::new(),
         )
         .await;
@@ -283,7 +284,7 @@ pub(super) async fn delete_group(
         &who,
         AuditAction::GroupDelete,
         Some(f.as_str()),
-        "ok",
+        AuditOutcome::Ok,
         String::new(),
     )
     .await;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use axum::extract::FromRef;
 use hako_shared::GroupFolder;
+use hako_shared::audit::AuditOutcome;
 use hako_shared::auth::{Principal, Verifier};
 use hako_shared::http::{ApiInfo, api_router};
 use utoipa_axum::router::OpenApiRouter;
@@ -109,7 +110,7 @@ async fn audit_row(
     who: &Principal,
     action: hako_shared::audit::AuditAction,
     folder: Option<&str>,
-    outcome: &str,
+    outcome: AuditOutcome<'_>,
     detail: String,
 ) {
     sh.audit(&who.actor(), action, folder, outcome, detail)

@@ -4,6 +4,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use hako_shared::audit::AuditAction;
+use hako_shared::audit::AuditOutcome;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{NewRoute, RouteList, RouteView};
 use hako_shared::http::{ApiJson, NoToken};
@@ -52,7 +53,7 @@ pub(super) async fn add_route(
         &who,
         AuditAction::RouteAdd,
         Some(&row.folder),
-        "ok",
+        AuditOutcome::Ok,
         row.pattern.clone(),
     )
     .await;
@@ -127,7 +128,7 @@ pub(super) async fn delete_route(
         &who,
         AuditAction::RouteDelete,
         Some(&row.folder),
-        "ok",
+        AuditOutcome::Ok,
         row.pattern.clone(),
     )
     .await;

@@ -4,6 +4,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use hako_shared::GroupFolder;
 use hako_shared::audit::AuditAction;
+use hako_shared::audit::AuditOutcome;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{TaskList, TaskView};
 use hako_shared::http::{ApiQuery, NoToken};
@@ -100,7 +101,7 @@ pub(super) async fn cancel_task(
             &who,
             AuditAction::TaskCancel,
             Some(&t.folder),
-            "ok",
+            AuditOutcome::Ok,
             id.clone(),
         )
         .await;

@@ -5,6 +5,7 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use hako_shared::audit::AuditAction;
+use hako_shared::audit::AuditOutcome;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::http::NoToken;
 use hako_shared::web::{WebSessionList, WebSessionView};
@@ -95,7 +96,7 @@ pub(super) async fn end_web_session(
         &who,
         AuditAction::WebSessionEnd,
         s.claims.folder.as_deref(),
-        "ok",
+        AuditOutcome::Ok,
         format!("link {jti}"),
     )
     .await;

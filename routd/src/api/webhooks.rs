@@ -4,6 +4,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use hako_shared::audit::AuditAction;
+use hako_shared::audit::AuditOutcome;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{NewWebhook, WebhookList, WebhookView};
 use hako_shared::http::{ApiJson, NoToken};
@@ -79,7 +80,7 @@ pub(super) async fn add_webhook(
         &who,
         AuditAction::WebhookAdd,
         None,
-        "ok",
+        AuditOutcome::Ok,
         format!("{} -> {}", row.prefix, url.host_str().unwrap_or("")),
     )
     .await;
@@ -158,7 +159,7 @@ pub(super) async fn delete_webhook(
         &who,
         AuditAction::WebhookDelete,
         None,
-        "ok",
+        AuditOutcome::Ok,
         n.to_string(),
     )
     .await;

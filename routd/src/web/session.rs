@@ -4,6 +4,7 @@
 //! that does not carry the session's CSRF token.
 
 use hako_shared::audit::AuditAction;
+use hako_shared::audit::AuditOutcome;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -150,7 +151,7 @@ async fn end_revoked(sh: &Shared, s: &WebSession) {
                 &s.claims.sub,
                 AuditAction::WebSessionEnd,
                 s.claims.folder.as_deref(),
-                "revoked",
+                AuditOutcome::Revoked,
                 format!("link {}", s.link_jti),
             )
             .await;
@@ -356,7 +357,7 @@ pub(crate) async fn sign_in(
             &claims.sub,
             AuditAction::WebSignin,
             claims.folder.as_deref(),
-            "link_used",
+            AuditOutcome::Refused("link_used"),
             String::new(),
         )
         .await;
@@ -377,7 +378,7 @@ pub(crate) async fn sign_in(
         &claims.sub,
         AuditAction::WebSignin,
         claims.folder.as_deref(),
-        "ok",
+        AuditOutcome::Ok,
         format!("link {}", claims.jti),
     )
     .await;
@@ -431,7 +432,7 @@ pub(crate) async fn sign_out(sh: &Shared, headers: &HeaderMap) -> Result<Respons
         &s.claims.sub,
         AuditAction::WebSignout,
         s.claims.folder.as_deref(),
-        "ok",
+        AuditOutcome::Ok,
         format!("link {}", s.link_jti),
     )
     .await;

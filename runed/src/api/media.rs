@@ -7,7 +7,7 @@ use axum::body::Body;
 use axum::extract::{Path, State};
 use hako_runner::media::MediaError;
 use hako_shared::GroupFolder;
-use hako_shared::audit::AuditAction;
+use hako_shared::audit::{AuditAction, AuditOutcome};
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::http::{self as h, NoToken};
 use hako_shared::media::MediaSaved;
@@ -56,9 +56,13 @@ pub(crate) async fn put_media(
     let saved = runner
         .save_media(&folder, &name, data, sh.cfg.media_folder_max)
         .await;
-    let outcome = match &saved {
-        Ok(_) => "ok".to_owned(),
-        Err(e) => format!("refused: {}", e),
+    let saved = saved.map_err(|e| match e {
+        MediaError::Io(e) => ApiFailure::internal(e),
+        e => ApiFailure::Media(e),
+    });
+    let (outcome, why) = match &saved {
+        Ok(_) => (AuditOutcome::Ok, String::new()),
+        Err(f) => (AuditOutcome::Refused(f.code()), format!(" refused: {f}")),
     };
     audit_row(
         &sh,
@@ -66,14 +70,11 @@ pub(crate) async fn put_media(
         AuditAction::MediaPut,
         None,
         Some(folder.as_str()),
-        if saved.is_ok() { "ok" } else { "refused" },
-        format!("name={name} {outcome}"),
+        outcome,
+        format!("name={name}{why}"),
     )
     .await;
-    let bytes = saved.map_err(|e| match e {
-        MediaError::Io(e) => ApiFailure::internal(e),
-        e => ApiFailure::Media(e),
-    })?;
+    let bytes = saved?;
     tracing::info!(folder = %folder, name, bytes, "media saved");
     Ok(Json(MediaSaved::new(folder.as_str(), &name, bytes)))
 }

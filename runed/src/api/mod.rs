@@ -4,7 +4,7 @@
 
 pub(crate) mod media;
 
-use hako_shared::audit::AuditAction;
+use hako_shared::audit::{AuditAction, AuditOutcome};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -92,7 +92,7 @@ async fn audit_row(
     action: AuditAction,
     run: Option<&str>,
     folder: Option<&str>,
-    outcome: &str,
+    outcome: AuditOutcome<'_>,
     detail: String,
 ) {
     let r = AuditRow {
@@ -102,7 +102,7 @@ async fn audit_row(
         action: action.as_str().to_owned(),
         run_id: run.map(str::to_owned),
         folder: folder.map(str::to_owned),
-        outcome: outcome.to_owned(),
+        outcome: outcome.as_str().to_owned(),
         detail,
         request_id: hako_shared::audit::request_id(),
     };
@@ -204,7 +204,7 @@ async fn create_run(
             AuditAction::RunCreate,
             None,
             Some(&folder),
-            refused.code(),
+            AuditOutcome::Refused(refused.code()),
             elevated.join(","),
         )
         .await;
@@ -272,7 +272,7 @@ async fn create_run(
                 AuditAction::RunCreate,
                 Some(&run_id),
                 Some(&folder),
-                "ok",
+                AuditOutcome::Ok,
                 String::new(),
             )
             .await;
@@ -557,8 +557,8 @@ async fn steer(
         Some(&run_id),
         Some(&row.folder),
         match &placed {
-            Ok(s) => s.as_str(),
-            Err(e) => e.code(),
+            Ok(s) => AuditOutcome::Steer(*s),
+            Err(e) => AuditOutcome::Refused(e.code()),
         },
         format!("{steer_id}: {n} message(s)"),
     )
@@ -662,7 +662,7 @@ async fn kill_run(
             AuditAction::RunKill,
             Some(&run_id),
             Some(&row.folder),
-            "ok",
+            AuditOutcome::Ok,
             String::new(),
         )
         .await;
@@ -727,7 +727,7 @@ async fn stop_folder(
             AuditAction::FolderRetire,
             None,
             Some(&folder),
-            "ok",
+            AuditOutcome::Ok,
             String::new(),
         )
         .await;
@@ -738,7 +738,7 @@ async fn stop_folder(
         AuditAction::RunStop,
         None,
         Some(&folder),
-        "ok",
+        AuditOutcome::Ok,
         killed
             .iter()
             .map(RunId::as_str)
@@ -816,7 +816,7 @@ async fn create_hold(
         AuditAction::HoldCreate,
         Some(&run_id),
         Some(&folder),
-        "ok",
+        AuditOutcome::Ok,
         String::new(),
     )
     .await;
@@ -1034,7 +1034,7 @@ async fn set_secret(
         AuditAction::SecretSet,
         None,
         None,
-        "ok",
+        AuditOutcome::Ok,
         format!("name={name}"),
     )
     .await;
@@ -1070,7 +1070,7 @@ async fn remove_secret(
         AuditAction::SecretRemove,
         None,
         None,
-        "ok",
+        AuditOutcome::Ok,
         format!("name={name}"),
     )
     .await;
