@@ -621,30 +621,13 @@ pub async fn down(s: &StackArgs) -> anyhow::Result<()> {
 /// Removes agent and sidecar containers runed left behind for this install (runed detaches
 /// from live runs when it stops; without it nobody would reap them).
 pub async fn remove_agents(install: &str) -> anyhow::Result<usize> {
-    use bollard::query_parameters::{ListContainersOptionsBuilder, RemoveContainerOptionsBuilder};
-    let docker = hako_deploy::connect_docker()?;
-    let filters = std::collections::HashMap::from([(
-        "label".to_owned(),
-        vec![format!(
-            "{}={install}",
-            hako_runner::engine::labels::INSTALL
-        )],
-    )]);
-    let list = docker
-        .list_containers(Some(
-            ListContainersOptionsBuilder::new()
-                .all(true)
-                .filters(&filters)
-                .build(),
-        ))
-        .await?;
+    use hako_runner::engine::{BoxControl, labels};
+    const LIMIT: Duration = Duration::from_secs(30);
+    let engine = hako_runner::docker::DockerEngine::connect_default()?;
     let mut n = 0;
-    for c in list {
-        if let Some(id) = c.id {
-            let opts = RemoveContainerOptionsBuilder::new().force(true).build();
-            if docker.remove_container(&id, Some(opts)).await.is_ok() {
-                n += 1;
-            }
+    for c in engine.list(labels::INSTALL, Some(install), LIMIT).await? {
+        if engine.remove(&c.id, None, LIMIT).await.is_ok() {
+            n += 1;
         }
     }
     Ok(n)
