@@ -55,7 +55,8 @@ impl Common {
                 super::UNAVAILABLE.code
             }
             #[cfg(feature = "db")]
-            Common::Db(_) | Common::Internal(_) => super::INTERNAL.code,
+            Common::Db(_) => super::INTERNAL.code,
+            Common::Internal(_) => super::INTERNAL.code,
             Common::Api(e) => &e.body.error,
             Common::TooManyStreams(_) => super::TOO_MANY_STREAMS.code,
             Common::InvalidGroup(_) => super::INVALID_GROUP.code,
