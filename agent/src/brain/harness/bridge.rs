@@ -28,8 +28,9 @@ use tokio::net::UnixStream;
 use crate::mcp::{CALL_KEY_META, RECONNECT_WAIT, new_call_key, read_line};
 use crate::output::log;
 
-/// How often a waiting bridge looks for the turn's mark (a `stat` on the box's tmpfs): a
-/// few milliseconds of this are the whole cost a warm turn pays for starting its tools early.
+/// How often a waiting bridge looks for the turn's mark where inotify cannot tell it (a
+/// `stat` on the box's tmpfs): a few milliseconds of this are the whole cost a warm turn
+/// pays for starting its tools early.
 const MARK_POLL: Duration = Duration::from_millis(5);
 /// How often it tries the socket again while routd is away.
 const RECONNECT_POLL: Duration = Duration::from_millis(250);
@@ -133,6 +134,38 @@ async fn reconnect(socket: &PathBuf) -> std::io::Result<UnixStream> {
     }
 }
 
+/// Waits until the file `mark` exists. inotify on its directory tells when a file appears
+/// there, so a warm box's bridge costs nothing while it waits (it polled every
+/// [`MARK_POLL`], 2% of a core per bridge, for as long as the box waited); where inotify
+/// cannot watch (no directory yet, no inotify), it polls. The wait blocks a thread of its
+/// own in `read`.
+async fn wait_for_mark(mark: &std::path::Path) -> std::io::Result<()> {
+    let mark = mark.to_owned();
+    tokio::task::spawn_blocking(move || {
+        use rustix::fs::inotify;
+        let watch = mark.parent().and_then(|dir| {
+            let fd = inotify::init(inotify::CreateFlags::CLOEXEC).ok()?;
+            let on = inotify::WatchFlags::CREATE | inotify::WatchFlags::MOVED_TO;
+            inotify::add_watch(&fd, dir, on).ok()?;
+            Some(fd)
+        });
+        // Checked after the watch is set: a mark made before it is seen here.
+        while !mark.try_exists()? {
+            match &watch {
+                // Blocks until something is made in the directory.
+                Some(fd) => {
+                    let mut buf = [std::mem::MaybeUninit::uninit(); 1024];
+                    inotify::Reader::new(fd, &mut buf).next()?;
+                }
+                None => std::thread::sleep(MARK_POLL),
+            }
+        }
+        Ok(())
+    })
+    .await
+    .map_err(std::io::Error::other)?
+}
+
 /// `hako-agent mcp-bridge --socket PATH [--after MARK]`: this process's stdin and stdout,
 /// relayed to and from a unix socket: a stdio MCP server for agents that only speak stdio
 /// (Claude Code, Codex), reaching the turn's `mcp.sock` or a sidecar's. Ends when the
@@ -140,9 +173,7 @@ async fn reconnect(socket: &PathBuf) -> std::io::Result<UnixStream> {
 /// is connected before the file `MARK` exists (the turn began).
 pub async fn bridge(socket: PathBuf, after: Option<PathBuf>) -> std::io::Result<()> {
     if let Some(mark) = after {
-        while !tokio::fs::try_exists(&mark).await? {
-            tokio::time::sleep(MARK_POLL).await;
-        }
+        wait_for_mark(&mark).await?;
     }
     let key = new_call_key();
     let mut session = Session::default();
@@ -252,6 +283,47 @@ impl Drop for AbortOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A bridge waiting for its turn sees the mark when it is made (written or renamed
+    /// into place), at once when it is there already, and where its directory does not
+    /// exist yet (no watch) once the directory and the mark appear.
+    #[tokio::test]
+    async fn the_turns_mark_ends_the_wait_however_it_appears() {
+        let dir = tempfile::tempdir().unwrap();
+        let wait =
+            |mark: std::path::PathBuf| tokio::spawn(async move { wait_for_mark(&mark).await });
+        let ends = |h: tokio::task::JoinHandle<std::io::Result<()>>| async move {
+            tokio::time::timeout(Duration::from_secs(10), h)
+                .await
+                .expect("the wait ends")
+                .unwrap()
+                .unwrap()
+        };
+        let mark = dir.path().join("hako-turn.1");
+        let h = wait(mark.clone());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!h.is_finished(), "no mark yet");
+        std::fs::write(dir.path().join("other"), b"").unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!h.is_finished(), "another file is not the mark");
+        std::fs::write(&mark, b"").unwrap();
+        ends(h).await;
+        ends(wait(mark)).await;
+
+        let renamed = dir.path().join("hako-turn.2");
+        let h = wait(renamed.clone());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        std::fs::write(dir.path().join("tmp"), b"").unwrap();
+        std::fs::rename(dir.path().join("tmp"), &renamed).unwrap();
+        ends(h).await;
+
+        let later = dir.path().join("later").join("hako-turn.3");
+        let h = wait(later.clone());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        std::fs::create_dir(dir.path().join("later")).unwrap();
+        std::fs::write(&later, b"").unwrap();
+        ends(h).await;
+    }
 
     #[test]
     fn calls_are_named_and_answers_settle_them() {
