@@ -1069,13 +1069,15 @@ mod tests {
     /// behind it shares its end instead of waiting out the refetch interval for another.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fetch_dropped_mid_way_is_still_shared() {
-        // An authd that takes every connection and never answers.
+        // An authd that takes every connection and never answers; it says when it took one.
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
+        let (took, mut taken) = tokio::sync::mpsc::unbounded_channel();
         let held = tokio::spawn(async move {
             let mut conns = Vec::new();
             while let Ok((c, _)) = l.accept().await {
                 conns.push(c);
+                let _ = took.send(());
             }
         });
         const INTERVAL: Duration = Duration::from_secs(30);
@@ -1092,11 +1094,10 @@ mod tests {
             let v = v.clone();
             async move { v.verify(&token).await }
         });
-        // The first caller holds the gate: its fetch is in flight. What a caller arriving now
-        // reads:
-        while v.inner.fetch_gate.try_lock().is_ok() {
-            tokio::task::yield_now().await;
-        }
+        // The first caller's fetch is on the wire (authd took its connection). What a caller
+        // arriving now reads (watching the gate instead raced: a test's `try_lock` could hand
+        // the gate to the first caller still queued for it, before its fetch began):
+        taken.recv().await.unwrap();
         let seen = v.inner.fetches.load(Ordering::Acquire);
         first.abort();
         assert!(first.await.unwrap_err().is_cancelled());

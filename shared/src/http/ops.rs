@@ -163,17 +163,21 @@ where
 pub(super) fn complete(doc: &mut utoipa::openapi::OpenApi) {
     use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
     common_errors(doc);
-    doc.components
-        .get_or_insert_with(Default::default)
-        .add_security_scheme(
-            "bearer",
-            SecurityScheme::Http(
-                HttpBuilder::new()
-                    .scheme(HttpAuthScheme::Bearer)
-                    .bearer_format("JWT")
-                    .build(),
-            ),
-        );
+    let components = doc.components.get_or_insert_with(Default::default);
+    // Every error answer refers to the envelope's schema (`error_responses!` by name).
+    components
+        .schemas
+        .entry("ErrorBody".into())
+        .or_insert_with(<ErrorBody as utoipa::PartialSchema>::schema);
+    components.add_security_scheme(
+        "bearer",
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .bearer_format("JWT")
+                .build(),
+        ),
+    );
 }
 
 /// The statuses the extractors answer before a handler runs, added to each operation that
