@@ -68,35 +68,29 @@ hako_shared::error_codes! {
     pub const RUNED_UNAVAILABLE = (503, "runed_unavailable");
 }
 
-/// A turn tool's refusal over HTTP: its wire name and status are the tool code's.
-const fn tool(code: ToolCode, doc: &'static str) -> Code {
-    Code {
-        status: code.http_status(),
-        code: code.as_str(),
-        doc,
-    }
+/// The turn tools' refusals over HTTP, as `Code`s whose status and wire name are the tool
+/// code's (`hako_mcp::ToolCode`), with their meaning.
+macro_rules! tool_codes {
+    ($( #[doc = $doc:literal] $name:ident = $code:ident; )*) => {$(
+        #[doc = $doc]
+        pub const $name: Code = Code {
+            status: ToolCode::$code.http_status(),
+            code: ToolCode::$code.as_str(),
+            doc: $doc,
+        };
+    )*};
 }
 
-/// The tool's arguments are not acceptable; the message names what to fix.
-pub const INVALID_ARGUMENTS: Code = tool(
-    ToolCode::InvalidArguments,
-    "The tool's arguments are not acceptable; the message names what to fix.",
-);
-/// The group's grants do not allow the call.
-pub const NOT_GRANTED: Code = tool(
-    ToolCode::NotGranted,
-    "The group's grants do not allow the call.",
-);
-/// The turn is over: its tools answer no more.
-pub const TURN_ENDED: Code = tool(
-    ToolCode::TurnEnded,
-    "The turn is over: its tools answer no more.",
-);
-/// The call conflicts with what exists (the message says what).
-pub const CONFLICT: Code = tool(
-    ToolCode::Conflict,
-    "The call conflicts with what exists (the message says what).",
-);
+tool_codes! {
+    /// The tool's arguments are not acceptable; the message names what to fix.
+    INVALID_ARGUMENTS = InvalidArguments;
+    /// The group's grants do not allow the call.
+    NOT_GRANTED = NotGranted;
+    /// The turn is over: its tools answer no more.
+    TURN_ENDED = TurnEnded;
+    /// The call conflicts with what exists (the message says what).
+    CONFLICT = Conflict;
+}
 
 /// How a failure answers: with one of routd's codes, with a code it passes on (runed's
 /// answer, a tool's refusal), or as the shared failures do.
