@@ -841,7 +841,9 @@ async fn a_live_turn_leaves_routd_idle() {
     // A follow-up placed: the turn's run has started, and steering has run.
     rig.say("m2", "and this").await;
     assert_eq!(rig.sr.placed(&run.id).await, ["and this"]);
-    // This process is routd (and the scripted runed): what it spends over a window.
+    // This process is routd (and the scripted runed): what it spends over a window. The
+    // window is what is measured, not a wait for something: it counts CPU time, which a
+    // loaded machine does not add to (the spin spent the whole window).
     let window = Duration::from_secs(2);
     let before = cpu_of_this_process();
     tokio::time::sleep(window).await;

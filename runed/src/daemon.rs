@@ -600,6 +600,10 @@ async fn warm_next(sh: &Shared, spec: &RunSpec) {
         if s.queue.active() > 1 {
             tracing::debug!(folder = %spec.folder, "warm box put off: other runs are live");
             s.deferred.push((folder.to_owned(), spec.clone()));
+            // Only the newest `RUNED_WARM_MAX` are ever made: a busy runed with many folders
+            // keeps no more.
+            let over = s.deferred.len().saturating_sub(sh.cfg.runner.warm_max);
+            s.deferred.drain(..over);
             return;
         }
     }
@@ -617,7 +621,7 @@ fn make_deferred_boxes(sh: &Arc<Shared>) {
         }
         let all = std::mem::take(&mut s.deferred);
         let mut out = Vec::new();
-        for (folder, spec) in all.into_iter().rev().take(sh.cfg.runner.warm_max) {
+        for (folder, spec) in all.into_iter().rev() {
             // A hold has the folder: no box (the run after the hold decides anew).
             if s.queue.is_busy(&folder) {
                 continue;

@@ -70,7 +70,7 @@ pub(crate) struct Sched {
     pub reserved: usize,
     pub reserved_per: HashMap<String, usize>,
     /// Folders whose next box waits for runed to be idle (`daemon::warm_next`), each with the
-    /// spec of its last run, the newest last.
+    /// spec of its last run, the newest last; at most `RUNED_WARM_MAX`.
     pub deferred: Vec<(String, RunSpec)>,
 }
 
