@@ -1069,15 +1069,32 @@ mod tests {
     /// behind it shares its end instead of waiting out the refetch interval for another.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fetch_dropped_mid_way_is_still_shared() {
-        // An authd that takes every connection and never answers; it says when it took one.
+        // An authd that takes every connection and never answers; it says when a JWKS request
+        // came (the revocation poller's requests come to it too).
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", l.local_addr().unwrap());
         let (took, mut taken) = tokio::sync::mpsc::unbounded_channel();
         let held = tokio::spawn(async move {
-            let mut conns = Vec::new();
-            while let Ok((c, _)) = l.accept().await {
-                conns.push(c);
-                let _ = took.send(());
+            let mut conns = tokio::task::JoinSet::new();
+            while let Ok((mut c, _)) = l.accept().await {
+                let took = took.clone();
+                conns.spawn(async move {
+                    use tokio::io::AsyncReadExt;
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 512];
+                    while let Ok(n @ 1..) = c.read(&mut buf).await {
+                        head.extend_from_slice(&buf[..n]);
+                        if head.starts_with(b"GET /v1/keys") {
+                            let _ = took.send(());
+                            break;
+                        }
+                        if head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            break;
+                        }
+                    }
+                    // Held, never answered.
+                    std::future::pending::<()>().await;
+                });
             }
         });
         const INTERVAL: Duration = Duration::from_secs(30);
@@ -1094,7 +1111,7 @@ mod tests {
             let v = v.clone();
             async move { v.verify(&token).await }
         });
-        // The first caller's fetch is on the wire (authd took its connection). What a caller
+        // The first caller's fetch is on the wire (authd has its request). What a caller
         // arriving now reads (watching the gate instead raced: a test's `try_lock` could hand
         // the gate to the first caller still queued for it, before its fetch began):
         taken.recv().await.unwrap();
