@@ -29,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use hako_authd::Config;
 use hako_authd::config::ServiceKeys;
-use hako_shared::auth::{AuthdClient, Verifier, VerifierConfig};
+use hako_client::authd::AuthdClient;
+use hako_shared::auth::{Verifier, VerifierConfig};
 
 const MINT_TARGET: f64 = 20_000.0;
 const VERIFY_TARGET: f64 = 15_000.0;

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use hako_shared::auth::AuthdClient;
+use hako_client::authd::AuthdClient;
 use hako_shared::config::Env;
 
 use crate::{Config, Running, StartError};

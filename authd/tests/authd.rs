@@ -10,10 +10,11 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
 use hako_authd::config::ServiceKeys;
 use hako_authd::{Config, Running};
+use hako_client::authd::AuthdClient;
 use hako_shared::auth::wire::{AuditList, MintRequest, RevokedList};
 use hako_shared::auth::{
-    AGENT_SCOPES, AuthError, AuthdClient, Claims, ClientError, DEFAULT_ISSUER, Jwks, JwsError,
-    Principal, SERVICE_GRANTS, Signer, TokenType, Verifier, VerifierConfig, jws, now_secs, scopes,
+    AGENT_SCOPES, AuthError, Claims, ClientError, DEFAULT_ISSUER, Jwks, JwsError, Principal,
+    SERVICE_GRANTS, Signer, TokenType, Verifier, VerifierConfig, jws, now_secs, scopes,
     service_grants,
 };
 use hako_shared::config::Env;

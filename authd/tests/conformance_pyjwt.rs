@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use hako_authd::config::ServiceKeys;
 use hako_authd::{Config, Running};
+use hako_client::authd::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::auth::{
-    AGENT_SCOPES, AuthError, AuthdClient, DEFAULT_ISSUER, JwsError, TokenType, Verifier,
-    VerifierConfig, scopes,
+    AGENT_SCOPES, AuthError, DEFAULT_ISSUER, JwsError, TokenType, Verifier, VerifierConfig, scopes,
 };
 use serde_json::{Value, json};
 

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, anyhow, bail};
+use hako_client::authd::AuthdClient;
 use hako_client::{Client, Op, routd};
-use hako_shared::auth::AuthdClient;
 use hako_shared::chat::{Direction, MessageView};
 use hako_shared::runs::RunStreamEvent;
 use serde::de::DeserializeOwned;

@@ -23,7 +23,7 @@ pub struct Scope {
     /// The turn.
     pub turn_id: TurnId,
     /// The chat that started the turn (where replies go by default).
-    pub chat_jid: String,
+    pub chat_jid: hako_shared::ChatJid,
     /// The group's grants.
     pub grants: Grants,
 }
@@ -736,7 +736,7 @@ mod tests {
         let scope = Scope {
             folder: GroupFolder::new("a").unwrap(),
             turn_id: TurnId::new("t").unwrap(),
-            chat_jid: "web:a".into(),
+            chat_jid: hako_shared::ChatJid::new("web:a").unwrap(),
             grants: Grants::parse(&[], Trust::Untrusted).unwrap(),
         };
         let big = "x".repeat(MAX_TEXT + 1);

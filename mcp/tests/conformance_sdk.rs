@@ -45,7 +45,7 @@ async fn the_official_python_sdk_initializes_lists_and_calls() {
     let scope = Arc::new(Scope {
         folder: GroupFolder::new("acme").unwrap(),
         turn_id: hako_shared::ids::TurnId::new("turn-1").unwrap(),
-        chat_jid: "web:acme".into(),
+        chat_jid: hako_shared::ChatJid::new("web:acme").unwrap(),
         grants: Grants::parse(&[], Trust::Untrusted).unwrap(),
     });
     let backend = Arc::new(Memory {

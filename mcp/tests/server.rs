@@ -31,7 +31,7 @@ impl Backend for Memory {
     async fn call(&self, scope: &Scope, call: Call) -> Result<Value, ToolError> {
         match call {
             Call::SendMessage(m) => {
-                let chat = m.chat_jid.unwrap_or_else(|| scope.chat_jid.clone());
+                let chat = m.chat_jid.unwrap_or_else(|| scope.chat_jid.to_string());
                 self.sent.lock().unwrap().push((chat.clone(), m.text));
                 Ok(json!({"id": "m-1", "chat_jid": chat}))
             }
@@ -123,7 +123,7 @@ fn turn(grants: &[&str], trust: Trust, opts: ServeOptions) -> Turn {
     let scope = Arc::new(Scope {
         folder: GroupFolder::new("acme").unwrap(),
         turn_id: hako_shared::ids::TurnId::new("turn-1").unwrap(),
-        chat_jid: "web:acme".into(),
+        chat_jid: hako_shared::ChatJid::new("web:acme").unwrap(),
         grants: Grants::parse(&rules, trust).unwrap(),
     });
     let backend = Arc::new(Memory {

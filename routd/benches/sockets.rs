@@ -17,8 +17,8 @@
 use std::time::{Duration, Instant};
 
 use hako_authd::testing::{ROUTD_KEY, RUNED_KEY, TestAuthd};
+use hako_client::authd::AuthdClient;
 use hako_client::{Client, Daemon, routd as api};
-use hako_shared::auth::AuthdClient;
 use hako_shared::chat::{GroupConfig, PostMessage, TurnState, TurnView};
 use hako_shared::config::Env;
 use serde_json::{Value, json};

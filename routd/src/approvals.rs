@@ -156,7 +156,7 @@ pub(crate) async fn hold(
     let row = ApprovalRow {
         id: hako_shared::ids::ApprovalId::random("ap-", 6),
         turn_id: scope.turn_id.clone(),
-        folder: scope.folder.to_string(),
+        folder: scope.folder.clone(),
         chat_jid: scope.chat_jid.clone(),
         tool: tool.to_owned(),
         target: call.target(scope).map(str::to_owned),
@@ -170,7 +170,7 @@ pub(crate) async fn hold(
     };
     let id = row.id.clone();
     // Registered before the request can be seen: no verdict can come before its waiter.
-    let waiting = Waiting::new(&sh.approval_waiters, &id);
+    let waiting = Waiting::new(&sh.approvals, &id);
     if !sh
         .store
         .add_approval(row.clone(), MAX_HELD_PER_TURN)
@@ -178,7 +178,7 @@ pub(crate) async fn hold(
         .map_err(internal)?
     {
         drop(waiting);
-        sh.approval_waiters.forget(&id);
+        sh.approvals.forget(&id);
         // The same call asked twice at once: the other asking made the request.
         if let Some(k) = key
             && let Some(first) = sh
@@ -241,7 +241,7 @@ pub(crate) async fn attach(
     row: ApprovalRow,
 ) -> Result<(), ToolError> {
     tracing::info!(approval = %row.id, turn = %scope.turn_id, "a held call asked again: waiting on its request");
-    let waiting = Waiting::new(&sh.approval_waiters, &row.id);
+    let waiting = Waiting::new(&sh.approvals, &row.id);
     verdict(sh, scope, &row, waiting).await
 }
 
@@ -255,7 +255,7 @@ async fn verdict(
 ) -> Result<(), ToolError> {
     let (id, tool) = (row.id.as_str(), row.tool.as_str());
     let wait = row.expires_at - row.requested_at;
-    let ended = sh.live.get(&scope.turn_id).map(|l| l.ended());
+    let ended = sh.turns.live.get(&scope.turn_id).map(|l| l.ended());
     let left = (row.expires_at - now_ms()).max(0) as u64;
     let expires = tokio::time::Instant::now() + std::time::Duration::from_millis(left);
     let state = loop {
@@ -298,7 +298,7 @@ async fn verdict(
         }
     };
     drop(waiting);
-    sh.approval_waiters.forget(id);
+    sh.approvals.forget(id);
     match state {
         ApprovalState::Approved => Ok(()),
         ApprovalState::Denied => Err(ToolError::denied(format!(
@@ -329,7 +329,7 @@ pub(crate) async fn conclude(
         .await?
     {
         Decided::Now(row) => {
-            sh.approval_waiters.wake(id);
+            sh.approvals.wake(id);
             sh.metrics.approval(state.as_str());
             gauges(sh).await;
             let by = by.as_deref().unwrap_or("routd");
@@ -383,7 +383,7 @@ pub(crate) async fn decide(
             vouched,
         } => {
             // Another chat's request is not there for it to see.
-            if *chat != row.chat_jid {
+            if **chat != row.chat_jid {
                 return Ok(Err(missing()));
             }
             let refusal = if let Some(why) =
@@ -487,7 +487,7 @@ fn chat_may_not_answer(
                 );
             }
             let elsewhere = matches!(row.tool.as_str(), "send_message" | "schedule_task")
-                && row.target.as_deref().is_some_and(|t| t != row.chat_jid);
+                && row.target.as_deref().is_some_and(|t| row.chat_jid != t);
             elsewhere.then_some(
                 "the call reaches another chat; the group's named approvers or the operator \
                  decide it",
@@ -524,7 +524,7 @@ pub(crate) async fn adopt_pending(sh: &Shared) -> Result<usize, hako_shared::db:
             Some(s) if !s.is_over()
         );
         if live && r.call_key.is_some() {
-            sh.approval_waiters.orphan(&r.id);
+            sh.approvals.orphan(&r.id);
         } else {
             conclude(sh, &r.id, ApprovalState::Abandoned, None).await?;
             denied += 1;
@@ -561,17 +561,14 @@ async fn sweep_once(sh: &Shared) -> Result<(), hako_shared::db::DbError> {
             Some(ApprovalState::TimedOut)
         } else if over {
             Some(ApprovalState::TurnEnded)
-        } else if sh
-            .approval_waiters
-            .orphaned_for(&r.id, sh.cfg.approval_reattach)
-        {
+        } else if sh.approvals.orphaned_for(&r.id, sh.cfg.approval_reattach) {
             Some(ApprovalState::Abandoned)
         } else {
             None
         };
         if let Some(state) = denial {
             conclude(sh, &r.id, state, None).await?;
-            sh.approval_waiters.forget(&r.id);
+            sh.approvals.forget(&r.id);
         }
     }
     Ok(())

@@ -10,8 +10,8 @@
 //! - `/approve ID`, `/deny ID`: a verdict on a held tool call asked in this chat, from a
 //!   sender the group's approval settings admit (`crate::approvals`).
 
-use hako_shared::GroupFolder;
 use hako_shared::chat::MessageKind;
+use hako_shared::{ChatJid, GroupFolder};
 
 use crate::state::Shared;
 
@@ -55,7 +55,7 @@ pub(crate) fn parse(content: &str) -> Option<Command> {
 pub(crate) async fn handle(
     sh: &Shared,
     cmd: Command,
-    chat: &str,
+    chat: &ChatJid,
     sender: &str,
     vouched: bool,
     id: &str,

@@ -51,6 +51,10 @@ pub struct Config {
     pub webhook_retry_base: Duration,
     /// `ROUTD_RUNED_TIMEOUT`, default 10s: a call to runed (not a stream).
     pub runed_timeout: Duration,
+    /// `ROUTD_SHUTDOWN_GRACE`, default 5s: at shutdown, how long requests in flight and the
+    /// turns' steps under way may take to finish before they are cut off (keep it under the
+    /// stop timeout of whatever stops routd: Docker's is 10 s).
+    pub shutdown_grace: Duration,
     /// `ROUTD_MAX_STREAMS_PER_CALLER`, default 16 (and 256 overall): open chat event streams.
     pub max_streams_per_caller: usize,
     /// `ROUTD_MAX_STREAMS`.
@@ -284,6 +288,7 @@ impl Config {
             webhook_timeout: Duration::from_secs(10),
             webhook_retry_base: Duration::from_secs(1),
             runed_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(5),
             max_streams_per_caller: 16,
             max_streams: 256,
             serve: ServeLimits::default(),
@@ -355,6 +360,7 @@ impl Config {
         c.webhook_timeout = env.duration_or("ROUTD_WEBHOOK_TIMEOUT", c.webhook_timeout)?;
         c.webhook_retry_base = env.duration_or("ROUTD_WEBHOOK_RETRY_BASE", c.webhook_retry_base)?;
         c.runed_timeout = env.duration_or("ROUTD_RUNED_TIMEOUT", c.runed_timeout)?;
+        c.shutdown_grace = env.duration_or("ROUTD_SHUTDOWN_GRACE", c.shutdown_grace)?;
         c.max_streams = env.parse_or("ROUTD_MAX_STREAMS", c.max_streams)?;
         c.max_streams_per_caller =
             env.parse_or("ROUTD_MAX_STREAMS_PER_CALLER", c.max_streams_per_caller)?;

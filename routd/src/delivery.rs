@@ -47,7 +47,7 @@ pub(crate) async fn worker(sh: Arc<Shared>) {
             Duration::from_millis((at - now_ms()).clamp(0, 60_000) as u64)
         });
         tokio::select! {
-            () = sh.deliver.notified() => {}
+            () = sh.chats.deliver.notified() => {}
             () = tokio::time::sleep(wait) => {}
             () = sh.stopping.cancelled() => return,
         }
@@ -70,7 +70,7 @@ pub fn signature(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
 async fn attempt(sh: &Shared, m: MessageView, attempts: i64) {
     let n = attempts + 1;
     let now = now_ms();
-    let Some(hook) = sh.webhook_for(&m.chat_jid) else {
+    let Some(hook) = sh.chats.webhook_for(&m.chat_jid) else {
         // The webhook was removed: nothing will ever take it.
         record(
             sh,
@@ -154,6 +154,7 @@ async fn post(sh: &Shared, hook: &WebhookRow, m: &MessageView) -> (Option<u16>, 
     let ts = now_ms() / 1000;
     let sig = signature(hook.secret.as_bytes(), ts, &body);
     let resp = sh
+        .chats
         .webhook_http
         .post(&hook.url)
         .header("content-type", "application/json")

@@ -9,6 +9,7 @@
 
 mod api;
 mod approvals;
+mod chats;
 mod commands;
 pub mod config;
 mod delivery;
@@ -34,7 +35,7 @@ use std::time::Duration;
 
 use hako_shared::auth::Verifier;
 use hako_shared::http::{Ops, Served, daemon_router};
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
@@ -54,9 +55,6 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     hako_shared::http::document(api::documented())
 }
 
-/// How long shutdown waits for in-flight requests.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
-
 /// Why routd could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -74,6 +72,10 @@ pub enum StartError {
 /// A running routd. [`Running::shutdown`] stops it; dropping it does too.
 pub struct Running {
     served: Served,
+    /// The live turns' tasks, drained at shutdown.
+    turn_tasks: Arc<live::TurnTasks>,
+    /// How long shutdown waits for them.
+    grace: Duration,
 }
 
 impl std::fmt::Debug for Running {
@@ -95,11 +97,22 @@ impl Running {
         self.served.url()
     }
 
-    /// Stops accepting requests and stops driving turns (they resume at the next start).
-    pub async fn shutdown(self) {
-        if let Err(e) = self.served.shutdown(SHUTDOWN_GRACE).await {
+    /// Stops accepting requests and stops driving turns (they resume at the next start):
+    /// each turn's task finishes the step it is in (a run runed is starting is recorded)
+    /// within `ROUTD_SHUTDOWN_GRACE`, and what is still busy then is cut off. When this
+    /// returns, nothing of this routd acts on a turn any more.
+    pub async fn shutdown(mut self) {
+        if let Err(e) = self.served.stop_server(self.grace).await {
             tracing::warn!(error = %e, "routd's server stopped with an error");
         }
+        let cut = self.turn_tasks.drain(self.grace).await;
+        if cut > 0 {
+            tracing::warn!(
+                tasks = cut,
+                "turn tasks still busy at the end of the grace were cut off; their turns resume at the next start"
+            );
+        }
+        self.served.abort_tasks();
     }
 }
 
@@ -136,7 +149,6 @@ pub async fn start_with(
     }
     let routing = Routing::default();
     routing.reload(&store).await?;
-    let (appended, _) = broadcast::channel(1024);
     let webhook_http = reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(Duration::from_secs(5))
@@ -150,31 +162,24 @@ pub async fn start_with(
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| hako_shared::auth::ClientError::Transport(e.to_string()))?;
+    let watchers =
+        hako_shared::watchers::Gate::new(config.max_streams, config.max_streams_per_caller);
     let shared = Arc::new(Shared {
-        watchers: hako_shared::watchers::Gate::new(
-            config.max_streams,
-            config.max_streams_per_caller,
-        ),
         cfg: config,
         store,
         routing,
         runed,
         verifier,
         metrics: RoutdMetrics::new(),
-        wake: Notify::new(),
-        deliver: Notify::new(),
-        appended,
-        live: Arc::default(),
-        webhooks: std::sync::RwLock::new(Vec::new()),
         stopping: CancellationToken::new(),
-        webhook_http,
-        llm_http,
-        sockets: sockets::TurnSockets::default(),
-        tasks_changed: Notify::new(),
-        approval_waiters: waiters::Waiters::default(),
+        turns: live::Turns::default(),
+        chats: chats::Chats::new(webhook_http, watchers),
+        approvals: waiters::Waiters::default(),
         signed_out: state::SignedOut::default(),
+        tasks_changed: Notify::new(),
+        llm_http,
     });
-    shared.reload_webhooks().await?;
+    shared.chats.reload_webhooks(&shared.store).await?;
 
     let ready = Arc::downgrade(&shared);
     let ops = Ops {
@@ -247,7 +252,11 @@ pub async fn start_with(
     // Dropping or shutting down the handle cancels it: turns stop being driven.
     let served = served.stopping(shared.stopping.clone());
     tracing::info!(%addr, runed = %shared.cfg.runed_url, "routd listening");
-    Ok(Running { served })
+    Ok(Running {
+        served,
+        turn_tasks: shared.turns.tasks.clone(),
+        grace: shared.cfg.shutdown_grace,
+    })
 }
 
 #[cfg(test)]
@@ -260,7 +269,9 @@ mod tests {
         let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
         let edges = hako_shared::testing::module_graph(&src);
         assert!(edges["turns"].contains("state"));
-        for leaf in ["store", "config", "runed", "live", "sockets", "waiters"] {
+        for leaf in [
+            "store", "config", "runed", "live", "sockets", "waiters", "chats",
+        ] {
             assert!(
                 !edges.get(leaf).is_some_and(|d| d.contains("state")),
                 "{leaf} is below state"

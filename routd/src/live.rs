@@ -212,3 +212,69 @@ mod tests {
         assert!(!again.live().refused(4), "a new driver starts afresh");
     }
 }
+
+/// The turns' side of what routd keeps in memory: the scheduler's bell, the turns driven now,
+/// their sockets and their tasks.
+pub(crate) struct Turns {
+    /// Wakes the turn scheduler (a message came in, a turn ended, a route appeared).
+    pub wake: tokio::sync::Notify,
+    /// Turns a task is driving now (one driver per turn), with their memory.
+    pub live: Arc<LiveTurns>,
+    /// The live turns' sockets (`mcp.sock`, `api.sock`).
+    pub sockets: crate::sockets::TurnSockets,
+    /// Their tasks, drained at shutdown.
+    pub tasks: Arc<TurnTasks>,
+}
+
+impl Default for Turns {
+    fn default() -> Self {
+        Turns {
+            wake: tokio::sync::Notify::new(),
+            live: Arc::default(),
+            sockets: crate::sockets::TurnSockets::default(),
+            tasks: Arc::default(),
+        }
+    }
+}
+
+/// The tasks of live turns (drivers, steers, the turns' socket servers), tracked so that
+/// shutdown can wait for them: each finishes the step it is in (a run runed is starting is
+/// recorded, a reply appended) instead of being cut mid-way and done again by the next routd.
+/// What is still busy after the grace is cut off (its future dropped, its guards run), so
+/// that once [`TurnTasks::drain`] returns no task of this routd touches a turn again: a routd
+/// started after it, in this process or another, is the only one driving.
+#[derive(Debug, Default)]
+pub struct TurnTasks {
+    tracker: tokio_util::task::TaskTracker,
+    cut: tokio_util::sync::CancellationToken,
+}
+
+impl TurnTasks {
+    /// Runs `work` as a turn's task.
+    pub fn spawn(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        let cut = self.cut.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                biased;
+                () = cut.cancelled() => {}
+                () = work => {}
+            }
+        });
+    }
+
+    /// Waits up to `grace` for the tasks to end (routd's stopping token tells them to), then
+    /// cuts off the rest; answers how many were cut off.
+    pub async fn drain(&self, grace: std::time::Duration) -> usize {
+        self.tracker.close();
+        if tokio::time::timeout(grace, self.tracker.wait())
+            .await
+            .is_ok()
+        {
+            return 0;
+        }
+        let cut = self.tracker.len();
+        self.cut.cancel();
+        self.tracker.wait().await;
+        cut
+    }
+}

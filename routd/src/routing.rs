@@ -9,29 +9,27 @@
 use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
 
-use hako_shared::GroupFolder;
 pub use hako_shared::glob::glob;
+use hako_shared::{ChatJid, GroupFolder};
 
 use crate::store::{RouteRow, Store};
 
-/// The longest pattern or chat JID accepted.
-pub const MAX_JID: usize = 256;
+pub use hako_shared::jid::MAX_JID;
 
 /// Checks a chat JID or pattern: 1-256 characters, none of them a control character.
 pub fn check_jid(what: &str, jid: &str) -> Result<(), String> {
-    if jid.is_empty() || jid.chars().count() > MAX_JID {
-        return Err(format!("{what} must be 1-{MAX_JID} characters"));
-    }
-    if jid.chars().any(char::is_control) {
-        return Err(format!("{what} holds a control character"));
-    }
-    Ok(())
+    hako_shared::jid::check(jid).map_err(|e| format!("{what} {e}"))
+}
+
+/// A chat JID from a caller, checked ([`check_jid`]'s message names it `what`).
+pub fn parse_jid(what: &str, jid: &str) -> Result<ChatJid, String> {
+    ChatJid::new(jid).map_err(|e| format!("{what} {e}"))
 }
 
 #[derive(Debug, Default)]
 struct Table {
     routes: Vec<RouteRow>,
-    groups: BTreeSet<String>,
+    groups: BTreeSet<GroupFolder>,
 }
 
 /// The routing table, shared.
@@ -55,7 +53,7 @@ impl Routing {
     }
 
     /// The folder `chat` goes to, if any.
-    pub fn resolve(&self, chat: &str) -> Option<String> {
+    pub fn resolve(&self, chat: &str) -> Option<GroupFolder> {
         let t = self.table.read().unwrap_or_else(|p| p.into_inner());
         for r in &t.routes {
             if glob(&r.pattern, chat) {
@@ -64,9 +62,7 @@ impl Routing {
         }
         let folder = chat.strip_prefix("web:")?;
         let folder = GroupFolder::new(folder).ok()?;
-        t.groups
-            .contains(folder.as_str())
-            .then(|| folder.to_string())
+        t.groups.contains(folder.as_str()).then_some(folder)
     }
 
     /// Whether `chat` reaches its group through a route shared with other chats (a glob that
@@ -102,16 +98,18 @@ mod tests {
                     id: 1,
                     position: 10,
                     pattern: "tg:1".into(),
-                    folder: "missing".into(),
+                    folder: GroupFolder::new("missing").unwrap(),
                 },
                 RouteRow {
                     id: 2,
                     position: 20,
                     pattern: "tg:*".into(),
-                    folder: "acme".into(),
+                    folder: GroupFolder::new("acme").unwrap(),
                 },
             ],
-            groups: ["acme".to_owned(), "acme/support".to_owned()].into(),
+            groups: ["acme", "acme/support"]
+                .map(|f| GroupFolder::new(f).unwrap())
+                .into(),
         };
         assert_eq!(r.resolve("tg:1"), None, "its group is missing");
         assert_eq!(r.resolve("tg:2").as_deref(), Some("acme"));

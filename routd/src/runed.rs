@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use futures_util::stream::{BoxStream, StreamExt};
+use hako_client::authd::{AuthdClient, ServiceTokenSource};
 use hako_client::{CallError, Client, Daemon, Op, runed};
 use hako_shared::GroupFolder;
-use hako_shared::auth::{AuthdClient, ClientError, ServiceTokenSource};
+use hako_shared::auth::ClientError;
 use hako_shared::ids::RunId;
 use hako_shared::media::MediaSaved;
 use hako_shared::runs::{

@@ -1,34 +1,34 @@
-//! What routd's tasks share: its configuration, store and clients, the registries of what is
-//! live in this process, and the bells between them. Below every module that uses it: it
-//! names only the leaf modules its fields come from (config, store, routing, runed, metrics,
-//! live, sockets, waiters), none of which uses it.
+//! What routd's tasks share: its configuration, store and clients, and a handle per
+//! subsystem (turns, chats, held calls, web sessions) with the registries of what is live in
+//! this process and the bells between them. Below every module that uses it: it names only
+//! the leaf modules its fields come from (config, store, routing, runed, metrics, live,
+//! chats, waiters), none of which uses it.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use hako_shared::ChatJid;
 use hako_shared::audit::AuditOutcome;
 use hako_shared::auth::{Verifier, now_secs};
 use hako_shared::chat::MessageKind;
 use hako_shared::time::unix_millis;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use tokio::sync::{Notify, broadcast};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::chats::Chats;
 use crate::config::Config;
 use crate::metrics::RoutdMetrics;
 use crate::routing::Routing;
 use crate::runed::Runs;
-use crate::store::{self, NewOutbound, Store, WebhookRow};
-use crate::{live, sockets, waiters};
+use crate::store::{self, NewOutbound, Store};
+use crate::{live, waiters};
 
-/// A message appended to a chat: (chat, seq). Chat streams read the log from there.
-#[derive(Debug, Clone)]
-pub(crate) struct Appended {
-    pub chat: Arc<str>,
-}
-
-/// Everything the daemon's tasks share.
+/// Everything the daemon's tasks share: what every part needs (configuration, store,
+/// routing, runed, the verifier, metrics, the stopping token) and one handle per subsystem
+/// (turns, chats, held calls, web sessions), which the modules of that subsystem take alone
+/// where they need nothing else.
 pub(crate) struct Shared {
     pub cfg: Config,
     pub store: Store,
@@ -37,33 +37,21 @@ pub(crate) struct Shared {
     pub runed: Arc<dyn Runs>,
     pub verifier: Verifier,
     pub metrics: RoutdMetrics,
-    /// Wakes the turn scheduler (a message came in, a turn ended, a route appeared).
-    pub wake: Notify,
-    /// Wakes the webhook worker.
-    pub deliver: Notify,
-    /// A message was appended to a chat.
-    pub appended: broadcast::Sender<Appended>,
-    /// Turns a task is driving now (one driver per turn), with their memory.
-    pub live: Arc<live::LiveTurns>,
-    /// The webhooks, cached (the delivery decision is made for every outbound message).
-    pub webhooks: std::sync::RwLock<Vec<WebhookRow>>,
-    /// Open chat streams, bounded.
-    pub watchers: Arc<hako_shared::watchers::Gate>,
     /// Cancelled at shutdown.
     pub stopping: CancellationToken,
-    /// The client webhook deliveries go through.
-    pub webhook_http: reqwest::Client,
+    /// The turns: the scheduler's bell, the live turns, their sockets and tasks.
+    pub turns: live::Turns,
+    /// The chats: appended messages' bell, event streams, webhooks.
+    pub chats: Chats,
+    /// Tool calls held for a person's verdict, woken when it comes.
+    pub approvals: waiters::Waiters,
+    /// Browser sessions signed out while this routd runs (their streams end).
+    pub signed_out: SignedOut,
+    /// Wakes the task loop (a task was scheduled or cancelled).
+    pub tasks_changed: Notify,
     /// The client the LLM gateway forwards through (TLS; no overall timeout: streams are
     /// bounded by the gateway's own idle and size limits).
     pub llm_http: reqwest::Client,
-    /// The live turns' sockets (`mcp.sock`, `api.sock`).
-    pub sockets: sockets::TurnSockets,
-    /// Wakes the task loop (a task was scheduled or cancelled).
-    pub tasks_changed: Notify,
-    /// Tool calls held for a person's verdict, woken when it comes.
-    pub approval_waiters: waiters::Waiters,
-    /// Browser sessions signed out while this routd runs (their streams end).
-    pub signed_out: SignedOut,
 }
 
 /// The current time in Unix milliseconds.
@@ -72,24 +60,6 @@ pub(crate) fn now_ms() -> i64 {
 }
 
 impl Shared {
-    /// The webhook for a chat: the longest prefix that matches.
-    pub fn webhook_for(&self, chat: &str) -> Option<WebhookRow> {
-        self.webhooks
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|w| chat.starts_with(&w.prefix))
-            .max_by_key(|w| w.prefix.len())
-            .cloned()
-    }
-
-    /// Re-reads the webhooks from the store.
-    pub async fn reload_webhooks(&self) -> Result<(), hako_shared::db::DbError> {
-        let all = self.store.webhooks().await?;
-        *self.webhooks.write().unwrap_or_else(|p| p.into_inner()) = all;
-        Ok(())
-    }
-
     /// Appends a row to the audit log, keyed by the request being served; a failure to write
     /// it is logged, never the caller's.
     pub async fn audit(
@@ -114,17 +84,7 @@ impl Shared {
         outcome: AuditOutcome<'_>,
         detail: String,
     ) {
-        let r = store::AuditRow {
-            id: 0,
-            at: now_ms(),
-            actor: actor.to_owned(),
-            action: action.as_str().to_owned(),
-            folder: folder.map(str::to_owned),
-            outcome: outcome.as_str().to_owned(),
-            detail,
-            request_id: hako_shared::audit::request_id(),
-            turn_id: turn.map(str::to_owned),
-        };
+        let r = store::AuditRow::new(actor, action, folder, outcome, detail).turn(turn);
         if let Err(e) = self.store.audit(r).await {
             tracing::error!(error = %e, "writing the audit log failed");
         }
@@ -135,18 +95,18 @@ impl Shared {
     pub async fn say(
         &self,
         id: String,
-        chat: &str,
+        chat: &ChatJid,
         kind: MessageKind,
         content: String,
         turn_id: Option<String>,
         reply_to: Option<String>,
     ) -> Result<Option<i64>, hako_shared::db::DbError> {
-        let webhook = self.webhook_for(chat).is_some();
+        let webhook = self.chats.webhook_for(chat).is_some();
         let seq = self
             .store
             .append_outbound(NewOutbound {
                 id,
-                chat_jid: chat.to_owned(),
+                chat_jid: chat.clone(),
                 kind,
                 content,
                 turn_id,
@@ -157,10 +117,7 @@ impl Shared {
             .await?;
         if seq.is_some() {
             self.metrics.message_out(kind.as_str());
-            let _ = self.appended.send(Appended { chat: chat.into() });
-            if webhook {
-                self.deliver.notify_one();
-            }
+            self.chats.told(chat, webhook);
         }
         Ok(seq)
     }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::state::{Appended, Shared, now_ms};
+use crate::state::{Shared, now_ms};
 
 /// The longest sleep without looking at the tasks (a clock jump is caught within it).
 const MAX_SLEEP: Duration = Duration::from_secs(60);
@@ -25,8 +25,8 @@ async fn fire_due(sh: &Shared) -> Result<bool, hako_shared::db::DbError> {
         if !owned {
             tracing::warn!(
                 task = %t.id,
-                folder = t.folder,
-                chat = t.chat_jid,
+                folder = %t.folder,
+                chat = %t.chat_jid,
                 "a task whose group or chat is no longer its own: cancelled"
             );
             sh.store.cancel_task(&t.folder, &t.id, now).await?;
@@ -49,20 +49,18 @@ async fn fire_due(sh: &Shared) -> Result<bool, hako_shared::db::DbError> {
         if !fits {
             tracing::warn!(
                 task = %t.id,
-                folder = t.folder,
+                folder = %t.folder,
                 "a task's firing skipped: its group wrote its bytes of the day (ROUTD_GROUP_MAX_BYTES_PER_DAY)"
             );
         }
         if sh.store.fire_task(t, now, fits).await? {
             tracing::info!(%chat, "a scheduled task fired");
             sh.metrics.task_fired();
-            let _ = sh.appended.send(Appended {
-                chat: chat.as_str().into(),
-            });
+            sh.chats.told(&chat, false);
         }
     }
     if any {
-        sh.wake.notify_one();
+        sh.turns.wake.notify_one();
     }
     Ok(any)
 }

@@ -11,7 +11,6 @@ use hako_mcp::tools::{
     Call, CancelTask, GetHistory, RegisterGroup, ScheduleTask, SendMessage, SpawnGroup,
 };
 use hako_mcp::{Backend, Scope, ToolError};
-use hako_shared::GroupFolder;
 use hako_shared::chat::MessageKind;
 use hako_shared::chat::TurnState;
 use hako_shared::cron::Cron;
@@ -19,10 +18,11 @@ use hako_shared::grants::Grants;
 use hako_shared::ids::random_id;
 use hako_shared::runs::Trust;
 use hako_shared::time::{from_unix_millis, parse_rfc3339, rfc3339};
+use hako_shared::{ChatJid, GroupFolder};
 use serde_json::{Value, json};
 
 use crate::live::Writes;
-use crate::state::{Appended, Shared, now_ms};
+use crate::state::{Shared, now_ms};
 use crate::store::{GroupRow, NewInbound, SetBy, TaskRow};
 
 /// The furthest a one-off task may be scheduled ahead.
@@ -38,9 +38,7 @@ pub(crate) async fn scope_of(
     let Some(group) = sh.store.group(&t.folder).await? else {
         return Ok(None);
     };
-    let Ok(folder) = GroupFolder::new(&t.folder) else {
-        return Ok(None);
-    };
+    let folder = t.folder.clone();
     let trust = group.spec.trust;
     let grants = Grants::parse(&group.grants, trust).unwrap_or_else(|e| {
         tracing::error!(%folder, error = %e, "the group's grants do not parse; its turn gets no tools");
@@ -79,12 +77,12 @@ fn task_json(t: &TaskRow) -> Value {
 impl RoutdTools {
     /// The chat a call names, which must route to the scope's group (the turn's own always
     /// does).
-    fn own_chat(&self, scope: &Scope, chat: Option<String>) -> Result<String, ToolError> {
+    fn own_chat(&self, scope: &Scope, chat: Option<String>) -> Result<ChatJid, ToolError> {
         let Some(chat) = chat.filter(|c| *c != scope.chat_jid) else {
             return Ok(scope.chat_jid.clone());
         };
-        crate::routing::check_jid("chat_jid", &chat).map_err(ToolError::invalid)?;
-        if self.sh.routing.resolve(&chat).as_deref() != Some(scope.folder.as_str()) {
+        let chat = crate::routing::parse_jid("chat_jid", &chat).map_err(ToolError::invalid)?;
+        if self.sh.routing.resolve(&chat).as_ref() != Some(&scope.folder) {
             return Err(ToolError::not_found(format!(
                 "chat {chat:?} does not belong to the group {}",
                 scope.folder
@@ -114,7 +112,7 @@ impl RoutdTools {
     /// of routd.db in 8 s).
     async fn count_write(&self, scope: &Scope, add: Writes) -> Result<(), ToolError> {
         let bounds = self.sh.cfg.turn_writes;
-        if let Some(live) = self.sh.live.get(&scope.turn_id)
+        if let Some(live) = self.sh.turns.live.get(&scope.turn_id)
             && !live.write(add, |w| {
                 w.messages <= bounds.messages
                     && w.bytes <= bounds.bytes
@@ -238,19 +236,14 @@ impl RoutdTools {
         )
         .await?;
         let sh = &self.sh;
-        let webhook = sh.webhook_for(&scope.chat_jid).is_some();
+        let webhook = sh.chats.webhook_for(&scope.chat_jid).is_some();
         let seq = sh
             .store
             .set_status(&scope.turn_id, &scope.chat_jid, text, webhook, now_ms())
             .await
             .map_err(internal)?;
         sh.metrics.message_out(MessageKind::Status.as_str());
-        let _ = sh.appended.send(Appended {
-            chat: scope.chat_jid.as_str().into(),
-        });
-        if webhook {
-            sh.deliver.notify_one();
-        }
+        sh.chats.told(&scope.chat_jid, webhook);
         Ok(json!({"id": format!("{}.status", scope.turn_id), "seq": seq}))
     }
 
@@ -304,7 +297,7 @@ impl RoutdTools {
         }
         let row = TaskRow {
             id: hako_shared::ids::TaskId::random("task-", 6),
-            folder: scope.folder.to_string(),
+            folder: scope.folder.clone(),
             chat_jid: chat,
             prompt: c.prompt,
             cron,
@@ -362,7 +355,7 @@ impl RoutdTools {
             .await
             .map_err(internal)?;
         // This turn's own `newSessionId` must not bring the session back at its end.
-        if let Some(live) = self.sh.live.get(&scope.turn_id) {
+        if let Some(live) = self.sh.turns.live.get(&scope.turn_id) {
             live.reset_session();
         }
         self.audit(scope, AuditAction::SessionReset, String::new())
@@ -410,7 +403,7 @@ impl RoutdTools {
         // A sub-group is untrusted: it cannot have the main-only tools, whatever it is given.
         Grants::parse(&grants, Trust::Untrusted).map_err(|e| ToolError::invalid(e.to_string()))?;
         let row = GroupRow {
-            folder: f.to_string(),
+            folder: f.clone(),
             name: c.name,
             system_prompt: c.system_prompt.unwrap_or_default(),
             grants,
@@ -426,7 +419,7 @@ impl RoutdTools {
             .reload(&self.sh.store)
             .await
             .map_err(internal)?;
-        self.sh.wake.notify_one();
+        self.sh.turns.wake.notify_one();
         self.audit(scope, AuditAction::GroupRegister, f.to_string())
             .await;
         Ok(json!({"folder": f.as_str(), "chat_jid": format!("web:{f}"), "created": created}))
@@ -446,7 +439,7 @@ impl RoutdTools {
                 "no group in {f}; register_group first"
             )));
         }
-        let chat = format!("web:{f}");
+        let chat = ChatJid::web(&f);
         let id = random_id(&format!("spawn:{}:", scope.turn_id), 6);
         let now = now_ms();
         self.sh
@@ -465,10 +458,8 @@ impl RoutdTools {
             })
             .await
             .map_err(internal)?;
-        let _ = self.sh.appended.send(Appended {
-            chat: chat.as_str().into(),
-        });
-        self.sh.wake.notify_one();
+        self.sh.chats.told(&chat, false);
+        self.sh.turns.wake.notify_one();
         self.audit(scope, AuditAction::GroupSpawn, f.to_string())
             .await;
         Ok(json!({"folder": f.as_str(), "chat_jid": chat, "message_id": id}))

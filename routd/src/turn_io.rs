@@ -14,7 +14,7 @@ use crate::tools::RoutdTools;
 /// Binds and serves the turn's sockets (again, if routd restarted); a turn already open
 /// is left as it is.
 pub(crate) async fn open(sh: &Arc<Shared>, turn_id: &TurnId) -> Result<(), SocketError> {
-    if sh.sockets.is_open(turn_id) {
+    if sh.turns.sockets.is_open(turn_id) {
         return Ok(());
     }
     let t = sh
@@ -36,7 +36,7 @@ pub(crate) async fn open(sh: &Arc<Shared>, turn_id: &TurnId) -> Result<(), Socke
         }
     };
     let ended = CancellationToken::new();
-    tokio::spawn(hako_mcp::serve(
+    sh.turns.tasks.spawn(hako_mcp::serve(
         mcp,
         Arc::new(RoutdTools { sh: sh.clone() }),
         scope,
@@ -51,7 +51,7 @@ pub(crate) async fn open(sh: &Arc<Shared>, turn_id: &TurnId) -> Result<(), Socke
         max_connections: sh.cfg.llm.max_calls + crate::gateway::SPARE_CONNECTIONS,
         ..sh.cfg.serve
     };
-    tokio::spawn(async move {
+    sh.turns.tasks.spawn(async move {
         let shutdown = async move {
             tokio::select! {
                 () = stop_a.cancelled() => {},
@@ -64,7 +64,8 @@ pub(crate) async fn open(sh: &Arc<Shared>, turn_id: &TurnId) -> Result<(), Socke
     });
     let path = mcp_bound.path.clone();
     tracing::info!(turn = %turn_id, socket = %path.display(), "the turn's tools are served");
-    sh.sockets
+    sh.turns
+        .sockets
         .insert(turn_id, ended, vec![mcp_bound, api_bound]);
     Ok(())
 }

@@ -57,7 +57,7 @@ pub(crate) fn turn_id_for(chat: &str, first: &str, last: &str) -> TurnId {
 pub(crate) async fn scheduler(sh: Arc<Shared>) {
     loop {
         tokio::select! {
-            () = sh.wake.notified() => {}
+            () = sh.turns.wake.notified() => {}
             () = tokio::time::sleep(Duration::from_secs(1)) => {}
             () = sh.stopping.cancelled() => return,
         }
@@ -120,15 +120,16 @@ async fn schedule(sh: &Arc<Shared>) -> Result<(), DbError> {
 fn spawn_steer(sh: &Arc<Shared>, live: TurnRow) {
     // Only into a run whose container started (runed refuses before): until then the
     // messages wait, and the run's start wakes the scheduler.
-    let Some(mem) = sh.live.get(&live.turn_id).filter(|m| m.run_started()) else {
+    let Some(mem) = sh.turns.live.get(&live.turn_id).filter(|m| m.run_started()) else {
         return;
     };
     let Ok(guard) = mem.steer.clone().try_lock_owned() else {
         mem.ask_steer_again();
         return;
     };
+    let tasks = sh.turns.tasks.clone();
     let sh = sh.clone();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let progress = match steer(&sh, &mem, &live).await {
             Ok(p) => p,
             Err(e) => {
@@ -138,7 +139,7 @@ fn spawn_steer(sh: &Arc<Shared>, live: TurnRow) {
         };
         drop(guard);
         if progress | mem.take_steer_again() {
-            sh.wake.notify_one();
+            sh.turns.wake.notify_one();
         }
     });
 }
@@ -267,22 +268,22 @@ pub(crate) async fn resume(sh: &Arc<Shared>) {
         }
         Err(e) => tracing::error!(error = %e, "reading live turns failed"),
     }
-    sh.wake.notify_one();
+    sh.turns.wake.notify_one();
 }
 
 /// Starts the one driver of a turn (a second call for the same turn does nothing).
 pub(crate) fn spawn_driver(sh: &Arc<Shared>, turn_id: TurnId) {
-    let Some(driving) = sh.live.claim(&turn_id) else {
+    let Some(driving) = sh.turns.live.claim(&turn_id) else {
         return;
     };
     let sh = sh.clone();
     let span = tracing::info_span!("turn", turn = %turn_id);
-    tokio::spawn(tracing::Instrument::instrument(
+    sh.turns.tasks.clone().spawn(tracing::Instrument::instrument(
         async move {
             // The turn's sockets exist before its run starts and go with the driver: a
             // restarted routd binds them again when it resumes the turn.
             let _sockets = match crate::turn_io::open(&sh, &turn_id).await {
-                Ok(()) => Some(SocketsGuard(&sh, &turn_id)),
+                Ok(()) => Some(SocketsGuard(&sh.turns.sockets, &turn_id)),
                 Err(e) => {
                     tracing::error!(error = %e, "the turn's sockets could not be bound; its tools are unavailable");
                     None
@@ -293,18 +294,18 @@ pub(crate) fn spawn_driver(sh: &Arc<Shared>, turn_id: TurnId) {
             }
             drop(_sockets);
             drop(driving);
-            sh.wake.notify_one();
+            sh.turns.wake.notify_one();
         },
         span,
     ));
 }
 
 /// Closes a turn's sockets when its driver ends, however it ends.
-struct SocketsGuard<'a>(&'a Shared, &'a TurnId);
+struct SocketsGuard<'a>(&'a crate::sockets::TurnSockets, &'a TurnId);
 
 impl Drop for SocketsGuard<'_> {
     fn drop(&mut self) {
-        self.0.sockets.close(self.1);
+        self.0.close(self.1);
     }
 }
 
@@ -472,7 +473,7 @@ async fn advance(sh: &Shared, t: &TurnRow, step: Step) -> Result<Option<TurnRow>
     };
     if ending {
         crate::approvals::end_of_turn(sh, &t.turn_id).await?;
-        sh.wake.notify_one();
+        sh.turns.wake.notify_one();
     }
     Ok(next)
 }
@@ -575,7 +576,7 @@ async fn follow(
             }) => {
                 // Follow-ups that waited for the container go in now.
                 mem.set_run_started(true);
-                sh.wake.notify_one();
+                sh.turns.wake.notify_one();
             }
             Some(RunStreamEvent::State { state, .. }) if state.is_terminal() => break,
             Some(_) => {}
@@ -798,7 +799,7 @@ pub(crate) async fn watch_backlog(sh: Arc<Shared>) {
             let folder = sh
                 .routing
                 .resolve(&chat)
-                .unwrap_or_else(|| "(unrouted)".into());
+                .map_or_else(|| "(unrouted)".to_owned(), GroupFolder::into_string);
             let age = (now - at).max(0) / 1000;
             let e = by_folder.entry(folder).or_insert(0);
             *e = (*e).max(age);

@@ -7,13 +7,10 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::HeaderMap;
 use common::*;
 use hako_client::routd;
-use hako_shared::chat::MessageKind;
 use hako_shared::layout::FolderDir;
 use serde_json::{Value, json};
 
@@ -25,19 +22,6 @@ const MODEL: &str = "gpt-stub-codex";
 #[ignore = "runed's process in tests that SIGKILL it; started by the rig"]
 fn runed_child_process() {
     run_runed_child();
-}
-
-/// One request the stub got.
-#[derive(Debug, Clone)]
-struct Seen {
-    headers: HeaderMap,
-    body: Value,
-}
-
-/// A Responses-API model on loopback, scripted by the last thing the conversation holds.
-#[derive(Clone, Default)]
-struct Stub {
-    seen: Arc<Mutex<Vec<Seen>>>,
 }
 
 /// A streamed answer: a message with `text` (if any), then function calls `(call id,
@@ -113,67 +97,41 @@ fn last_user(body: &Value) -> (String, bool) {
     (text, tool)
 }
 
-impl Stub {
-    async fn start() -> (Stub, String) {
-        let stub = Stub::default();
-        let st = stub.clone();
-        let app = axum::Router::new().fallback(axum::routing::any(
-            move |headers: HeaderMap, body: axum::body::Bytes| {
-                let st = st.clone();
-                async move {
-                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                    st.seen.lock().unwrap().push(Seen {
-                        headers: headers.clone(),
-                        body: body.clone(),
-                    });
-                    let (text, tool_result) = last_user(&body);
-                    let stream = if tool_result {
-                        answer(Some("Done, with the tool."), &[])
-                    } else if text.contains("use your tools") {
-                        answer(
-                            Some("Sending a note first."),
-                            &[(
-                                "call_note",
-                                Some("mcp__arizuko"),
-                                "send_message",
-                                json!({"text": "a note from Codex"}),
-                            )],
-                        )
-                    } else if text.contains("run the command") {
-                        answer(
-                            None,
-                            &[(
-                                "call_cmd",
-                                None,
-                                "exec_command",
-                                json!({"cmd": "echo from-codex >> proof.txt"}),
-                            )],
-                        )
-                    } else if text.contains("never answer") {
-                        // A model that takes forever: the connection stays open, silent.
-                        tokio::time::sleep(Duration::from_secs(3600)).await;
-                        String::new()
-                    } else {
-                        if text.contains("slowly") {
-                            tokio::time::sleep(Duration::from_secs(6)).await;
-                        }
-                        answer(Some(&format!("You said: {text}")), &[])
-                    };
-                    axum::response::Response::builder()
-                        .header("content-type", "text/event-stream")
-                        .body(axum::body::Body::from(stream))
-                        .unwrap()
-                }
-            },
-        ));
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", l.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(l, app).await });
-        (stub, url)
-    }
-
-    fn seen(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
+/// A Responses-API model on loopback (the rig's [`ModelStub`]), scripted by the last thing the conversation holds.
+fn script(body: &Value) -> Reply {
+    let (text, tool_result) = last_user(body);
+    let stream = if tool_result {
+        answer(Some("Done, with the tool."), &[])
+    } else if text.contains("use your tools") {
+        answer(
+            Some("Sending a note first."),
+            &[(
+                "call_note",
+                Some("mcp__arizuko"),
+                "send_message",
+                json!({"text": "a note from Codex"}),
+            )],
+        )
+    } else if text.contains("run the command") {
+        answer(
+            None,
+            &[(
+                "call_cmd",
+                None,
+                "exec_command",
+                json!({"cmd": "echo from-codex >> proof.txt"}),
+            )],
+        )
+    } else if text.contains("never answer") {
+        // A model that takes forever: the connection stays open, silent.
+        return Reply::Never;
+    } else {
+        answer(Some(&format!("You said: {text}")), &[])
+    };
+    if text.contains("slowly") {
+        Reply::After(Duration::from_secs(6), stream)
+    } else {
+        Reply::Stream(stream)
     }
 }
 
@@ -250,7 +208,7 @@ async fn runs_left(docker: &bollard::Docker, rig: &Rig) -> Vec<String> {
 /// containers are gone at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn codex_answers_through_the_gateway_with_the_turns_tools() {
-    let (stub, url) = Stub::start().await;
+    let (stub, url) = ModelStub::start(script).await;
     let rig = rig(&url, &[]).await;
     codex_group(&rig, "cx", None).await;
     let chat = "web:cx";
@@ -389,7 +347,7 @@ async fn codex_answers_through_the_gateway_with_the_turns_tools() {
 /// labels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn codex_takes_follow_ups_and_survives_a_runed_kill() {
-    let (stub, url) = Stub::start().await;
+    let (stub, url) = ModelStub::start(script).await;
     let mut rig = rig(&url, &[("RUNED_IDLE_TIMEOUT", "6s")]).await;
     rig.spawn_runed_process().await;
     codex_group(&rig, "cxf", None).await;
@@ -453,7 +411,7 @@ async fn codex_in(docker: &bollard::Docker, id: &str) -> Option<(u32, Vec<String
 /// answered by that very process, resuming the first turn's thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn codex_starts_before_its_turn_in_a_warm_box() {
-    let (stub, url) = Stub::start().await;
+    let (stub, url) = ModelStub::start(script).await;
     let rig = rig(&url, &[("RUNED_PROGRAM_COPIES", "1")]).await;
     codex_group(&rig, "cxw", None).await;
     let chat = "web:cxw";
@@ -569,7 +527,7 @@ async fn codex_starts_before_its_turn_in_a_warm_box() {
 /// retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_codex_model_that_never_answers_ends_in_a_summary_before_the_ceiling() {
-    let (_stub, url) = Stub::start().await;
+    let (_stub, url) = ModelStub::start(script).await;
     let rig = rig(&url, &[("RUNED_RUN_TIMEOUT", "60s")]).await;
     codex_group(&rig, "cxslow", None).await;
     let chat = "web:cxslow";
@@ -593,40 +551,16 @@ async fn a_codex_model_that_never_answers_ends_in_a_summary_before_the_ceiling()
 /// denied, it does not run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn codexs_commands_wait_for_a_persons_verdict() {
-    let (_stub, url) = Stub::start().await;
+    let (_stub, url) = ModelStub::start(script).await;
     let rig = rig(&url, &[]).await;
     codex_group(&rig, "cxask", Some(json!(["*", "?agent_tool:Bash"]))).await;
     let chat = "web:cxask";
     let proof = folder_dir(&rig, "cxask", FolderDir::Workspace).join("proof.txt");
-    let request = |n: usize| {
-        let rig = &rig;
-        async move {
-            let h = rig
-                .wait_for(chat, "Codex's approval request", |h| {
-                    h.iter().filter(|m| m.kind == MessageKind::Approval).count() >= n
-                })
-                .await;
-            let m = h
-                .iter()
-                .filter(|m| m.kind == MessageKind::Approval)
-                .nth(n - 1)
-                .unwrap();
-            m.id.rsplit('.').next().unwrap().to_owned()
-        }
-    };
-    let verdict = |id: String, approve: bool| {
-        let rig = &rig;
-        async move {
-            let (s, v) = rig.send(&rig.operator, routd::decide(&id, approve)).await;
-            assert_eq!(s, 200, "{v}");
-            v
-        }
-    };
 
     rig.say(chat, "b-1", "please run the command").await;
-    let id = request(1).await;
+    let id = nth_request(&rig, chat, 1).await;
     assert!(!proof.exists(), "held: the command has not run");
-    let v = verdict(id, true).await;
+    let v = rig.decide(&id, true).await;
     assert_eq!(
         (&v["tool"], &v["target"]),
         (&json!("agent_tool"), &json!("Bash")),
@@ -651,8 +585,8 @@ async fn codexs_commands_wait_for_a_persons_verdict() {
     rig.wait_idle("cxask").await;
 
     rig.say(chat, "b-2", "run the command again").await;
-    let id = request(2).await;
-    verdict(id.clone(), false).await;
+    let id = nth_request(&rig, chat, 2).await;
+    rig.decide(&id, false).await;
     rig.wait_for(chat, "the answer after the denial", |h| {
         replies(h).len() >= 2
     })

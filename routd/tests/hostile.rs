@@ -13,9 +13,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
+use hako_client::authd::AuthdClient;
 use hako_client::routd;
 use hako_client::testing::send;
-use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::chat::MessageKind;
 use serde_json::{Value, json};

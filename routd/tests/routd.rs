@@ -9,9 +9,9 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
+use hako_client::authd::AuthdClient;
 use hako_client::routd;
 use hako_client::testing::send;
-use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::chat::{MessageState, MessageView};
 use serde_json::{Value, json};

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
+use hako_client::authd::AuthdClient;
 use hako_client::{Body, Op, routd};
-use hako_shared::auth::AuthdClient;
 use hako_shared::chat::{Direction, MessageKind, MessageView, PostMessage};
 use serde_json::{Value, json};
 

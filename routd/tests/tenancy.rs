@@ -443,7 +443,7 @@ async fn chat_streams_end_with_their_token_and_tenants_are_counted_apart() {
         async move { http.get(url).bearer_auth(token).send().await.unwrap() }
     };
     // Revoked: the stream ends (within the revocation poll and a recheck).
-    let client = hako_shared::auth::AuthdClient::new(&rig.authd_url()).unwrap();
+    let client = hako_client::authd::AuthdClient::new(&rig.authd_url()).unwrap();
     let minted = client
         .mint(
             &rig.operator,

@@ -60,6 +60,8 @@ struct Script {
     cut_after: Option<usize>,
     /// Runs runed no longer knows (its database was reset): 404 to every call about them.
     forgotten: Vec<RunId>,
+    /// The next `create_run` call answers only once this is notified (runed slow to start).
+    create_hold: Option<Arc<tokio::sync::Notify>>,
 }
 
 /// A runed whose runs the test moves by hand. Calls about runs behave as runed's: a turn id
@@ -270,8 +272,14 @@ impl Runs for Scripted {
         req: &'a RunRequest,
     ) -> BoxFuture<'a, Result<CreatedRun, RunedError>> {
         Box::pin(async move {
-            self.with(|s| {
+            let hold = self.with(|s| {
                 s.asked.push(req.turn_id.clone());
+                s.create_hold.take()
+            });
+            if let Some(hold) = hold {
+                hold.notified().await;
+            }
+            self.with(|s| {
                 if let Some(e) = s.create_fails.pop_front() {
                     return Err(e);
                 }
@@ -456,7 +464,12 @@ impl Rig {
     /// routd with one group and a route from [`CHAT`] to it; a failed try is tried again
     /// after 100 ms (doubling), at most `retries` times.
     async fn new(retries: u32) -> Rig {
-        let rig = Rig::start(tempfile::tempdir().unwrap(), Scripted::default(), retries).await;
+        Rig::new_with(|cfg| cfg.max_turn_retries = retries).await
+    }
+
+    /// [`Rig::new`], with `tune` setting what the case needs.
+    async fn new_with(tune: impl FnOnce(&mut hako_routd::Config)) -> Rig {
+        let rig = Rig::start_with(tempfile::tempdir().unwrap(), Scripted::default(), tune).await;
         let group = GroupConfig {
             name: FOLDER.into(),
             system_prompt: String::new(),
@@ -479,9 +492,18 @@ impl Rig {
 
     /// routd on the database in `dir`, asking `sr`.
     async fn start(dir: tempfile::TempDir, sr: Scripted, retries: u32) -> Rig {
+        Rig::start_with(dir, sr, |cfg| cfg.max_turn_retries = retries).await
+    }
+
+    /// [`Rig::start`], with `tune` setting what the case needs.
+    async fn start_with(
+        dir: tempfile::TempDir,
+        sr: Scripted,
+        tune: impl FnOnce(&mut hako_routd::Config),
+    ) -> Rig {
         let mut cfg = hako_routd::Config::new(dir.path());
-        cfg.max_turn_retries = retries;
         cfg.retry_base = Duration::from_millis(100);
+        tune(&mut cfg);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let routd = hako_routd::start_with(cfg, listener, Arc::new(sr.clone()))
             .await
@@ -1007,6 +1029,102 @@ async fn a_restarted_routd_follows_the_same_run_and_says_nothing_twice() {
     assert_eq!(turn.state, TurnState::Done);
     assert_eq!(replies(&rig.history().await), ["one", "two"]);
     assert_eq!(sr.read(|s| s.runs.len()), 1, "the same run, followed again");
+    rig.stop().await;
+}
+
+/// Waits until the scripted runed was asked for a run.
+async fn asked(sr: &Scripted) {
+    let mut changed = sr.changed.subscribe();
+    while sr.read(|s| s.asked.is_empty()) {
+        changed.changed().await.unwrap();
+    }
+}
+
+/// Stops routd (`rig.routd`) and waits until it no longer answers; answers the stop under way.
+async fn stop_routd(rig: &mut Rig) -> tokio::task::JoinHandle<()> {
+    let stopping = tokio::spawn(rig.routd.take().unwrap().shutdown());
+    eventually("routd stops answering", LIMIT, || async {
+        match rig.api.call(routd::groups(), None).await {
+            Err(e) => Ok(e),
+            Ok(g) => Err(g),
+        }
+    })
+    .await;
+    stopping
+}
+
+/// routd shutting down lets each turn finish the step it is in: a run runed answers for
+/// while the stop is under way is the turn's when `shutdown` returns (read at once from the
+/// database, as the next process would), and the next routd follows that run.
+#[tokio::test]
+async fn shutdown_records_a_run_started_within_the_grace() {
+    let mut rig = Rig::new(3).await;
+    let release = Arc::new(tokio::sync::Notify::new());
+    rig.sr.with(|s| s.create_hold = Some(release.clone()));
+    rig.say("m1", "hello").await;
+    asked(&rig.sr).await;
+    let stopping = stop_routd(&mut rig).await;
+    release.notify_one();
+    stopping.await.unwrap();
+    let db = rusqlite::Connection::open(rig.dir.path().join("routd.db")).unwrap();
+    let (state, run_id): (String, Option<String>) = db
+        .query_row("SELECT state, run_id FROM turns", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })
+        .unwrap();
+    drop(db);
+    let Rig { dir, sr, .. } = rig;
+    let run = sr.read(|s| s.runs[0].clone());
+    assert_eq!(
+        (state.as_str(), run_id.as_deref()),
+        ("running", Some(run.id.as_str())),
+        "the started run is the turn's when shutdown returns"
+    );
+    let rig = Rig::start(dir, sr.clone(), 3).await;
+    sr.answer(&run.id, "hi");
+    assert_eq!(rig.settled(&turn_of(&run)).await.state, TurnState::Done);
+    assert_eq!(replies(&rig.history().await), ["hi"]);
+    assert_eq!(sr.read(|s| s.runs.len()), 1, "the same run, followed again");
+    rig.stop().await;
+}
+
+/// A turn's step still busy when the shutdown grace ends (runed not answering the run's
+/// start) is cut off: when `shutdown` returns, the turn's sockets are gone and nothing of
+/// that routd acts on it again; the next routd asks for the same try, and the message is
+/// answered once.
+#[tokio::test]
+async fn shutdown_cuts_off_a_step_still_busy_after_the_grace() {
+    let mut rig = Rig::new_with(|cfg| cfg.shutdown_grace = Duration::from_millis(300)).await;
+    let held = Arc::new(tokio::sync::Notify::new());
+    rig.sr.with(|s| s.create_hold = Some(held.clone()));
+    rig.say("m1", "hello").await;
+    asked(&rig.sr).await;
+    let socket = hako_shared::layout::DataLayout::new(rig.dir.path())
+        .mcp_socket(&GroupFolder::new(FOLDER).unwrap());
+    assert!(socket.exists(), "the live turn's tools are served");
+    stop_routd(&mut rig).await.await.unwrap();
+    assert!(
+        !socket.exists(),
+        "shutdown returned while the turn's driver still held its sockets"
+    );
+    // runed answers the cut-off start late: nobody is there to take it.
+    held.notify_one();
+    let Rig { dir, sr, .. } = rig;
+    assert!(
+        sr.read(|s| s.runs.is_empty()),
+        "the cut-off start made no run"
+    );
+    let rig = Rig::start(dir, sr.clone(), 3).await;
+    let run = sr.run(0).await;
+    assert_eq!(
+        sr.read(|s| s.asked.clone()),
+        [run.req.turn_id.clone(), run.req.turn_id.clone()],
+        "the same try, asked again"
+    );
+    sr.start(&run.id);
+    sr.answer(&run.id, "hi");
+    assert_eq!(rig.settled(&turn_of(&run)).await.state, TurnState::Done);
+    assert_eq!(replies(&rig.history().await), ["hi"]);
     rig.stop().await;
 }
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use common::browser::{Browser, link, sign_in};
 use common::{Rig, eventually};
+use hako_client::authd::AuthdClient;
 use hako_client::routd;
-use hako_shared::auth::AuthdClient;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(90);

@@ -11,7 +11,6 @@ use hako_shared::db::{Db, DbError, Migration};
 use hako_shared::ids::{RunId, TurnId};
 use hako_shared::runs::{Outcome, RunState, SessionEntry, SpawnKind, SteerState};
 use rusqlite::{OptionalExtension, params};
-use serde::Serialize;
 
 /// The schema, in order.
 pub static MIGRATIONS: &[Migration] = &[
@@ -125,6 +124,12 @@ CREATE INDEX steers_placed ON steers (run_id) WHERE state = 'placed';
         name: "audit rows keyed by request",
         sql: "ALTER TABLE audit_log ADD COLUMN request_id TEXT;",
     },
+    // runed's and routd's audit logs are one table shape (`hako_shared::audit::table`).
+    Migration {
+        version: 6,
+        name: "audit rows keyed by turn",
+        sql: "ALTER TABLE audit_log ADD COLUMN turn_id TEXT;",
+    },
 ];
 
 /// One row of `steers`: a follow-up placed into a run.
@@ -206,29 +211,7 @@ pub struct EndRow {
     pub ended_at: i64,
 }
 
-/// An `audit_log` row.
-#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
-pub struct AuditRow {
-    /// Row id.
-    pub id: i64,
-    /// Unix ms.
-    pub at: i64,
-    /// Token subject.
-    pub actor: String,
-    /// What was done (`run.create`, `run.kill`, …).
-    pub action: String,
-    /// The run asked about (as asked: a refused request may name no real run).
-    pub run_id: Option<String>,
-    /// The folder.
-    pub folder: Option<String>,
-    /// `ok` or an error code.
-    pub outcome: String,
-    /// Short facts.
-    pub detail: String,
-    /// The request it was written for (the `x-request-id` runed answered; routd's calls
-    /// carry the id of the request they serve).
-    pub request_id: Option<String>,
-}
+pub use hako_shared::audit::AuditRow;
 
 /// The result of inserting a run.
 #[derive(Debug, Clone, PartialEq)]
@@ -875,24 +858,7 @@ impl Store {
     /// Appends an audit row.
     pub async fn audit(&self, a: AuditRow) -> Result<(), DbError> {
         self.db
-            .call(move |c| {
-                c.execute(
-                    "INSERT INTO audit_log \
-                     (at, actor, action, run_id, folder, outcome, detail, request_id) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                    params![
-                        a.at,
-                        a.actor,
-                        a.action,
-                        a.run_id,
-                        a.folder,
-                        a.outcome,
-                        a.detail,
-                        a.request_id
-                    ],
-                )?;
-                Ok(())
-            })
+            .call(move |c| Ok(hako_shared::audit::table::insert(c, &a)?))
             .await
     }
 
@@ -903,29 +869,7 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<AuditRow>, DbError> {
         self.db
-            .call(move |c| {
-                let mut st = c.prepare(
-                    "SELECT id, at, actor, action, run_id, folder, outcome, detail, request_id \
-                     FROM audit_log \
-                     WHERE (?1 IS NULL OR id < ?1) ORDER BY id DESC LIMIT ?2",
-                )?;
-                let rows = st
-                    .query_map(params![before, limit as i64], |r| {
-                        Ok(AuditRow {
-                            id: r.get(0)?,
-                            at: r.get(1)?,
-                            actor: r.get(2)?,
-                            action: r.get(3)?,
-                            run_id: r.get(4)?,
-                            folder: r.get(5)?,
-                            outcome: r.get(6)?,
-                            detail: r.get(7)?,
-                            request_id: r.get(8)?,
-                        })
-                    })?
-                    .collect::<Result<Vec<_>, _>>()?;
-                Ok(rows)
-            })
+            .call(move |c| Ok(hako_shared::audit::table::page(c, before, limit)?))
             .await
     }
 

@@ -7,8 +7,9 @@
 
 use std::time::Duration;
 
+use hako_client::authd::{AuthdClient, ServiceTokenSource};
 use hako_shared::auth::wire::MintRequest;
-use hako_shared::auth::{AGENT_SCOPES, AuthdClient, ClientError, ServiceTokenSource, now_secs};
+use hako_shared::auth::{AGENT_SCOPES, ClientError, now_secs};
 use hako_shared::ids::{RunId, TurnId};
 use hako_shared::secrets::SecretClaim;
 

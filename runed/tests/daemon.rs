@@ -9,9 +9,9 @@ mod rig;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
+use hako_client::authd::AuthdClient;
 use hako_client::runed;
 use hako_client::testing::send;
-use hako_shared::auth::AuthdClient;
 use hako_shared::runs::SteerRequest;
 use hako_shared::testing::eventually;
 use rig::*;

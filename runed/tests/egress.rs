@@ -10,8 +10,9 @@ mod egress_rig;
 use std::time::{Duration, Instant};
 
 use egress_rig::{Rig, answer, rand_hex, status_of};
+use hako_client::authd::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
-use hako_shared::auth::{AuthdClient, Signer, now_secs};
+use hako_shared::auth::{Signer, now_secs};
 use hako_shared::testing::eventually;
 use serde_json::json;
 

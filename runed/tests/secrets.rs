@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use egress_rig::{Forge, Rig, answer, rand_hex, sha256_hex};
+use hako_client::authd::AuthdClient;
 use hako_client::runed;
 use hako_client::testing::send;
-use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::secrets::SecretValueRequest;
 use hako_shared::testing::eventually;

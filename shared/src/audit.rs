@@ -152,6 +152,129 @@ impl From<&'static crate::http::Code> for AuditOutcome<'static> {
     }
 }
 
+/// A row of runed's or routd's audit log, as stored and as `GET /v1/audit` serves it: who did
+/// what, to which folder, turn and run, how it ended, for which request.
+#[derive(Debug, Clone, serde::Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+// Action and outcome are written from `AuditAction` and `AuditOutcome` and read back as the
+// text stored (authd's log, written by its group-commit writer, has its own rows).
+pub struct AuditRow {
+    /// Row id.
+    pub id: i64,
+    /// Unix ms.
+    pub at: i64,
+    /// Token subject.
+    pub actor: String,
+    /// What was done (`group.put`, `run.create`, …).
+    pub action: String,
+    /// The folder, when one is concerned.
+    pub folder: Option<String>,
+    /// `ok`, a refusal's code, or the state an approval or a follow-up came to.
+    pub outcome: String,
+    /// Short facts (never a secret).
+    pub detail: String,
+    /// The request it was written for (the `x-request-id` the daemon answered): the other
+    /// daemons' rows of the same request carry it too.
+    pub request_id: Option<String>,
+    /// The turn it concerns: the turn whose agent acted (routd), the turn a run was asked for
+    /// (runed).
+    pub turn_id: Option<String>,
+    /// The run asked about (runed; as asked: a refused request may name no real run).
+    pub run_id: Option<String>,
+}
+
+impl AuditRow {
+    /// A row for what `actor` did now, keyed by the request being served.
+    #[cfg(feature = "server")]
+    pub fn new(
+        actor: &str,
+        action: AuditAction,
+        folder: Option<&str>,
+        outcome: AuditOutcome<'_>,
+        detail: String,
+    ) -> AuditRow {
+        AuditRow {
+            id: 0,
+            at: crate::time::unix_millis(std::time::SystemTime::now()),
+            actor: actor.to_owned(),
+            action: action.as_str().to_owned(),
+            folder: folder.map(str::to_owned),
+            outcome: outcome.as_str().to_owned(),
+            detail,
+            request_id: request_id(),
+            turn_id: None,
+            run_id: None,
+        }
+    }
+
+    /// The same row, naming the turn it concerns.
+    pub fn turn(mut self, turn: Option<&str>) -> AuditRow {
+        self.turn_id = turn.map(str::to_owned);
+        self
+    }
+
+    /// The same row, naming the run it concerns.
+    pub fn run(mut self, run: Option<&str>) -> AuditRow {
+        self.run_id = run.map(str::to_owned);
+        self
+    }
+}
+
+/// The one place the `audit_log` table of runed and routd is written and read.
+#[cfg(feature = "db")]
+pub mod table {
+    use super::AuditRow;
+    use rusqlite::{Connection, params};
+
+    /// Appends a row.
+    pub fn insert(c: &Connection, a: &AuditRow) -> rusqlite::Result<()> {
+        c.prepare_cached(
+            "INSERT INTO audit_log \
+             (at, actor, action, folder, outcome, detail, request_id, turn_id, run_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+        )?
+        .execute(params![
+            a.at,
+            a.actor,
+            a.action,
+            a.folder,
+            a.outcome,
+            a.detail,
+            a.request_id,
+            a.turn_id,
+            a.run_id
+        ])?;
+        Ok(())
+    }
+
+    /// Rows newest first, ids below `before`, at most `limit`.
+    pub fn page(
+        c: &Connection,
+        before: Option<i64>,
+        limit: usize,
+    ) -> rusqlite::Result<Vec<AuditRow>> {
+        let mut st = c.prepare_cached(
+            "SELECT id, at, actor, action, folder, outcome, detail, request_id, turn_id, run_id \
+             FROM audit_log WHERE (?1 IS NULL OR id < ?1) ORDER BY id DESC LIMIT ?2",
+        )?;
+        st.query_map(params![before, limit as i64], |r| {
+            Ok(AuditRow {
+                id: r.get(0)?,
+                at: r.get(1)?,
+                actor: r.get(2)?,
+                action: r.get(3)?,
+                folder: r.get(4)?,
+                outcome: r.get(5)?,
+                detail: r.get(6)?,
+                request_id: r.get(7)?,
+                turn_id: r.get(8)?,
+                run_id: r.get(9)?,
+            })
+        })?
+        .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{AuditAction, AuditOutcome};

@@ -57,6 +57,11 @@ impl GroupFolder {
         &self.0
     }
 
+    /// The folder as an owned string.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+
     /// The first segment: the folder's world (`acme` for `acme/support`).
     pub fn world(&self) -> &str {
         self.0.split('/').next().unwrap_or(&self.0)
@@ -152,6 +157,55 @@ impl<'de> Deserialize<'de> for GroupFolder {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let raw = String::deserialize(d)?;
         GroupFolder::new(&raw).map_err(serde::de::Error::custom)
+    }
+}
+
+/// Read as the text it is (it cannot be changed through this).
+impl std::ops::Deref for GroupFolder {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for GroupFolder {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl PartialEq<str> for GroupFolder {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for GroupFolder {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl PartialEq<String> for GroupFolder {
+    fn eq(&self, other: &String) -> bool {
+        self.0 == *other
+    }
+}
+
+/// Stored as its text.
+#[cfg(feature = "db")]
+impl rusqlite::types::ToSql for GroupFolder {
+    fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+        self.0.to_sql()
+    }
+}
+
+/// Read back through the grammar: a row holding a bad folder is an error, not a folder.
+#[cfg(feature = "db")]
+impl rusqlite::types::FromSql for GroupFolder {
+    fn column_result(v: rusqlite::types::ValueRef<'_>) -> rusqlite::types::FromSqlResult<Self> {
+        let raw = String::column_result(v)?;
+        Self::new(&raw).map_err(|e| rusqlite::types::FromSqlError::Other(Box::new(e)))
     }
 }
 

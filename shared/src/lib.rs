@@ -26,6 +26,7 @@ pub mod grants;
 #[cfg(feature = "server")]
 pub mod http;
 pub mod ids;
+pub mod jid;
 #[cfg(feature = "layout")]
 pub mod layout;
 pub mod media;
@@ -47,6 +48,7 @@ pub mod web;
 pub mod wire;
 
 pub use folder::GroupFolder;
+pub use jid::ChatJid;
 
 /// An error and its causes, one line joined by `: ` (hyper's and reqwest's own text hides the
 /// cause, e.g. "connection refused").

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use hako_client::authd::{AuthdClient, ServiceTokenSource};
 use hako_client::{CallError, Client, Daemon, Op, routd};
-use hako_shared::auth::{AuthdClient, ServiceTokenSource};
 use hako_shared::chat::{PostMessage, Posted};
 use hako_shared::media::MediaSaved;
 

@@ -507,7 +507,7 @@ async fn photos_and_documents_reach_the_agent() {
 /// again with a new code and reaches no turn.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stranger_is_paired_by_the_operator_and_let_out_again() {
-    use hako_shared::auth::AuthdClient;
+    use hako_client::authd::AuthdClient;
     use hako_shared::auth::wire::MintRequest;
     let stack = Stack::start().await;
     stack.group("alice", "tg:111", json!({})).await;

@@ -289,7 +289,7 @@ impl Chat {
         let scope = hako_mcp::Scope {
             folder: self.place.folder.clone(),
             turn_id: hako_shared::ids::TurnId::new("cli").expect("in the id grammar"),
-            chat_jid: "cli".into(),
+            chat_jid: hako_shared::ChatJid::new("cli").expect("a chat JID"),
             // The person at the terminal is the operator: every tool.
             grants: Grants::parse(&["*".to_owned()], Trust::Main)
                 .map_err(|e| anyhow::anyhow!("grants: {e}"))?,

@@ -75,7 +75,7 @@ pub async fn token(args: TokenArgs) -> anyhow::Result<bool> {
                         .context("no key directory")?;
                 let key = std::fs::read_to_string(&file)
                     .with_context(|| format!("cannot read {daemon}'s key {}", file.display()))?;
-                let client = hako_shared::auth::AuthdClient::new(&d.ep.authd)
+                let client = hako_client::authd::AuthdClient::new(&d.ep.authd)
                     .map_err(|e| anyhow::anyhow!("authd at {}: {e}", d.ep.authd))?;
                 let t: ServiceTokenResponse = client
                     .service_token(&daemon, key.trim())

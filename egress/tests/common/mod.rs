@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hako_authd::testing::TestAuthd;
+use hako_client::authd::AuthdClient;
+use hako_shared::auth::AGENT_SCOPES;
 use hako_shared::auth::wire::MintRequest;
-use hako_shared::auth::{AGENT_SCOPES, AuthdClient};
 use hako_shared::secrets::SecretClaim;
 use hako_shared::testing::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -16,9 +16,10 @@ use serde::Deserialize;
 use tokio::sync::broadcast;
 
 use super::{AppState, chat_folder};
+use crate::chats::Appended;
 use crate::error::ApiFailure;
 use crate::routing::check_jid;
-use crate::state::{Appended, Shared};
+use crate::state::Shared;
 use hako_shared::http as h;
 
 /// History paging.
@@ -192,9 +193,12 @@ pub(super) async fn chat_events(
         ),
         None => None,
     };
-    let pass = sh.watchers.enter(&who.bound_key(), !who.is_unbound())?;
+    let pass = sh
+        .chats
+        .watchers
+        .enter(&who.bound_key(), !who.is_unbound())?;
     // Subscribed before the first read, so nothing appended in between is missed.
-    let rx = sh.appended.subscribe();
+    let rx = sh.chats.appended.subscribe();
     let last = match from_header.or(q.after) {
         Some(seq) => seq,
         None => sh

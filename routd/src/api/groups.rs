@@ -89,7 +89,7 @@ pub(super) async fn put_group(
     }
     let (row, created) = if who.is_unbound() {
         let row = GroupRow {
-            folder: folder.to_string(),
+            folder: folder.clone(),
             name: cfg.name,
             system_prompt: cfg.system_prompt,
             grants: cfg.grants,
@@ -104,7 +104,7 @@ pub(super) async fn put_group(
         tenant_put(&sh, &who, &folder, cfg.name, cfg.system_prompt).await?
     };
     sh.routing.reload(&sh.store).await?;
-    sh.wake.notify_one();
+    sh.turns.wake.notify_one();
     audit_row(
         &sh,
         &who,
@@ -188,7 +188,7 @@ pub(super) async fn tenant_put(
     // Its ask rules keep their approvers: a sub-group is no way around them.
     let (grants, approvals) = (p.grants, p.approvals);
     let row = GroupRow {
-        folder: folder.to_string(),
+        folder: folder.clone(),
         name,
         system_prompt,
         grants,

@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
+use hako_shared::GroupFolder;
 use hako_shared::auth::{Principal, scopes};
 use hako_shared::chat::{MessageKind, PostMessage, Posted};
 use hako_shared::http::{ApiJson, NoToken};
@@ -13,8 +14,8 @@ use super::{AppState, MAX_FIELD, check_text, is_channel, new_message_id};
 use crate::commands;
 use crate::error as e;
 use crate::error::ApiFailure;
-use crate::routing::check_jid;
-use crate::state::{Appended, now_ms};
+use crate::routing::parse_jid;
+use crate::state::now_ms;
 use crate::store::{Ingested, NewInbound};
 use hako_shared::http as h;
 
@@ -44,7 +45,7 @@ pub(super) async fn post_message(
             hako_shared::ids::ID_GRAMMAR
         )));
     }
-    check_jid("chat_jid", &m.chat_jid).map_err(ApiFailure::Invalid)?;
+    let jid = parse_jid("chat_jid", &m.chat_jid).map_err(ApiFailure::Invalid)?;
     check_text("sender", &m.sender, 1, MAX_FIELD)?;
     if let Some(n) = &m.sender_name {
         check_text("sender_name", n, 0, MAX_FIELD)?;
@@ -89,7 +90,7 @@ pub(super) async fn post_message(
         .store
         .ingest(NewInbound {
             id: id.clone(),
-            chat_jid: m.chat_jid.clone(),
+            chat_jid: jid.clone(),
             kind: if command.is_some() {
                 MessageKind::Command
             } else {
@@ -109,23 +110,21 @@ pub(super) async fn post_message(
         seq,
         chat_jid: m.chat_jid.clone(),
         routed: folder.is_some(),
-        folder: folder.clone(),
+        folder: folder.clone().map(GroupFolder::into_string),
         duplicate,
     };
     match ingested {
         Ingested::New(seq) => {
             sh.metrics.messages_in.inc();
-            let _ = sh.appended.send(Appended {
-                chat: m.chat_jid.as_str().into(),
-            });
+            sh.chats.told(&jid, false);
             match command {
                 // A chat adapter (or the operator) says who wrote; anyone else's
                 // `sender` is only a claim (it names no approver).
                 Some(c) => {
                     let vouched = is_channel(&who) || who.is_unbound();
-                    commands::handle(&sh, c, &m.chat_jid, &sender, vouched, &id).await?
+                    commands::handle(&sh, c, &jid, &sender, vouched, &id).await?
                 }
-                None => sh.wake.notify_one(),
+                None => sh.turns.wake.notify_one(),
             }
             Ok((StatusCode::CREATED, Json(posted(seq, false))))
         }

@@ -129,7 +129,11 @@ fn is_channel(who: &Principal) -> bool {
 pub(crate) const CHANNEL: &str = "channel";
 
 /// The folder a chat routes to, when the caller may see the chat.
-fn chat_folder(sh: &Shared, who: &Principal, chat: &str) -> Result<Option<String>, ApiFailure> {
+fn chat_folder(
+    sh: &Shared,
+    who: &Principal,
+    chat: &str,
+) -> Result<Option<GroupFolder>, ApiFailure> {
     let folder = sh.routing.resolve(chat);
     if is_channel(who) && !sh.cfg.channel_reaches(chat) {
         return Err(ApiFailure::NotFound(format!("no chat {chat}")));

@@ -119,7 +119,9 @@ pub(super) async fn overview(
         if !who.covers_folder(&folder) {
             continue;
         }
-        let e = by_folder.entry(folder).or_insert((0, i64::MAX));
+        let e = by_folder
+            .entry(folder.into_string())
+            .or_insert((0, i64::MAX));
         e.0 += b.waiting;
         e.1 = e.1.min(b.oldest_at);
     }

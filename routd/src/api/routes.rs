@@ -44,10 +44,10 @@ pub(super) async fn add_route(
     }
     let row = sh
         .store
-        .add_route(r.pattern, r.folder.to_string(), r.position, now_ms())
+        .add_route(r.pattern, r.folder, r.position, now_ms())
         .await?;
     sh.routing.reload(&sh.store).await?;
-    sh.wake.notify_one();
+    sh.turns.wake.notify_one();
     audit_row(
         &sh,
         &who,
@@ -62,7 +62,7 @@ pub(super) async fn add_route(
         Json(RouteView {
             id: row.id,
             pattern: row.pattern,
-            folder: row.folder,
+            folder: row.folder.into_string(),
             position: row.position,
         }),
     ))
@@ -91,7 +91,7 @@ pub(super) async fn list_routes(
         .map(|r| RouteView {
             id: r.id,
             pattern: r.pattern,
-            folder: r.folder,
+            folder: r.folder.into_string(),
             position: r.position,
         })
         .collect();
@@ -135,7 +135,7 @@ pub(super) async fn delete_route(
     Ok(Json(RouteView {
         id: row.id,
         pattern: row.pattern,
-        folder: row.folder,
+        folder: row.folder.into_string(),
         position: row.position,
     }))
 }

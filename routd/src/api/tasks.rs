@@ -32,8 +32,8 @@ pub(super) fn task_view(t: crate::store::TaskRow) -> TaskView {
     let at = |ms: i64| hako_shared::time::rfc3339(hako_shared::time::from_unix_millis(ms));
     TaskView {
         id: t.id,
-        folder: t.folder,
-        chat_jid: t.chat_jid,
+        folder: t.folder.into_string(),
+        chat_jid: t.chat_jid.into_string(),
         prompt: t.prompt,
         cron: t.cron,
         next_at: t.next_at.map(at),

@@ -74,7 +74,7 @@ pub(super) async fn add_webhook(
         .add_webhook(w.prefix.clone(), w.url, w.secret, now_ms())
         .await?
         .ok_or(ApiFailure::WebhookExists(w.prefix))?;
-    sh.reload_webhooks().await?;
+    sh.chats.reload_webhooks(&sh.store).await?;
     audit_row(
         &sh,
         &who,
@@ -153,7 +153,7 @@ pub(super) async fn delete_webhook(
     if !sh.store.delete_webhook(n).await? {
         return Err(missing());
     }
-    sh.reload_webhooks().await?;
+    sh.chats.reload_webhooks(&sh.store).await?;
     audit_row(
         &sh,
         &who,

@@ -296,7 +296,7 @@ async fn call(
             t.sh.metrics.llm_request(format.api().as_str(), e.result());
             if e.is_permanent()
                 && let Some((status, code)) = e.status_code()
-                && let Some(live) = t.sh.live.get(&t.turn_id)
+                && let Some(live) = t.sh.turns.live.get(&t.turn_id)
             {
                 live.cut_off(CutOff {
                     status: status.as_u16(),
@@ -403,7 +403,12 @@ async fn forward(
     let (api, path) = (format.api(), format.path());
     // Everything that costs routd memory comes after the token and the call slot.
     t.authenticate(headers).await?;
-    if let Some(c) = t.sh.live.get(&t.turn_id).and_then(|l| l.cut_off_reason()) {
+    if let Some(c) =
+        t.sh.turns
+            .live
+            .get(&t.turn_id)
+            .and_then(|l| l.cut_off_reason())
+    {
         return Err(GatewayError::CutOff(c));
     }
     let cfg = &t.sh.cfg.llm;
@@ -599,7 +604,7 @@ impl Drop for Record {
         let sh = self.turn.sh.clone();
         sh.metrics.llm_tokens(self.api.as_str(), input, output);
         let row = UsageRow {
-            folder: self.turn.folder.to_string(),
+            folder: self.turn.folder.clone(),
             day: std::mem::take(&mut self.day),
             turn_id: self.turn.turn_id.clone(),
             api: self.api.as_str().to_owned(),

@@ -4,6 +4,7 @@
 use hako_shared::approvals::{ApprovalState, ApprovalView};
 use hako_shared::db::DbError;
 use hako_shared::ids::TurnId;
+use hako_shared::{ChatJid, GroupFolder};
 use rusqlite::{OptionalExtension, params};
 
 use super::Store;
@@ -16,9 +17,9 @@ pub struct ApprovalRow {
     /// The turn whose call is held.
     pub turn_id: TurnId,
     /// The group.
-    pub folder: String,
+    pub folder: GroupFolder,
     /// The turn's chat.
-    pub chat_jid: String,
+    pub chat_jid: ChatJid,
     /// The tool's name.
     pub tool: String,
     /// What the call acts on.
@@ -45,8 +46,8 @@ impl From<ApprovalRow> for ApprovalView {
         ApprovalView {
             id: r.id,
             turn_id: r.turn_id,
-            folder: r.folder,
-            chat_jid: r.chat_jid,
+            folder: r.folder.into_string(),
+            chat_jid: r.chat_jid.into_string(),
             tool: r.tool,
             target: r.target,
             arguments: r.arguments,

@@ -1,6 +1,7 @@
 //! Groups, the agent's session per group and chat, and what each group's turns wrote per
 //! day.
 
+use hako_shared::GroupFolder;
 use hako_shared::approvals::ApprovalPolicy;
 use hako_shared::chat::ChatSession;
 use hako_shared::db::DbError;
@@ -13,7 +14,7 @@ use super::{Store, json_column, json_text};
 #[derive(Debug, Clone, PartialEq)]
 pub struct GroupRow {
     /// Folder.
-    pub folder: String,
+    pub folder: GroupFolder,
     /// Name.
     pub name: String,
     /// System prompt.

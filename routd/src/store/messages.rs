@@ -1,6 +1,7 @@
 //! The message log and each chat's cursor: inbound and outbound messages, their states,
 //! which turn covers them, and the follow-ups steered into a live run.
 
+use hako_shared::ChatJid;
 use hako_shared::chat::{MessageKind, MessageState, MessageView};
 use hako_shared::db::DbError;
 use hako_shared::ids::TurnId;
@@ -28,7 +29,7 @@ pub struct NewInbound {
     /// Message id.
     pub id: String,
     /// Chat.
-    pub chat_jid: String,
+    pub chat_jid: ChatJid,
     /// `message` or `command`.
     pub kind: MessageKind,
     /// Sender.
@@ -64,7 +65,7 @@ pub struct NewOutbound {
     /// A stable id: a reply's is `<turn>.<attempt>.<block>`, so a replay never appends twice.
     pub id: String,
     /// Chat.
-    pub chat_jid: String,
+    pub chat_jid: ChatJid,
     /// `message` or `notice`.
     pub kind: MessageKind,
     /// Text.
@@ -243,7 +244,7 @@ impl Store {
     /// Chats with inbound messages not answered yet, least recently changed first (the
     /// scheduler then looks for the ones no turn covers). A per-chat count keeps this small
     /// however many messages wait (an unrouted chat's backlog, say).
-    pub async fn chats_with_pending(&self) -> Result<Vec<String>, DbError> {
+    pub async fn chats_with_pending(&self) -> Result<Vec<ChatJid>, DbError> {
         self.db
             .call(|c| {
                 let mut st = c.prepare_cached(
@@ -251,7 +252,7 @@ impl Store {
                 )?;
                 let rows = st
                     .query_map([], |r| r.get(0))?
-                    .collect::<Result<Vec<String>, _>>()?;
+                    .collect::<Result<Vec<ChatJid>, _>>()?;
                 Ok(rows)
             })
             .await
@@ -470,7 +471,7 @@ impl Store {
 
     /// The oldest pending inbound message's arrival per folder of a live or queued turn:
     /// (chat, created_at) of every chat's oldest pending message.
-    pub async fn oldest_pending(&self) -> Result<Vec<(String, i64)>, DbError> {
+    pub async fn oldest_pending(&self) -> Result<Vec<(ChatJid, i64)>, DbError> {
         self.db
             .call(|c| {
                 let mut st = c.prepare_cached(
@@ -550,7 +551,7 @@ impl Store {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Backlog {
     /// The chat.
-    pub chat_jid: String,
+    pub chat_jid: ChatJid,
     /// How many wait.
     pub waiting: u64,
     /// When the oldest arrived (Unix ms).

@@ -96,12 +96,13 @@ pub(super) fn json_text<T: serde::Serialize>(v: &T) -> rusqlite::Result<String> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hako_shared::GroupFolder;
     use hako_shared::chat::{MessageKind, MessageState, TurnState};
 
     fn inbound(id: &str, now: i64) -> NewInbound {
         NewInbound {
             id: id.into(),
-            chat_jid: "tg:1".into(),
+            chat_jid: hako_shared::ChatJid::new("tg:1").unwrap(),
             kind: MessageKind::Message,
             sender: "alice".into(),
             sender_name: None,
@@ -147,7 +148,8 @@ mod tests {
     async fn the_upgrade_renames_message_ids_outside_the_grammar() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("routd.db");
-        let before = &MIGRATIONS[..MIGRATIONS.len() - 1];
+        let renaming = MIGRATIONS.iter().position(|m| m.version == 13).unwrap();
+        let before = &MIGRATIONS[..renaming];
         let c = hako_shared::db::open(&path, before).unwrap();
         for (seq, id) in [(1, "tg:1:1"), (2, "t-1.send.a b"), (3, "tg:1:3")] {
             c.execute(
@@ -173,8 +175,8 @@ mod tests {
     async fn running_turn(store: &Store, seq: i64) -> TurnRow {
         let row = TurnRow {
             turn_id: hako_shared::ids::TurnId::new("t-1").unwrap(),
-            folder: "f".into(),
-            chat_jid: "tg:1".into(),
+            folder: hako_shared::GroupFolder::new("f").unwrap(),
+            chat_jid: hako_shared::ChatJid::new("tg:1").unwrap(),
             state: TurnState::Starting,
             attempt: 1,
             run_id: None,
@@ -234,7 +236,7 @@ mod tests {
         store
             .append_outbound(NewOutbound {
                 id: "out-1".into(),
-                chat_jid: "tg:1".into(),
+                chat_jid: hako_shared::ChatJid::new("tg:1").unwrap(),
                 kind: MessageKind::Message,
                 content: "hi".into(),
                 turn_id: None,
@@ -273,16 +275,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(&dir.path().join("routd.db")).await.unwrap();
         let first = store
-            .add_route("a".into(), "f".into(), None, 1)
+            .add_route("a".into(), GroupFolder::new("f").unwrap(), None, 1)
             .await
             .unwrap();
         assert_eq!(first.position, 10);
         store
-            .add_route("b".into(), "f".into(), Some(i64::MAX - 3), 2)
+            .add_route(
+                "b".into(),
+                GroupFolder::new("f").unwrap(),
+                Some(i64::MAX - 3),
+                2,
+            )
             .await
             .unwrap();
         let next = store
-            .add_route("c".into(), "f".into(), None, 3)
+            .add_route("c".into(), GroupFolder::new("f").unwrap(), None, 3)
             .await
             .unwrap();
         assert_eq!(next.position, i64::MAX);

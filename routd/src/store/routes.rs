@@ -1,5 +1,6 @@
 //! Routes: which group a chat's messages go to, in order.
 
+use hako_shared::GroupFolder;
 use hako_shared::db::DbError;
 use rusqlite::{OptionalExtension, params};
 
@@ -15,7 +16,7 @@ pub struct RouteRow {
     /// Pattern.
     pub pattern: String,
     /// Folder.
-    pub folder: String,
+    pub folder: GroupFolder,
 }
 
 impl Store {
@@ -23,7 +24,7 @@ impl Store {
     pub async fn add_route(
         &self,
         pattern: String,
-        folder: String,
+        folder: GroupFolder,
         position: Option<i64>,
         now: i64,
     ) -> Result<RouteRow, DbError> {

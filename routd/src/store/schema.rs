@@ -325,4 +325,10 @@ UPDATE messages SET id = 'm-legacy-' || seq
     WHERE length(id) NOT BETWEEN 1 AND 128 OR id GLOB '*[^A-Za-z0-9._:-]*';
 "#,
     },
+    // runed's and routd's audit logs are one table shape (`hako_shared::audit::table`).
+    Migration {
+        version: 14,
+        name: "audit rows as runed's: the run",
+        sql: "ALTER TABLE audit_log ADD COLUMN run_id TEXT;",
+    },
 ];

@@ -1,6 +1,7 @@
 //! Scheduled tasks.
 
 use hako_shared::db::DbError;
+use hako_shared::{ChatJid, GroupFolder};
 use rusqlite::{OptionalExtension, params};
 
 use super::Store;
@@ -30,9 +31,9 @@ pub struct TaskRow {
     /// `task-<hex>`.
     pub id: hako_shared::ids::TaskId,
     /// The group it belongs to.
-    pub folder: String,
+    pub folder: GroupFolder,
     /// The chat its prompt arrives in.
-    pub chat_jid: String,
+    pub chat_jid: ChatJid,
     /// The prompt.
     pub prompt: String,
     /// Its cron schedule; `None` for a one-off.

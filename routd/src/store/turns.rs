@@ -5,6 +5,7 @@ use hako_shared::chat::{MessageState, TurnState, TurnView};
 use hako_shared::db::DbError;
 use hako_shared::ids::{RunId, TurnId};
 use hako_shared::runs::Outcome;
+use hako_shared::{ChatJid, GroupFolder};
 use rusqlite::{OptionalExtension, params};
 
 use super::Store;
@@ -15,9 +16,9 @@ pub struct TurnRow {
     /// Id.
     pub turn_id: TurnId,
     /// Folder.
-    pub folder: String,
+    pub folder: GroupFolder,
     /// Chat.
-    pub chat_jid: String,
+    pub chat_jid: ChatJid,
     /// Where it stands.
     pub state: TurnState,
     /// Tries started (1 for the first run).
@@ -345,8 +346,8 @@ impl Store {
         let covered = self.covered_by(&t.turn_id).await?;
         Ok(TurnView {
             turn_id: t.turn_id,
-            folder: t.folder,
-            chat_jid: t.chat_jid,
+            folder: t.folder.into_string(),
+            chat_jid: t.chat_jid.into_string(),
             state: t.state,
             attempt: t.attempt,
             run_id: t.run_id,
@@ -416,8 +417,8 @@ mod tests {
     fn row(state: TurnState) -> TurnRow {
         TurnRow {
             turn_id: TurnId::new("t-1").unwrap(),
-            folder: "f".into(),
-            chat_jid: "tg:1".into(),
+            folder: GroupFolder::new("f").unwrap(),
+            chat_jid: ChatJid::new("tg:1").unwrap(),
             state,
             attempt: 2,
             run_id: Some(RunId::new("run-2").unwrap()),

@@ -1,5 +1,6 @@
 //! LLM usage through the gateway, per group, day, turn and model.
 
+use hako_shared::GroupFolder;
 use hako_shared::db::DbError;
 use hako_shared::ids::TurnId;
 use rusqlite::params;
@@ -11,7 +12,7 @@ use super::Store;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct UsageRow {
     /// The group.
-    pub folder: String,
+    pub folder: GroupFolder,
     /// The UTC day, `YYYY-MM-DD`.
     pub day: String,
     /// The turn.

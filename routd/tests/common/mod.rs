@@ -16,10 +16,10 @@ use std::time::Duration;
 use hako_authd::testing::TestAuthd;
 #[allow(unused_imports)] // each test file uses its own keys
 pub use hako_authd::testing::{CHANNEL_KEY, OPERATOR_KEY, ROUTD_KEY, RUNED_KEY};
+use hako_client::authd::AuthdClient;
 use hako_client::testing::send;
 use hako_client::{Op, routd, runed};
 use hako_shared::GroupFolder;
-use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::chat::{GroupConfig, MessageKind, MessageView, NewRoute, PostMessage};
 use hako_shared::config::Env;
@@ -934,4 +934,69 @@ pub async fn process_in(
         .find(|p| inside.contains(&p.0) && matches(&p.2))?;
     let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
     Some((pid, args, String::from_utf8_lossy(&env).replace('\0', "\n")))
+}
+
+/// One request a stub model got.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub headers: axum::http::HeaderMap,
+    pub body: serde_json::Value,
+}
+
+/// What a stub model answers a request with.
+pub enum Reply {
+    /// This event stream, at once.
+    Stream(String),
+    /// This event stream, after a while (a slow model).
+    After(Duration, String),
+    /// Nothing, ever: the connection stays open, silent.
+    Never,
+}
+
+/// A model provider on loopback (Anthropic's or OpenAI's wire, as `script` writes it): each
+/// request is recorded and answered by `script` from its body.
+#[derive(Clone, Default)]
+pub struct ModelStub {
+    seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl ModelStub {
+    /// The stub and its URL.
+    pub async fn start(script: fn(&Value) -> Reply) -> (ModelStub, String) {
+        let stub = ModelStub::default();
+        let st = stub.clone();
+        let app = axum::Router::new().fallback(axum::routing::any(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let st = st.clone();
+                async move {
+                    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    st.seen.lock().unwrap().push(Seen {
+                        headers,
+                        body: body.clone(),
+                    });
+                    let stream = match script(&body) {
+                        Reply::Stream(s) => s,
+                        Reply::After(d, s) => {
+                            tokio::time::sleep(d).await;
+                            s
+                        }
+                        Reply::Never => std::future::pending().await,
+                    };
+                    axum::response::Response::builder()
+                        .header("content-type", "text/event-stream")
+                        .body(axum::body::Body::from(stream))
+                        .unwrap()
+                }
+            },
+        ));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, app).await });
+        (stub, url)
+    }
+
+    /// Every request so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
 }

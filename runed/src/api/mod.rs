@@ -95,17 +95,12 @@ async fn audit_row(
     outcome: AuditOutcome<'_>,
     detail: String,
 ) {
-    let r = AuditRow {
-        id: 0,
-        at: unix_millis(SystemTime::now()),
-        actor: who.subject().to_owned(),
-        action: action.as_str().to_owned(),
-        run_id: run.map(str::to_owned),
-        folder: folder.map(str::to_owned),
-        outcome: outcome.as_str().to_owned(),
-        detail,
-        request_id: hako_shared::audit::request_id(),
-    };
+    let r = AuditRow::new(who.subject(), action, folder, outcome, detail).run(run);
+    write_audit(sh, r).await;
+}
+
+/// Appends `r` to the audit log; a failure to write it is logged, never the caller's.
+async fn write_audit(sh: &Shared, r: AuditRow) {
     if let Err(e) = sh.store.audit(r).await {
         tracing::error!(error = %e, "writing the audit log failed");
     }
@@ -198,16 +193,15 @@ async fn create_run(
     };
     if !elevated.is_empty() {
         let refused = ApiFailure::ForbiddenGroupSetting(elevated.clone());
-        audit_row(
-            &sh,
-            &who,
+        let outcome = AuditOutcome::Refused(refused.code());
+        let r = AuditRow::new(
+            who.subject(),
             AuditAction::RunCreate,
-            None,
             Some(&folder),
-            AuditOutcome::Refused(refused.code()),
+            outcome,
             elevated.join(","),
-        )
-        .await;
+        );
+        write_audit(&sh, r.turn(Some(&req.turn_id))).await;
         return Err(refused);
     }
     let secret_bytes: usize = req.secrets.0.iter().map(|(k, v)| k.len() + v.len()).sum();
@@ -266,16 +260,14 @@ async fn create_run(
                 run_id: run_id.clone(),
                 state: RunState::Queued,
             });
-            audit_row(
-                &sh,
-                &who,
+            let r = AuditRow::new(
+                who.subject(),
                 AuditAction::RunCreate,
-                Some(&run_id),
                 Some(&folder),
                 AuditOutcome::Ok,
                 String::new(),
-            )
-            .await;
+            );
+            write_audit(&sh, r.run(Some(&run_id)).turn(Some(&req.turn_id))).await;
             Ok(accepted(run_id, RunState::Queued, false))
         }
     }

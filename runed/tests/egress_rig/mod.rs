@@ -20,10 +20,11 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 pub use hako_authd::testing::RUNED_KEY;
 use hako_authd::testing::TestAuthd;
+use hako_client::authd::AuthdClient;
 use hako_client::runed;
 use hako_client::testing::send;
+use hako_shared::auth::AGENT_SCOPES;
 use hako_shared::auth::wire::MintRequest;
-use hako_shared::auth::{AGENT_SCOPES, AuthdClient};
 use hako_shared::config::Env;
 use hako_shared::testing::{ApiClient, eventually};
 use serde_json::{Value, json};

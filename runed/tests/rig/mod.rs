@@ -8,10 +8,10 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use hako_authd::testing::{RUNED_KEY, TestAuthd};
+use hako_client::authd::AuthdClient;
 use hako_client::runed;
 use hako_client::testing::send;
 use hako_runner::sim::SimEngine;
-use hako_shared::auth::AuthdClient;
 use hako_shared::auth::wire::MintRequest;
 use hako_shared::config::Env;
 use hako_shared::runs::RunRequest;

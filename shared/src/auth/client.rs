@@ -1,4 +1,7 @@
-//! An HTTP client for authd, and a cache of a daemon's own service token.
+//! What the offline verifier reads from authd: its two public documents (the JWKS and the
+//! revocation list), and the error type of every call to authd. The calls made with a
+//! caller's authority (the service-token exchange, mints, revocations) are `hako-client`'s
+//! `AuthdClient`, which writes every other path of authd's API.
 //!
 //! Plain HTTP only (authd listens on loopback or a private network); every call has a
 //! timeout, and the client ignores `HTTP(S)_PROXY` so that a proxy setting meant for agents
@@ -7,15 +10,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::jws::Jwks;
-use super::now_secs;
-use super::wire::{
-    AuditList, MintRequest, MintResponse, RevokeResponse, RevokedList, RotateResponse,
-    ServiceTokenRequest, ServiceTokenResponse,
-};
+use super::wire::{KEYS_PATH, REVOKED_PATH, RevokedList};
 
 /// Default time limit of one call to authd.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -77,28 +75,29 @@ impl ClientError {
     }
 }
 
-/// A client for authd's HTTP API. Cheap to clone.
+/// Checks an authd URL, `http://host:port` (a trailing `/` is dropped): answers the base.
+pub fn check_authd_url(base_url: &str) -> Result<&str, ClientError> {
+    let base = base_url.trim().trim_end_matches('/');
+    let rest = base
+        .strip_prefix("http://")
+        .ok_or_else(|| ClientError::BadUrl(base_url.to_owned()))?;
+    if rest.is_empty() || rest.contains(['/', '?', '#', '@', ' ']) {
+        return Err(ClientError::BadUrl(base_url.to_owned()));
+    }
+    Ok(base)
+}
+
+/// The verifier's reader of authd's public documents. Cheap to clone.
 #[derive(Clone, Debug)]
-pub struct AuthdClient {
+pub(crate) struct KeysClient {
     http: reqwest::Client,
     base: Arc<str>,
 }
 
-impl AuthdClient {
-    /// A client for `base_url` (e.g. `http://127.0.0.1:8181`) with [`DEFAULT_TIMEOUT`].
-    pub fn new(base_url: &str) -> Result<Self, ClientError> {
-        Self::with_timeout(base_url, DEFAULT_TIMEOUT)
-    }
-
-    /// A client whose every call is limited to `timeout`.
-    pub fn with_timeout(base_url: &str, timeout: Duration) -> Result<Self, ClientError> {
-        let base = base_url.trim().trim_end_matches('/');
-        let rest = base
-            .strip_prefix("http://")
-            .ok_or_else(|| ClientError::BadUrl(base_url.to_owned()))?;
-        if rest.is_empty() || rest.contains(['/', '?', '#', '@', ' ']) {
-            return Err(ClientError::BadUrl(base_url.to_owned()));
-        }
+impl KeysClient {
+    /// A reader of the authd at `base_url` whose every call is limited to `timeout`.
+    pub(crate) fn with_timeout(base_url: &str, timeout: Duration) -> Result<Self, ClientError> {
+        let base = check_authd_url(base_url)?;
         let http = reqwest::Client::builder()
             .no_proxy()
             .timeout(timeout)
@@ -110,11 +109,6 @@ impl AuthdClient {
             http,
             base: base.into(),
         })
-    }
-
-    /// The base URL.
-    pub fn base_url(&self) -> &str {
-        &self.base
     }
 
     async fn send<T: DeserializeOwned>(
@@ -164,190 +158,16 @@ impl AuthdClient {
         serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode(e.to_string()))
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    fn post<B: Serialize>(&self, path: &str, bearer: &str, body: &B) -> reqwest::RequestBuilder {
-        self.http
-            .post(self.url(path))
-            .bearer_auth(bearer)
-            .json(body)
-    }
-
-    /// `GET /ready`: whether authd answers and is ready (its envelope when it is not).
-    pub async fn ready(&self) -> Result<(), ClientError> {
-        self.send::<serde_json::Value>(self.http.get(self.url("/ready")))
-            .await
-            .map(drop)
-    }
-
     /// `GET /v1/keys`: the JWKS.
-    pub async fn jwks(&self) -> Result<Jwks, ClientError> {
-        self.send(self.http.get(self.url("/v1/keys"))).await
+    pub(crate) async fn jwks(&self) -> Result<Jwks, ClientError> {
+        self.send(self.http.get(format!("{}{KEYS_PATH}", self.base)))
+            .await
     }
 
     /// `GET /v1/revoked`: revoked jtis not yet expired.
-    pub async fn revoked(&self) -> Result<RevokedList, ClientError> {
-        self.send(self.http.get(self.url("/v1/revoked"))).await
-    }
-
-    /// `POST /v1/service-token`: exchanges `daemon`'s service key for a service token.
-    pub async fn service_token(
-        &self,
-        daemon: &str,
-        key: &str,
-    ) -> Result<ServiceTokenResponse, ClientError> {
-        let body = ServiceTokenRequest {
-            daemon: daemon.to_owned(),
-        };
-        self.send(self.post("/v1/service-token", key, &body)).await
-    }
-
-    /// `POST /v1/tokens`: a child of `parent`, downscoped as `req` asks.
-    pub async fn mint(&self, parent: &str, req: &MintRequest) -> Result<MintResponse, ClientError> {
-        self.send(self.post("/v1/tokens", parent, req)).await
-    }
-
-    /// `DELETE /v1/tokens/{jti}`: revokes `jti` (and its descendants) with `token`'s authority.
-    pub async fn revoke(&self, token: &str, jti: &str) -> Result<RevokeResponse, ClientError> {
-        if jti.is_empty()
-            || jti.len() > 128
-            || !jti
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-        {
-            return Err(ClientError::BadRequest(
-                "jti has unexpected characters".into(),
-            ));
-        }
-        let req = self
-            .http
-            .delete(self.url(&format!("/v1/tokens/{jti}")))
-            .bearer_auth(token);
-        self.send(req).await
-    }
-
-    /// `POST /v1/keys/rotate` (scope `keys:rotate`).
-    pub async fn rotate(&self, token: &str) -> Result<RotateResponse, ClientError> {
-        self.send(
-            self.http
-                .post(self.url("/v1/keys/rotate"))
-                .bearer_auth(token),
-        )
-        .await
-    }
-
-    /// `GET /v1/audit` (scope `audit:read`): newest rows first.
-    pub async fn audit(
-        &self,
-        token: &str,
-        limit: Option<u32>,
-        before: Option<i64>,
-    ) -> Result<AuditList, ClientError> {
-        let mut q: Vec<(&str, String)> = Vec::new();
-        if let Some(l) = limit {
-            q.push(("limit", l.to_string()));
-        }
-        if let Some(b) = before {
-            q.push(("before", b.to_string()));
-        }
-        let req = self
-            .http
-            .get(self.url("/v1/audit"))
-            .query(&q)
-            .bearer_auth(token);
-        self.send(req).await
-    }
-}
-
-struct Cached {
-    token: Arc<str>,
-    expires_at: i64,
-}
-
-struct SourceInner {
-    client: AuthdClient,
-    daemon: String,
-    key: String,
-    cached: tokio::sync::Mutex<Option<Cached>>,
-}
-
-/// A daemon's own service token, exchanged once and refreshed when too little life is left.
-/// Cheap to clone; concurrent callers share one exchange.
-#[derive(Clone)]
-pub struct ServiceTokenSource {
-    inner: Arc<SourceInner>,
-}
-
-impl std::fmt::Debug for ServiceTokenSource {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ServiceTokenSource")
-            .field("daemon", &self.inner.daemon)
-            .field("authd", &self.inner.client.base_url())
-            .finish_non_exhaustive()
-    }
-}
-
-/// The life a token from [`ServiceTokenSource::token`] has left at least.
-pub const DEFAULT_MIN_LIFE: Duration = Duration::from_secs(60);
-
-impl ServiceTokenSource {
-    /// A source for `daemon`, authenticating with its service key `key`.
-    pub fn new(client: AuthdClient, daemon: impl Into<String>, key: impl Into<String>) -> Self {
-        Self {
-            inner: Arc::new(SourceInner {
-                client,
-                daemon: daemon.into(),
-                key: key.into(),
-                cached: tokio::sync::Mutex::new(None),
-            }),
-        }
-    }
-
-    /// The client this source uses.
-    pub fn client(&self) -> &AuthdClient {
-        &self.inner.client
-    }
-
-    /// A service token with at least [`DEFAULT_MIN_LIFE`] left.
-    pub async fn token(&self) -> Result<Arc<str>, ClientError> {
-        self.token_with_life(DEFAULT_MIN_LIFE).await
-    }
-
-    /// A service token with at least `min` left: the cached one, or a fresh exchange.
-    /// Fails with [`ClientError::LifeTooShort`] when even a fresh token lives less.
-    pub async fn token_with_life(&self, min: Duration) -> Result<Arc<str>, ClientError> {
-        let min_secs = i64::try_from(min.as_secs()).unwrap_or(i64::MAX);
-        let mut cached = self.inner.cached.lock().await;
-        if let Some(c) = cached.as_ref()
-            && c.expires_at - now_secs() >= min_secs
-        {
-            return Ok(c.token.clone());
-        }
-        let fresh = self
-            .inner
-            .client
-            .service_token(&self.inner.daemon, &self.inner.key)
-            .await?;
-        let token: Arc<str> = fresh.token.into();
-        let left = fresh.expires_at - now_secs();
-        *cached = Some(Cached {
-            token: token.clone(),
-            expires_at: fresh.expires_at,
-        });
-        if left < min_secs {
-            return Err(ClientError::LifeTooShort {
-                wanted: min.as_secs(),
-                got: left,
-            });
-        }
-        Ok(token)
-    }
-
-    /// Forgets the cached token (e.g. after authd answered 401 to it).
-    pub async fn invalidate(&self) {
-        *self.inner.cached.lock().await = None;
+    pub(crate) async fn revoked(&self) -> Result<RevokedList, ClientError> {
+        self.send(self.http.get(format!("{}{REVOKED_PATH}", self.base)))
+            .await
     }
 }
 
@@ -357,12 +177,9 @@ mod tests {
 
     #[test]
     fn urls_are_checked() {
-        assert!(AuthdClient::new("http://127.0.0.1:8181").is_ok());
         assert_eq!(
-            AuthdClient::new("http://127.0.0.1:8181/")
-                .unwrap()
-                .base_url(),
-            "http://127.0.0.1:8181"
+            check_authd_url("http://127.0.0.1:8181/"),
+            Ok("http://127.0.0.1:8181")
         );
         for bad in [
             "https://x",
@@ -371,20 +188,14 @@ mod tests {
             "http://a/b",
             "http://u@h",
         ] {
-            assert!(AuthdClient::new(bad).is_err(), "{bad}");
+            assert!(check_authd_url(bad).is_err(), "{bad}");
         }
     }
 
     #[tokio::test]
     async fn unreachable_authd_is_a_transport_error() {
         // Port 1 on loopback: nothing listens there.
-        let c = AuthdClient::with_timeout("http://127.0.0.1:1", Duration::from_secs(2)).unwrap();
+        let c = KeysClient::with_timeout("http://127.0.0.1:1", Duration::from_secs(2)).unwrap();
         assert!(matches!(c.jwks().await, Err(ClientError::Transport(_))));
-        assert!(matches!(
-            c.revoke("t", "a/b").await,
-            Err(ClientError::BadRequest(_))
-        ));
-        let src = ServiceTokenSource::new(c, "runed", "k".repeat(20));
-        assert!(!format!("{src:?}").contains("kkkk"));
     }
 }

@@ -17,7 +17,7 @@ pub mod verifier;
 pub mod wire;
 
 pub use claims::{Claims, TokenType};
-pub use client::{AuthdClient, ClientError, ServiceTokenSource};
+pub use client::{ClientError, check_authd_url};
 pub use extract::{Authenticated, Principal, bearer};
 pub use grants::{AGENT_SCOPES, SERVICE_GRANTS, scopes, service_grants};
 pub use jws::{Jwk, Jwks, JwsError, Signer, VerifyingKey};

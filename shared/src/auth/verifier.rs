@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 use super::claims::{Claims, TokenType};
-use super::client::{AuthdClient, ClientError};
+use super::client::{ClientError, KeysClient};
 use super::jws::{self, VerifyingKey};
 use super::{AuthError, now_secs};
 use crate::config::{ConfigError, Env};
@@ -131,7 +131,7 @@ impl VerifierConfig {
             _ => {}
         }
         if let Some(url) = &authd_url {
-            AuthdClient::new(url).map_err(|e| ConfigError::Invalid {
+            super::client::check_authd_url(url).map_err(|e| ConfigError::Invalid {
                 var: "AUTHD_URL".into(),
                 value: url.clone(),
                 reason: e.to_string(),
@@ -154,7 +154,7 @@ enum Mode {
     /// No authd: every request passes.
     Open,
     /// Keys and revocations from authd over HTTP.
-    Remote(AuthdClient),
+    Remote(KeysClient),
     /// Keys and revocations pushed in by their owner (authd itself).
     Local,
 }
@@ -263,7 +263,7 @@ impl Verifier {
     pub fn new(cfg: VerifierConfig) -> Result<Self, ClientError> {
         let mode = match &cfg.authd_url {
             None => Mode::Open,
-            Some(url) => Mode::Remote(AuthdClient::with_timeout(url, cfg.http_timeout)?),
+            Some(url) => Mode::Remote(KeysClient::with_timeout(url, cfg.http_timeout)?),
         };
         let v = Self::with_mode(mode, cfg);
         if v.is_open() {
@@ -506,7 +506,7 @@ impl Verifier {
     /// fetch failed.
     async fn refetch(
         &self,
-        client: &AuthdClient,
+        client: &KeysClient,
         seen: u64,
         wait: bool,
     ) -> Result<bool, ClientError> {
@@ -532,7 +532,7 @@ impl Verifier {
     }
 
     /// One JWKS fetch; its keys replace the known ones.
-    async fn fetch_jwks(&self, client: &AuthdClient) -> Result<bool, ClientError> {
+    async fn fetch_jwks(&self, client: &KeysClient) -> Result<bool, ClientError> {
         let jwks = match client.jwks().await {
             Ok(j) => j,
             Err(e) => {

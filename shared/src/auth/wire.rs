@@ -4,6 +4,11 @@ use serde::{Deserialize, Serialize};
 
 use super::claims::TokenType;
 
+/// authd's JWKS, which every verifier reads (`GET`, public).
+pub const KEYS_PATH: &str = "/v1/keys";
+/// authd's list of revoked tokens not yet expired (`GET`, public).
+pub const REVOKED_PATH: &str = "/v1/revoked";
+
 /// `POST /v1/service-token` body; the service key travels as the bearer.
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
