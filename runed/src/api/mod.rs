@@ -1129,6 +1129,26 @@ mod tests {
         }
     }
 
+    /// Run `r`'s event stream, from the store and `tx`'s broadcast, from the start.
+    fn stream_of(store: &Store, tx: &broadcast::Sender<Arc<Event>>) -> RunStream {
+        RunStream {
+            store: store.clone(),
+            stop: Default::default(),
+            rx: tx.subscribe(),
+            run_id: r(),
+            seen: 0,
+            resync: true,
+            pending: Default::default(),
+            state: None,
+            done: false,
+            _pass: None,
+        }
+    }
+
+    fn r() -> hako_shared::ids::RunId {
+        hako_shared::ids::RunId::new("r").unwrap()
+    }
+
     fn block(i: usize) -> OutputBlock {
         OutputBlock {
             status: BlockStatus::Ok,
@@ -1147,18 +1167,7 @@ mod tests {
         let store = Store::open(&dir.path().join("runed.db")).await.unwrap();
         store.insert(row("r")).await.unwrap();
         let (tx, _) = broadcast::channel::<Arc<Event>>(8);
-        let mut st = RunStream {
-            store: store.clone(),
-            stop: Default::default(),
-            rx: tx.subscribe(),
-            run_id: hako_shared::ids::RunId::new("r").unwrap(),
-            seen: 0,
-            resync: true,
-            pending: Default::default(),
-            state: None,
-            done: false,
-            _pass: None,
-        };
+        let mut st = stream_of(&store, &tx);
         // The snapshot: no block yet, the state.
         assert!(matches!(
             st.next().await,
@@ -1169,12 +1178,9 @@ mod tests {
         ));
         // 100 blocks and the end, while the subscriber does not read: far past the ring.
         for i in 0..100 {
-            store
-                .add_output(&hako_shared::ids::RunId::new("r").unwrap(), i, &block(i))
-                .await
-                .unwrap();
+            store.add_output(&r(), i, &block(i)).await.unwrap();
             let _ = tx.send(Arc::new(Event::Output {
-                run_id: hako_shared::ids::RunId::new("r").unwrap(),
+                run_id: r(),
                 index: i,
                 block: Some(block(i)),
             }));
@@ -1189,18 +1195,9 @@ mod tests {
             started_at: None,
             ended_at: 2,
         };
-        assert!(
-            store
-                .end_run(
-                    &hako_shared::ids::RunId::new("r").unwrap(),
-                    &[RunState::Running],
-                    f
-                )
-                .await
-                .unwrap()
-        );
+        assert!(store.end_run(&r(), &[RunState::Running], f).await.unwrap());
         let _ = tx.send(Arc::new(Event::State {
-            run_id: hako_shared::ids::RunId::new("r").unwrap(),
+            run_id: r(),
             state: RunState::Exited,
         }));
         let mut indexes = Vec::new();
@@ -1230,23 +1227,9 @@ mod tests {
         let store = Store::open(&dir.path().join("runed.db")).await.unwrap();
         store.insert(row("r")).await.unwrap();
         let (tx, _) = broadcast::channel::<Arc<Event>>(8);
-        let mut st = RunStream {
-            store: store.clone(),
-            stop: Default::default(),
-            rx: tx.subscribe(),
-            run_id: hako_shared::ids::RunId::new("r").unwrap(),
-            seen: 0,
-            resync: true,
-            pending: Default::default(),
-            state: None,
-            done: false,
-            _pass: None,
-        };
+        let mut st = stream_of(&store, &tx);
         for state in [RunState::Starting, RunState::Running, RunState::Exited] {
-            let _ = tx.send(Arc::new(Event::State {
-                run_id: hako_shared::ids::RunId::new("r").unwrap(),
-                state,
-            }));
+            let _ = tx.send(Arc::new(Event::State { run_id: r(), state }));
         }
         let mut states = Vec::new();
         let all = tokio::time::timeout(std::time::Duration::from_secs(5), async {
