@@ -28,11 +28,20 @@ struct Session {
 
 impl Session {
     fn start(data: &std::path::Path, image: &str, args: &[&str]) -> Session {
-        let install = unique("cli-test");
+        let data = data.display().to_string();
+        Session::start_with(
+            args,
+            &[("DATA_DIR", &data), ("CONTAINER_IMAGE", image)],
+            "cli-test",
+        )
+    }
+
+    /// `hako <args>` with `env`, its install named after `prefix`.
+    fn start_with(args: &[&str], env: &[(&str, &str)], prefix: &str) -> Session {
+        let install = unique(prefix);
         let mut child = Command::new(env!("CARGO_BIN_EXE_hako"))
             .args(args)
-            .env("DATA_DIR", data)
-            .env("CONTAINER_IMAGE", image)
+            .envs(env.iter().copied())
             .env("HAKO_INSTALL_ID", &install)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -122,6 +131,59 @@ async fn containers(install: &str) -> Vec<String> {
 
 fn input_json(line: &str) -> Value {
     serde_json::from_str(line.strip_prefix("input: ").expect("an /echo-input line")).unwrap()
+}
+
+/// A provider on loopback: each call answered with `answer(body)` as an event stream, the
+/// value of its `key_header` recorded. Answers the keys seen and the URL.
+async fn stub_provider(
+    key_header: &'static str,
+    answer: fn(&Value) -> String,
+) -> (std::sync::Arc<std::sync::Mutex<Vec<String>>>, String) {
+    let keys: std::sync::Arc<std::sync::Mutex<Vec<String>>> = Default::default();
+    let seen = keys.clone();
+    let app = axum::Router::new().fallback(axum::routing::any(
+        move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+            let seen = seen.clone();
+            async move {
+                let key = headers.get(key_header).and_then(|v| v.to_str().ok());
+                seen.lock().unwrap().push(key.unwrap_or("").to_owned());
+                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                axum::response::Response::builder()
+                    .header("content-type", "text/event-stream")
+                    .body(axum::body::Body::from(answer(&v)))
+                    .unwrap()
+            }
+        },
+    ));
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", l.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(l, app).await });
+    (keys, url)
+}
+
+/// Two lines, two replies, from one container, which is gone when the chat ends; the
+/// provider saw `key` and nothing else.
+async fn two_lines_in_one_container(
+    mut s: Session,
+    keys: &std::sync::Mutex<Vec<String>>,
+    key: &str,
+) {
+    let install = s.install.clone();
+    s.say("first line");
+    assert_eq!(s.next(), "You said: first line");
+    let first = containers(&install).await;
+    assert_eq!(first.len(), 1, "{first:?}");
+    s.say("second line");
+    assert_eq!(s.next(), "You said: second line");
+    assert_eq!(containers(&install).await, first, "the same container");
+    assert_eq!(s.end().await.0, 0);
+    assert!(containers(&install).await.is_empty(), "removed at the end");
+    let keys = keys.lock().unwrap().clone();
+    assert!(!keys.is_empty());
+    assert!(
+        keys.iter().all(|k| k == key),
+        "the provider got the operator's key only: {keys:?}"
+    );
 }
 
 /// Several turns of one conversation run in ONE container (the same id from the Docker API
@@ -491,110 +553,59 @@ fn a_bad_folder_or_setting_says_what_to_fix() {
 /// environment, never the container's), against a stub Anthropic provider on loopback.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claude_code_in_chat_mode_two_lines_two_replies_one_container() {
-    use std::sync::{Arc, Mutex};
     let image = hako_deploy::ensure_claude_image().await.expect("image");
     // The stub: "You said: <last text>", streamed; it records the keys it was given.
-    let keys: Arc<Mutex<Vec<String>>> = Arc::default();
-    let seen = keys.clone();
-    let app = axum::Router::new().fallback(axum::routing::any(
-        move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-            let seen = seen.clone();
-            async move {
-                seen.lock().unwrap().push(
-                    headers
-                        .get("x-api-key")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("")
-                        .to_owned(),
-                );
-                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                let last = v["messages"]
-                    .as_array()
-                    .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
-                    .cloned()
-                    .unwrap_or(Value::Null);
-                let text = match &last["content"] {
-                    Value::String(s) => s.clone(),
-                    // Claude Code puts context blocks (reminders, the environment) around
-                    // the user's own text.
-                    Value::Array(b) => b
-                        .iter()
-                        .rev()
-                        .filter_map(|b| b["text"].as_str())
-                        .find(|t| !t.starts_with("<system-reminder>") && !t.starts_with('#'))
-                        .unwrap_or("")
-                        .to_owned(),
-                    _ => String::new(),
-                };
-                let ev = |n: &str, d: Value| format!("event: {n}\ndata: {d}\n\n");
-                let body = [
-                    ev("message_start", json!({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "content": [], "model": "claude-stub-1", "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 1}}})),
-                    ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
-                    ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": format!("You said: {text}")}})),
-                    ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
-                    ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 3}})),
-                    ev("message_stop", json!({"type": "message_stop"})),
-                ]
-                .concat();
-                axum::response::Response::builder()
-                    .header("content-type", "text/event-stream")
-                    .body(axum::body::Body::from(body))
-                    .unwrap()
-            }
-        },
-    ));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
-
+    let (keys, url) = stub_provider("x-api-key", claude_answer).await;
     let data = tempfile::tempdir().expect("tempdir");
-    let install = unique("cli-claude");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hako"))
-        .args([
-            "chat",
-            "team/cc",
-            "--agent",
-            "claude",
-            "--model",
-            "claude-stub-1",
-        ])
-        .env("DATA_DIR", data.path())
-        .env("RUNED_CLAUDE_IMAGE", &image)
-        .env("HAKO_INSTALL_ID", &install)
-        .env("ANTHROPIC_API_KEY", "sk-the-operators-own-key")
-        .env("HAKO_ANTHROPIC_URL", &url)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn hako");
-    let (tx, lines) = mpsc::channel();
-    let out = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let mut s = Session {
-        child,
-        lines,
-        install: install.clone(),
+    let data = data.path().display().to_string();
+    let args = [
+        "chat",
+        "team/cc",
+        "--agent",
+        "claude",
+        "--model",
+        "claude-stub-1",
+    ];
+    let env = [
+        ("DATA_DIR", data.as_str()),
+        ("RUNED_CLAUDE_IMAGE", &image),
+        ("ANTHROPIC_API_KEY", "sk-the-operators-own-key"),
+        ("HAKO_ANTHROPIC_URL", &url),
+    ];
+    let s = Session::start_with(&args, &env, "cli-claude");
+    two_lines_in_one_container(s, &keys, "sk-the-operators-own-key").await;
+}
+
+/// The Anthropic stub's answer: "You said: <the user's last text>".
+fn claude_answer(v: &Value) -> String {
+    let last = v["messages"]
+        .as_array()
+        .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let text = match &last["content"] {
+        Value::String(s) => s.clone(),
+        // Claude Code puts context blocks (reminders, the environment) around
+        // the user's own text.
+        Value::Array(b) => b
+            .iter()
+            .rev()
+            .filter_map(|b| b["text"].as_str())
+            .find(|t| !t.starts_with("<system-reminder>") && !t.starts_with('#'))
+            .unwrap_or("")
+            .to_owned(),
+        _ => String::new(),
     };
-    s.say("first line");
-    assert_eq!(s.next(), "You said: first line");
-    let first = containers(&install).await;
-    assert_eq!(first.len(), 1, "{first:?}");
-    s.say("second line");
-    assert_eq!(s.next(), "You said: second line");
-    assert_eq!(containers(&install).await, first, "the same container");
-    assert_eq!(s.end().await.0, 0);
-    assert!(containers(&install).await.is_empty(), "removed at the end");
-    let keys = keys.lock().unwrap().clone();
-    assert!(!keys.is_empty());
-    assert!(
-        keys.iter().all(|k| k == "sk-the-operators-own-key"),
-        "the provider got the operator's key only: {keys:?}"
-    );
+    let ev = |n: &str, d: Value| format!("event: {n}\ndata: {d}\n\n");
+    [
+        ev("message_start", json!({"type": "message_start", "message": {"id": "m", "type": "message", "role": "assistant", "content": [], "model": "claude-stub-1", "stop_reason": null, "stop_sequence": null, "usage": {"input_tokens": 10, "output_tokens": 1}}})),
+        ev("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})),
+        ev("content_block_delta", json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": format!("You said: {text}")}})),
+        ev("content_block_stop", json!({"type": "content_block_stop", "index": 0})),
+        ev("message_delta", json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": 3}})),
+        ev("message_stop", json!({"type": "message_stop"})),
+    ]
+    .concat()
 }
 
 /// `hako chat --agent codex` in a pipe: the real Codex in one hako-codex container answers two
@@ -603,102 +614,52 @@ async fn claude_code_in_chat_mode_two_lines_two_replies_one_container() {
 /// chat's own environment, never the container's), against a stub on loopback.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn codex_in_chat_mode_two_lines_two_replies_one_container() {
-    use std::sync::{Arc, Mutex};
     let image = hako_deploy::ensure_codex_image().await.expect("image");
     // The stub: "You said: <last text>", streamed; it records the keys it was given.
-    let keys: Arc<Mutex<Vec<String>>> = Arc::default();
-    let seen = keys.clone();
-    let app = axum::Router::new().fallback(axum::routing::any(
-        move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-            let seen = seen.clone();
-            async move {
-                seen.lock().unwrap().push(
-                    headers
-                        .get("authorization")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("")
-                        .to_owned(),
-                );
-                let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                let text = v["input"]
-                    .as_array()
-                    .and_then(|i| i.iter().rev().find(|m| m["role"] == "user"))
-                    .and_then(|m| m["content"].as_array())
-                    .and_then(|c| c.iter().rev().find_map(|p| p["text"].as_str()))
-                    .unwrap_or("")
-                    .to_owned();
-                let item = json!({"type": "message", "id": "msg_1", "role": "assistant",
-                    "status": "completed", "content": [{"type": "output_text",
-                    "text": format!("You said: {text}"), "annotations": []}]});
-                let ev = |d: Value| format!("event: {}\ndata: {d}\n\n", d["type"].as_str().unwrap());
-                let body = [
-                    ev(json!({"type": "response.created", "sequence_number": 0,
-                        "response": {"id": "r", "object": "response", "status": "in_progress", "output": []}})),
-                    ev(json!({"type": "response.output_item.done", "sequence_number": 1,
-                        "output_index": 0, "item": item})),
-                    ev(json!({"type": "response.completed", "sequence_number": 2,
-                        "response": {"id": "r", "object": "response", "status": "completed", "output": [item],
-                        "usage": {"input_tokens": 10, "output_tokens": 3, "total_tokens": 13}}})),
-                ]
-                .concat();
-                axum::response::Response::builder()
-                    .header("content-type", "text/event-stream")
-                    .body(axum::body::Body::from(body))
-                    .unwrap()
-            }
-        },
-    ));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", l.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(l, app).await });
-
+    let (keys, url) = stub_provider("authorization", codex_answer).await;
     let data = tempfile::tempdir().expect("tempdir");
-    let install = unique("cli-codex");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_hako"))
-        .args([
-            "chat",
-            "team/cx",
-            "--agent",
-            "codex",
-            "--model",
-            "gpt-stub-1",
-        ])
-        .env("DATA_DIR", data.path())
-        .env("RUNED_CODEX_IMAGE", &image)
-        .env("HAKO_INSTALL_ID", &install)
-        .env("OPENAI_API_KEY", "sk-the-operators-own-openai-key")
-        .env("HAKO_OPENAI_URL", &url)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn hako");
-    let (tx, lines) = mpsc::channel();
-    let out = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for l in BufReader::new(out).lines().map_while(Result::ok) {
-            let _ = tx.send(l);
-        }
-    });
-    let mut s = Session {
-        child,
-        lines,
-        install: install.clone(),
-    };
-    s.say("first line");
-    assert_eq!(s.next(), "You said: first line");
-    let first = containers(&install).await;
-    assert_eq!(first.len(), 1, "{first:?}");
-    s.say("second line");
-    assert_eq!(s.next(), "You said: second line");
-    assert_eq!(containers(&install).await, first, "the same container");
-    assert_eq!(s.end().await.0, 0);
-    assert!(containers(&install).await.is_empty(), "removed at the end");
-    let keys = keys.lock().unwrap().clone();
-    assert!(!keys.is_empty());
-    assert!(
-        keys.iter()
-            .all(|k| k == "Bearer sk-the-operators-own-openai-key"),
-        "the provider got the operator's key only: {keys:?}"
-    );
+    let data = data.path().display().to_string();
+    let args = [
+        "chat",
+        "team/cx",
+        "--agent",
+        "codex",
+        "--model",
+        "gpt-stub-1",
+    ];
+    let env = [
+        ("DATA_DIR", data.as_str()),
+        ("RUNED_CODEX_IMAGE", &image),
+        ("OPENAI_API_KEY", "sk-the-operators-own-openai-key"),
+        ("HAKO_OPENAI_URL", &url),
+    ];
+    let s = Session::start_with(&args, &env, "cli-codex");
+    two_lines_in_one_container(s, &keys, "Bearer sk-the-operators-own-openai-key").await;
+}
+
+/// The Responses stub's answer: "You said: <the user's last text>".
+fn codex_answer(v: &Value) -> String {
+    let text = v["input"]
+        .as_array()
+        .and_then(|i| i.iter().rev().find(|m| m["role"] == "user"))
+        .and_then(|m| m["content"].as_array())
+        .and_then(|c| c.iter().rev().find_map(|p| p["text"].as_str()))
+        .unwrap_or("")
+        .to_owned();
+    let item = json!({"type": "message", "id": "msg_1", "role": "assistant",
+        "status": "completed", "content": [{"type": "output_text",
+        "text": format!("You said: {text}"), "annotations": []}]});
+    let ev = |d: Value| format!("event: {}\ndata: {d}\n\n", d["type"].as_str().unwrap());
+    [
+        ev(json!({"type": "response.created", "sequence_number": 0,
+            "response": {"id": "r", "object": "response", "status": "in_progress", "output": []}})),
+        ev(
+            json!({"type": "response.output_item.done", "sequence_number": 1,
+            "output_index": 0, "item": item}),
+        ),
+        ev(json!({"type": "response.completed", "sequence_number": 2,
+            "response": {"id": "r", "object": "response", "status": "completed", "output": [item],
+            "usage": {"input_tokens": 10, "output_tokens": 3, "total_tokens": 13}}})),
+    ]
+    .concat()
 }

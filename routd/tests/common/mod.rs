@@ -1000,3 +1000,46 @@ impl ModelStub {
         self.seen.lock().unwrap().clone()
     }
 }
+
+/// A CLI agent's (Claude Code's, Codex's) slow answer through a runed SIGKILL, then a
+/// follow-up, in `web:<folder>`: the run's container holds neither the provider's key
+/// (`key`, nor its variable `key_var`) nor a token in its environment or labels; runed killed
+/// and started again re-adopts it and the answer reaches the chat once; a follow-up sent while
+/// the agent answers is taken by the same turn.
+pub async fn follow_up_through_a_runed_kill(rig: &mut Rig, folder: &str, key: &str, key_var: &str) {
+    let chat = format!("web:{folder}");
+    rig.say(&chat, "f-1", "answer slowly please").await;
+    // The run is live: what Docker says of its container.
+    let (_, run) = rig.live_run(folder).await;
+    let docker = hako_deploy::connect_docker().unwrap();
+    let containers = labelled(&docker, vec![format!("io.hako.run={run}")]).await;
+    let id = containers[0].id.clone().unwrap();
+    let inspect = docker.inspect_container(&id, None).await.unwrap();
+    let config = serde_json::to_string(&inspect.config).unwrap();
+    assert!(!config.contains(key), "the key in the container's config");
+    assert!(
+        !config.contains(key_var) && !config.contains("eyJ"),
+        "no key variable and no token in the container's env or labels: {config}"
+    );
+    // runed dies while the model thinks; the container runs on, and is re-adopted.
+    rig.kill_runed_process();
+    rig.spawn_runed_process().await;
+    let h = rig
+        .wait_for(&chat, "the slow answer", |h| !replies(h).is_empty())
+        .await;
+    assert_eq!(replies(&h), ["You said: answer slowly please"]);
+    // A follow-up into the same live process.
+    rig.say(&chat, "f-2", "and one more thing").await;
+    let h = rig
+        .wait_for(&chat, "the follow-up's answer", |h| replies(h).len() == 2)
+        .await;
+    let r = replies(&h);
+    assert_eq!(r[1], "You said: and one more thing", "{r:?}");
+    let turn = |id: &str| {
+        h.iter()
+            .find(|m| m.id == id)
+            .and_then(|m| m.turn_id.clone())
+            .unwrap()
+    };
+    assert_eq!(turn("f-1"), turn("f-2"), "one turn, one run");
+}
