@@ -102,10 +102,13 @@ impl Running {
     /// within `ROUTD_SHUTDOWN_GRACE`, and what is still busy then is cut off. When this
     /// returns, nothing of this routd acts on a turn any more.
     pub async fn shutdown(mut self) {
+        // One grace for both: the whole stop stays within it.
+        let deadline = tokio::time::Instant::now() + self.grace;
         if let Err(e) = self.served.stop_server(self.grace).await {
             tracing::warn!(error = %e, "routd's server stopped with an error");
         }
-        let cut = self.turn_tasks.drain(self.grace).await;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let cut = self.turn_tasks.drain(left).await;
         if cut > 0 {
             tracing::warn!(
                 tasks = cut,

@@ -191,28 +191,6 @@ impl Drop for Driving {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn one_driver_per_turn_and_gone_with_it() {
-        let turns = Arc::new(LiveTurns::default());
-        let t1 = TurnId::new("t-1").unwrap();
-        let d = turns.claim(&t1).unwrap();
-        assert!(turns.claim(&t1).is_none(), "a second driver");
-        d.live().refuse([4]);
-        assert!(turns.get(&t1).unwrap().refused(4));
-        let ended = d.live().ended();
-        assert!(!ended.is_cancelled());
-        drop(d);
-        assert!(turns.get(&t1).is_none());
-        assert!(ended.is_cancelled(), "what waits on the turn stops waiting");
-        let again = turns.claim(&t1).unwrap();
-        assert!(!again.live().refused(4), "a new driver starts afresh");
-    }
-}
-
 /// The turns' side of what routd keeps in memory: the scheduler's bell, the turns driven now,
 /// their sockets and their tasks.
 pub(crate) struct Turns {
@@ -276,5 +254,27 @@ impl TurnTasks {
         self.cut.cancel();
         self.tracker.wait().await;
         cut
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_driver_per_turn_and_gone_with_it() {
+        let turns = Arc::new(LiveTurns::default());
+        let t1 = TurnId::new("t-1").unwrap();
+        let d = turns.claim(&t1).unwrap();
+        assert!(turns.claim(&t1).is_none(), "a second driver");
+        d.live().refuse([4]);
+        assert!(turns.get(&t1).unwrap().refused(4));
+        let ended = d.live().ended();
+        assert!(!ended.is_cancelled());
+        drop(d);
+        assert!(turns.get(&t1).is_none());
+        assert!(ended.is_cancelled(), "what waits on the turn stops waiting");
+        let again = turns.claim(&t1).unwrap();
+        assert!(!again.live().refused(4), "a new driver starts afresh");
     }
 }
