@@ -109,6 +109,8 @@ async fn bench() {
             ("AUTHD_SERVICE_KEY".to_owned(), ROUTD_KEY.to_owned()),
             ("RUNED_URL".to_owned(), runed.url()),
             ("ROUTD_LISTEN".to_owned(), format!("127.0.0.1:{port}")),
+            // The bench posts as a chat adapter, into the latency group's web: chat too.
+            ("ROUTD_CHANNEL_CHATS".to_owned(), "*,web:lat".to_owned()),
         ]
     };
     let cfg = hako_routd::Config::from_env(&Env::from_pairs(routd_env(0))).expect("routd config");
