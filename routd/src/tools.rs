@@ -427,6 +427,9 @@ impl RoutdTools {
 
     async fn spawn_group(&self, scope: &Scope, c: SpawnGroup) -> Result<Value, ToolError> {
         let f = Self::sub_folder(scope, &c.folder)?;
+        // Its prompt arrives in the folder's web: chat, which must be a JID routd can read.
+        let chat = ChatJid::web(&f)
+            .map_err(|e| ToolError::invalid(format!("folder {f}: its chat web:{f} {e}")))?;
         if self
             .sh
             .store
@@ -439,7 +442,6 @@ impl RoutdTools {
                 "no group in {f}; register_group first"
             )));
         }
-        let chat = ChatJid::web(&f);
         let id = random_id(&format!("spawn:{}:", scope.turn_id), 6);
         let now = now_ms();
         self.sh

@@ -43,9 +43,10 @@ impl ChatJid {
         Ok(Self(raw))
     }
 
-    /// The direct chat of a folder, `web:<folder>`.
-    pub fn web(folder: &crate::GroupFolder) -> Self {
-        Self(format!("web:{folder}"))
+    /// The direct chat of a folder, `web:<folder>`: through the grammar like any JID (a
+    /// folder may be 519 characters long, its chat at most 256).
+    pub fn web(folder: &crate::GroupFolder) -> Result<Self, JidError> {
+        Self::new(format!("web:{folder}"))
     }
 
     /// The JID as text.
@@ -184,5 +185,15 @@ mod tests {
         for bad in ["tg:4\n2", "a\u{0}b", "\u{7f}", "x\u{85}"] {
             assert_eq!(ChatJid::new(bad), Err(JidError::Control), "{bad:?}");
         }
+    }
+
+    /// The deepest, longest folder is a valid folder whose `web:` chat is not a valid JID:
+    /// the chat is refused, never stored to fail when read back.
+    #[test]
+    fn a_folders_web_chat_is_held_to_the_jid_grammar() {
+        let short = crate::GroupFolder::new("acme/support").unwrap();
+        assert_eq!(ChatJid::web(&short).unwrap(), "web:acme/support");
+        let long = crate::GroupFolder::new(&vec!["a".repeat(64); 8].join("/")).unwrap();
+        assert_eq!(ChatJid::web(&long), Err(JidError::Length));
     }
 }

@@ -141,6 +141,37 @@ mod tests {
         );
     }
 
+    /// A chat an earlier routd stored with a JID past 256 characters (a spawned group's
+    /// `web:` chat of a very long folder) has its pending work ended by the upgrade: the
+    /// scheduler's and the backlog's reads, which read JIDs through the grammar, still work.
+    #[tokio::test]
+    async fn the_upgrade_ends_the_pending_work_of_overlong_chats() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("routd.db");
+        let ending = MIGRATIONS.iter().position(|m| m.version == 15).unwrap();
+        let c = hako_shared::db::open(&path, &MIGRATIONS[..ending]).unwrap();
+        let long = format!("web:{}", vec!["a".repeat(64); 8].join("/"));
+        for (seq, jid) in [(1, long.as_str()), (2, "tg:1")] {
+            c.execute(
+                "INSERT INTO messages (seq, id, chat_jid, direction, kind, sender, content, \
+                 timestamp, state, created_at) \
+                 VALUES (?1, ?2, ?3, 'in', 'message', 'alice', 'x', 1, 'pending', 1)",
+                rusqlite::params![seq, format!("m-{seq}"), jid],
+            )
+            .unwrap();
+            c.execute(
+                "INSERT INTO chats (jid, pending, updated_at) VALUES (?1, 1, 1)",
+                [jid],
+            )
+            .unwrap();
+        }
+        drop(c);
+        let store = Store::open(&path).await.unwrap();
+        assert_eq!(store.chats_with_pending().await.unwrap(), ["tg:1"]);
+        let oldest = store.oldest_pending().await.unwrap();
+        assert_eq!(oldest.len(), 1, "the short chat's message only");
+    }
+
     /// A message an earlier routd stored under an id outside the grammar (an agent's key
     /// with a space) is served after the upgrade under an id made from its seq; the chat's
     /// history reads, and the other messages keep their ids.

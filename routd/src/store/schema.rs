@@ -331,4 +331,25 @@ UPDATE messages SET id = 'm-legacy-' || seq
         name: "audit rows as runed's: the run",
         sql: "ALTER TABLE audit_log ADD COLUMN run_id TEXT;",
     },
+    // Rows read chat JIDs through the grammar now (1-256 characters). An earlier routd could
+    // store a longer one: `spawn_group`'s `web:<folder>` of a folder over 252 characters. Such
+    // a chat's work in flight ends, so that no scheduler pass or start-up reads it; its ended
+    // rows stay (the API refuses the JID, as it always did).
+    Migration {
+        version: 15,
+        name: "work of chats outside the JID grammar ended",
+        sql: r#"
+UPDATE messages SET state = 'failed'
+    WHERE direction = 'in' AND state = 'pending' AND length(chat_jid) > 256;
+UPDATE messages SET state = 'undeliverable'
+    WHERE direction = 'out' AND state = 'delivering' AND length(chat_jid) > 256;
+UPDATE chats SET pending = 0 WHERE length(jid) > 256;
+UPDATE turns SET state = 'failed', error = 'its chat JID is longer than 256 characters',
+    ended_at = CAST(strftime('%s', 'now') AS INTEGER) * 1000
+    WHERE state IN ('starting', 'running', 'waiting') AND length(chat_jid) > 256;
+UPDATE tasks SET state = 'cancelled' WHERE state = 'active' AND length(chat_jid) > 256;
+UPDATE approvals SET state = 'abandoned'
+    WHERE state = 'pending' AND length(chat_jid) > 256;
+"#,
+    },
 ];
